@@ -1,0 +1,15 @@
+"""FP8 per-token group quantization at memory bandwidth, with DeepGEMM-ready scale layouts."""
+
+from ._jit import CompileError, GpuUnavailableError
+from .api import as_float8, dequantize, quantize, quantize_packed, unpack_scales
+
+__all__ = [
+    "CompileError",
+    "GpuUnavailableError",
+    "as_float8",
+    "dequantize",
+    "quantize",
+    "quantize_packed",
+    "unpack_scales",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,180 @@
+"""Find ``kernels/``, fingerprint it, compile with NVRTC and cache the result per device.
+
+This module knows nothing about quantization: it turns (source file, template name expression)
+into a loaded CuPy function. ``compile_offline`` runs NVRTC without a GPU for a given
+architecture, which is how CI proves that every instantiation compiles for sm_90, sm_100 and
+sm_120.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from functools import lru_cache
+from pathlib import Path
+
+__all__ = [
+    "CompileError",
+    "GpuUnavailableError",
+    "compile_offline",
+    "get_function",
+    "preload",
+    "kernel_dir",
+    "nvrtc_options",
+    "source_text",
+]
+
+KERNEL_DIR_ENV = "FP8_GROUP_QUANT_KERNEL_DIR"
+KERNEL_SUFFIXES = (".cu", ".cuh")
+# Options CuPy's RawModule adds on its own (cupy/cuda/compiler.py); compile_offline adds them
+# too, so the offline check compiles exactly what a GPU machine compiles.
+CUPY_ADDED_OPTIONS = ("--device-as-default-execution-space", "-ftz=true")
+
+
+class CompileError(RuntimeError):
+    """NVRTC rejected a kernel; the message carries the NVRTC log."""
+
+
+class GpuUnavailableError(RuntimeError):
+    """A GPU call was made but CuPy, NVRTC or a CUDA device is missing."""
+
+
+def kernel_dir() -> Path:
+    """Directory holding the ``.cu`` sources.
+
+    ``$FP8_GROUP_QUANT_KERNEL_DIR`` if set; else ``fp8_group_quant/kernels`` inside an installed
+    wheel; else ``kernels/`` beside the package in a source checkout or editable install.
+    """
+    override = os.environ.get(KERNEL_DIR_ENV)
+    candidates = [Path(override)] if override else []
+    package = Path(__file__).resolve().parent
+    candidates += [package / "kernels", package.parent / "kernels"]
+    for candidate in candidates:
+        if candidate.is_dir() and any(candidate.glob("*.cu")):
+            return candidate
+    raise FileNotFoundError(
+        f"no CUDA sources found; looked in {', '.join(str(c) for c in candidates)}"
+    )
+
+
+@lru_cache(maxsize=None)
+def _fingerprint(directory: Path) -> str:
+    digest = hashlib.sha256()
+    for path in sorted(directory.iterdir()):
+        if path.suffix in KERNEL_SUFFIXES:
+            digest.update(path.name.encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+@lru_cache(maxsize=None)
+def source_text(filename: str) -> str:
+    """The source of ``filename`` with a fingerprint of every file in ``kernels/`` on line 1.
+
+    NOTES: CuPy's disk cache keys on the source string and options only, not on included files;
+    the fingerprint line makes an edited header produce a new cache entry.
+    """
+    directory = kernel_dir()
+    text = (directory / filename).read_text()
+    return f"// fp8_group_quant kernels fingerprint {_fingerprint(directory)}\n{text}"
+
+
+def nvrtc_options() -> tuple[str, ...]:
+    """NVRTC options we pass (CuPy adds the architecture and ``CUPY_ADDED_OPTIONS``)."""
+    return ("--std=c++17", f"-I{kernel_dir()}")
+
+
+_functions: dict[tuple[int, str, str], object] = {}
+_lock = threading.Lock()
+
+
+def _cupy():
+    try:
+        import cupy
+    except ImportError as error:  # pragma: no cover - depends on the machine
+        raise GpuUnavailableError(
+            "GPU arrays need CuPy and NVRTC: pip install 'fp8_group_quant[cuda12]' "
+            "(or [cuda13] for CUDA 13)"
+        ) from error
+    return cupy
+
+
+def get_function(filename: str, name_expression: str, device: int):
+    """Compile (or load from CuPy's cache) one instantiation and return it for ``device``.
+
+    Memoised per (device, file, name expression); thread safe.
+    """
+    key = (device, filename, name_expression)
+    function = _functions.get(key)
+    if function is not None:
+        return function
+    cupy = _cupy()
+    with _lock:
+        function = _functions.get(key)
+        if function is None:
+            with cupy.cuda.Device(device):
+                module = cupy.RawModule(
+                    code=source_text(filename),
+                    options=nvrtc_options(),
+                    name_expressions=(name_expression,),
+                )
+                try:
+                    function = module.get_function(name_expression)
+                except cupy.cuda.compiler.CompileException as error:
+                    raise CompileError(
+                        f"NVRTC failed to compile {name_expression} from {filename}:\n"
+                        f"{error.get_message()}"
+                    ) from error
+            _functions[key] = function
+    return function
+
+
+def preload(filename: str, name_expressions: list[str], device: int) -> None:
+    """Compile many instantiations in one NVRTC call (far faster than one call each)."""
+    cupy = _cupy()
+    missing = [e for e in name_expressions if (device, filename, e) not in _functions]
+    if not missing:
+        return
+    with _lock, cupy.cuda.Device(device):
+        module = cupy.RawModule(
+            code=source_text(filename), options=nvrtc_options(), name_expressions=tuple(missing)
+        )
+        try:
+            for expression in missing:
+                _functions[(device, filename, expression)] = module.get_function(expression)
+        except cupy.cuda.compiler.CompileException as error:
+            raise CompileError(
+                f"NVRTC failed to compile {filename}:\n{error.get_message()}"
+            ) from error
+
+
+def compile_offline(filename: str, name_expressions: list[str], arch: str) -> dict[str, str]:
+    """Compile instantiations with NVRTC for ``arch`` (e.g. ``"sm_90"``) without a GPU.
+
+    Returns the lowered (mangled) name of each expression; raises CompileError with the log.
+    """
+    from cupy_backends.cuda.libs import nvrtc
+
+    program = nvrtc.createProgram(source_text(filename), filename, [], [])
+    try:
+        for expression in name_expressions:
+            nvrtc.addNameExpression(program, expression)
+        options = [*nvrtc_options(), *CUPY_ADDED_OPTIONS, f"-arch={arch}"]
+        try:
+            nvrtc.compileProgram(program, options)
+        except nvrtc.NVRTCError as error:
+            raise CompileError(
+                f"NVRTC failed to compile {filename} for {arch}:\n{nvrtc.getProgramLog(program)}"
+            ) from error
+        if not nvrtc.getCUBIN(program):
+            raise CompileError(f"NVRTC produced no cubin for {arch}")
+        return {e: nvrtc.getLoweredName(program, e) for e in name_expressions}
+    finally:
+        nvrtc.destroyProgram(program)
+
+
+def nvrtc_version() -> tuple[int, int]:
+    from cupy_backends.cuda.libs import nvrtc
+
+    return tuple(nvrtc.getVersion())

@@ -1,0 +1,140 @@
+"""Kernel key, grid and block arithmetic, argument packing for kernels/quantize.cu."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import _jit
+from ._layout import PACKED_LAYOUTS, TMA_LAYOUTS, Geometry
+
+SOURCE = "quantize.cu"
+LANE_BYTES = 32  # input bytes held by one lane: two 16-byte loads
+MAX_THREADS_PER_BLOCK = 512
+WARP = 32
+MAX_GRID_X = 2**31 - 1
+MAX_GRID_Y = 65535
+
+# template codes, as enums in kernels/common.cuh
+_INPUT_CODE = {"bfloat16": "fgq::kBF16", "float16": "fgq::kF16", "float32": "fgq::kF32"}
+_INPUT_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+_OUTPUT_CODE = {"e4m3": "fgq::kE4M3", "e5m2": "fgq::kE5M2", "int8": "fgq::kInt8"}
+_SCALE_CODE = {"float32": "fgq::kFloatScale", "ue8m0": "fgq::kPow2Scale", "packed": "fgq::kPackedUE8M0"}
+
+
+@dataclass(frozen=True)
+class KernelKey:
+    """Everything that changes the binary. Shapes are launch arguments, not part of the key."""
+
+    input_dtype: str  # bfloat16 | float16 | float32
+    group_size: int
+    output: str  # e4m3 | e5m2 | int8
+    scale_kind: str  # float32 | ue8m0 (power-of-two floats) | packed (UE8M0 bytes in int32)
+    vec16: bool  # input base and strides 16-byte aligned: vector loads
+
+    @property
+    def lanes_per_group(self) -> int:
+        return self.group_size * _INPUT_BYTES[self.input_dtype] // LANE_BYTES
+
+    @property
+    def values_per_lane(self) -> int:
+        return LANE_BYTES // _INPUT_BYTES[self.input_dtype]
+
+    @property
+    def name_expression(self) -> str:
+        return (
+            f"fgq::quantize_groups<{_INPUT_CODE[self.input_dtype]}, {self.group_size}, "
+            f"{_OUTPUT_CODE[self.output]}, {_SCALE_CODE[self.scale_kind]}, "
+            f"{'true' if self.vec16 else 'false'}>"
+        )
+
+
+def scale_kind(scale: str, layout: str) -> str:
+    return "packed" if layout in PACKED_LAYOUTS else scale
+
+
+def all_kernel_keys() -> list[KernelKey]:
+    """Every instantiation the library can launch."""
+    return [
+        KernelKey(i, g, o, s, v)
+        for i in _INPUT_CODE
+        for g in (32, 64, 128, 256)
+        for o in _OUTPUT_CODE
+        for s in _SCALE_CODE
+        for v in (True, False)
+    ]
+
+
+def block_shape(groups: int, lanes: int) -> tuple[int, int]:
+    """(threads per block, blocks per row) for a row of ``groups`` groups.
+
+    NOTES: a row is split into the fewest blocks of at most MAX_THREADS_PER_BLOCK threads, groups
+    spread evenly (ceil division) and rounded up to whole warps; the kernel drops the surplus
+    groups of the last block by a bounds check.
+    """
+    blocks = -(-groups * lanes // MAX_THREADS_PER_BLOCK)
+    groups_per_block = -(-groups // blocks)
+    groups_per_warp = max(1, WARP // lanes)
+    groups_per_block = -(-groups_per_block // groups_per_warp) * groups_per_warp
+    return groups_per_block * lanes, -(-groups // groups_per_block)
+
+
+def grid_limits_error(geometry: Geometry) -> str | None:
+    grid_x = geometry.batches * geometry.grid_rows
+    if grid_x > MAX_GRID_X:
+        return f"x: {grid_x} rows exceed the {MAX_GRID_X} the kernel grid holds"
+    if geometry.grid_rows >= 2**32:
+        return f"x: {geometry.grid_rows} rows per batch exceed 2**32"
+    return None
+
+
+@dataclass(frozen=True)
+class Launch:
+    function: object
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    args: tuple
+
+
+def prepare(
+    key: KernelKey,
+    geometry: Geometry,
+    device: int,
+    x_ptr: int,
+    x_batch_stride: int,
+    x_row_stride: int,
+    q_ptr: int,
+    scale_ptr: int,
+    eps: float,
+) -> Launch:
+    """Everything one launch needs; ``Launch.function(grid, block, args, stream=...)`` runs it."""
+    threads, blocks_per_row = block_shape(geometry.groups, key.lanes_per_group)
+    s_batch, s_row, s_column = geometry.scale_kernel_strides
+    args = (
+        np.uint64(x_ptr),
+        np.uint64(q_ptr),
+        np.uint64(scale_ptr),
+        np.uint32(geometry.rows),
+        np.uint32(geometry.grid_rows),
+        np.int32(geometry.groups),
+        np.int64(x_batch_stride),
+        np.int64(x_row_stride),
+        np.int64(geometry.q_rows * geometry.k),
+        np.int64(s_batch),
+        np.int64(s_row),
+        np.int64(s_column),
+        np.int32(geometry.pad_rows),
+        np.int32(geometry.layout in TMA_LAYOUTS),
+        np.float32(eps),
+    )
+    function = _jit.get_function(SOURCE, key.name_expression, device)
+    grid = (geometry.batches * geometry.grid_rows, blocks_per_row, 1)
+    return Launch(function, grid, (threads, 1, 1), args)
+
+
+def run(launch: Launch, stream) -> None:
+    launch.function(launch.grid, launch.block, launch.args, stream=stream)
+
+
+DEFAULT_KEY = KernelKey("bfloat16", 128, "e4m3", "packed", True)

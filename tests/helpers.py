@@ -1,0 +1,72 @@
+"""Data and comparison helpers shared by the tests."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+from fp8_group_quant import reference
+from fp8_group_quant._layout import PACKED_LAYOUTS, Geometry
+from fp8_group_quant._spec import output_format
+
+NP_INPUT = {
+    "bfloat16": np.dtype(ml_dtypes.bfloat16),
+    "float16": np.dtype(np.float16),
+    "float32": np.dtype(np.float32),
+}
+
+
+def activations(rng, shape, dtype: str, specials: bool = False) -> np.ndarray:
+    """Random activations with heavy-tailed magnitudes and outlier channels, never constants.
+
+    With ``specials``: NaN, +Inf, -Inf, an all-zero run, a constant-672 run and a run of
+    subnormals (each whole groups for every supported group size) at random places.
+    """
+    values = rng.standard_normal(shape).astype(np.float32)
+    values *= np.exp(rng.standard_normal(shape[:-1] + (1,)) * 1.5).astype(np.float32)
+    outliers = rng.random(shape) < 0.002
+    values[outliers] *= rng.choice([50.0, -300.0, 1000.0], size=int(outliers.sum()))
+    limit = 60000.0 if dtype == "float16" else 1e30
+    values = np.clip(values, -limit, limit)
+    flat = values.reshape(-1, shape[-1])
+    if specials and flat.size:
+        rows, k = flat.shape
+        for code in (np.nan, np.inf, -np.inf, -np.nan):
+            idx = rng.integers(0, rows), rng.integers(0, k)
+            flat[idx] = code
+        # runs of `chunk` values starting at multiples of `chunk` are whole groups for every G
+        chunk = 256 if k >= 256 else k
+        starts = [(rng.integers(0, rows), chunk * rng.integers(0, k // chunk)) for _ in range(3)]
+        (r0, c0), (r1, c1), (r2, c2) = starts
+        flat[r0, c0 : c0 + chunk] = 0.0
+        flat[r1, c1 : c1 + chunk] = 672.0
+        tiny = {"bfloat16": 1e-39, "float16": 3e-6, "float32": 1e-40}[dtype]
+        flat[r2, c2 : c2 + chunk] = rng.standard_normal(chunk).astype(np.float32) * tiny
+    return flat.reshape(shape).astype(NP_INPUT[dtype])
+
+
+def reference_storage(x: np.ndarray, geometry: Geometry, dtype: str, scale: str, eps: float):
+    """(q bytes, scale bytes) of the whole storage the NumPy backend writes, padding included."""
+    fmt = output_format(dtype)
+    q = np.full(geometry.q_storage, 0xAB, np.uint8)
+    scale_dtype = np.int32 if geometry.layout in PACKED_LAYOUTS else np.float32
+    scales = np.full(geometry.scale_storage, -1, scale_dtype)
+    reference.quantize_into(np.asarray(x), geometry, fmt, scale == "ue8m0", eps, q, scales)
+    return q, scales.view(np.uint8)
+
+
+def assert_same_bytes(got: np.ndarray, expected: np.ndarray, what: str, inputs=None) -> None:
+    """Bit-for-bit comparison; the failure names the first differing byte."""
+    got = np.asarray(got).view(np.uint8).reshape(-1)
+    expected = np.asarray(expected).view(np.uint8).reshape(-1)
+    assert got.shape == expected.shape, f"{what}: {got.shape} bytes, expected {expected.shape}"
+    diff = np.flatnonzero(got != expected)
+    if diff.size:
+        i = int(diff[0])
+        context = ""
+        if inputs is not None and i < np.asarray(inputs).size:
+            context = f", input value {np.asarray(inputs).reshape(-1)[i]!r}"
+        raise AssertionError(
+            f"{what}: {diff.size} bytes differ; first at byte {i}: got {got[i]:#04x}, "
+            f"expected {expected[i]:#04x}{context}"
+        )

@@ -1,0 +1,136 @@
+"""Bad input raises a clear exception naming the argument, and writes nothing (SPEC 6)."""
+
+import ml_dtypes
+import numpy as np
+import pytest
+from helpers import activations
+
+import fp8_group_quant as fgq
+
+BF16 = ml_dtypes.bfloat16
+
+
+@pytest.fixture
+def x():
+    return activations(np.random.default_rng(0), (4, 512), "bfloat16")
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, words",
+    [
+        ({"group_size": 16}, ValueError, "group_size"),
+        ({"group_size": 512}, ValueError, "group_size"),
+        ({"group_size": 100}, ValueError, "group_size"),
+        ({"group_size": True}, TypeError, "group_size"),
+        ({"group_size": 128.0}, TypeError, "group_size"),
+        ({"dtype": "e3m4"}, ValueError, "dtype"),
+        ({"scale": "bf16"}, ValueError, "scale"),
+        ({"layout": "tma"}, ValueError, "layout"),
+        ({"layout": "packed"}, ValueError, "scale='ue8m0'"),
+        ({"layout": "packed_row", "scale": "float32"}, ValueError, "scale='ue8m0'"),
+        ({"eps": 0.0}, ValueError, "eps"),
+        ({"eps": -1e-10}, ValueError, "eps"),
+        ({"eps": float("nan")}, ValueError, "eps"),
+        ({"eps": float("inf")}, ValueError, "eps"),
+        ({"eps": 1e-45}, ValueError, "eps"),  # subnormal in float32
+        ({"eps": 1e-39}, ValueError, "eps"),  # subnormal in float32
+        ({"eps": 1e39}, ValueError, "eps"),  # overflows float32
+        ({"eps": "1e-10"}, TypeError, "eps"),
+        ({"pad_rows": 1}, TypeError, "pad_rows"),
+    ],
+)  # every option's rejection, with the edge values of each rule
+def test_bad_options(x, kwargs, error, words):
+    with pytest.raises(error, match=words):
+        fgq.quantize(x, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "make, error, words",
+    [
+        (lambda: np.zeros((4, 512), np.float64), TypeError, "x: expected bfloat16"),
+        (lambda: np.zeros((4, 512), np.int32), TypeError, "x: expected bfloat16"),
+        (lambda: np.zeros((4, 500), BF16), ValueError, "K=500"),
+        (lambda: np.zeros((4, 1024), BF16)[:, ::2], ValueError, "contiguous"),
+        (lambda: np.zeros((2, 4, 512), BF16).transpose(1, 0, 2)[None], ValueError, "collapse"),
+        (lambda: np.array(1.0, BF16), ValueError, "at least one dimension"),
+        (lambda: [[1.0] * 128], TypeError, "x: expected a numpy array"),
+    ],
+)  # dtype, K, non-contiguous K, non-collapsible rows, scalar, non-array
+def test_bad_input(make, error, words):
+    with pytest.raises(error, match=words):
+        fgq.quantize(make())
+
+
+def test_transposed_rows_are_rejected_not_misread():
+    x = np.zeros((3, 2, 256), BF16).transpose(1, 0, 2)  # batch 2 of rows with stride 512
+    q, s = fgq.quantize(x)  # three dims: batch stride 256 and rows stride 512 are fine
+    assert q.shape == (2, 3, 256)
+    with pytest.raises(ValueError, match="collapse"):
+        fgq.quantize(np.zeros((2, 3, 2, 256), BF16).transpose(0, 2, 1, 3))
+
+
+def poisoned(shape, dtype, strides=None):
+    array = np.full(shape, 0x7F, np.uint8).view(dtype) if np.dtype(dtype).itemsize == 1 else None
+    if array is None:
+        array = np.full(shape, 0x7F7F7F7F, np.int32).view(dtype)
+    return array
+
+
+@pytest.mark.parametrize(
+    "out, scale_out, words",
+    [
+        (lambda: poisoned((4, 256), np.uint8), None, "out: expected shape"),
+        (lambda: poisoned((4, 512), np.int8), None, "out: expected dtype"),
+        (lambda: poisoned((512, 4), np.uint8).T, None, "out: expected strides"),
+        (lambda: poisoned((4 * 512 + 1,), np.uint8)[1:].reshape(4, 512), None, "aligned"),
+        (None, lambda: poisoned((4, 4), np.float32), "scale_out: expected dtype"),
+        (None, lambda: poisoned((4, 2), np.int32), "scale_out: expected shape"),
+        (None, lambda: poisoned((8, 1), np.int32)[::2], "scale_out: expected strides"),
+        (None, lambda: poisoned((1, 4), np.int32).T[:3], "scale_out: expected shape"),
+    ],
+)  # shape, dtype, strides and alignment of either output
+def test_bad_outputs_write_nothing(x, out, scale_out, words):
+    q_good = poisoned((4, 512), np.uint8)
+    s_good = poisoned((1, 4), np.int32).T
+    q = out() if out else q_good
+    s = scale_out() if scale_out else s_good
+    before = (q.copy(), s.copy())
+    with pytest.raises((ValueError, TypeError), match=words):
+        fgq.quantize_packed(x, out=q, scale_out=s)
+    np.testing.assert_array_equal(q.view(np.uint8), before[0].view(np.uint8))
+    np.testing.assert_array_equal(s.view(np.uint8), before[1].view(np.uint8))
+    assert (q_good.view(np.uint8) == 0x7F).all() and (s_good.view(np.uint32) == 0x7F7F7F7F).all()
+
+
+def test_padded_scale_out_must_own_its_padding():
+    x = activations(np.random.default_rng(1), (3, 512), "bfloat16")
+    short = np.empty(3, np.int32).reshape(3, 1)  # the view's extent, without the padding row
+    with pytest.raises(ValueError, match="scale_out: the layout owns 16 bytes"):
+        fgq.quantize_packed(x, scale_out=short)
+
+
+def test_valid_outputs_are_used_in_place(x):
+    q = poisoned((4, 512), np.uint8)
+    s = poisoned((1, 4), np.int32).T
+    q2, s2 = fgq.quantize_packed(x, out=q, scale_out=s)
+    assert q2 is q and s2 is s
+    q_ref, s_ref = fgq.quantize_packed(x)
+    np.testing.assert_array_equal(q, np.asarray(q_ref).view(np.uint8))
+    np.testing.assert_array_equal(s, s_ref)
+
+
+def test_mixed_libraries_are_rejected(x):
+    with pytest.raises(TypeError, match="out: expected a numpy array"):
+        fgq.quantize(x, out=[0] * 2048)
+
+
+def test_dequantize_checks():
+    q = np.zeros((2, 256), ml_dtypes.float8_e4m3fn)
+    with pytest.raises(ValueError, match="scales: expected shape"):
+        fgq.dequantize(q, np.zeros((2, 3), np.float32))
+    with pytest.raises(TypeError, match="scales: expected float32"):
+        fgq.dequantize(q, np.zeros((2, 2), np.float64))
+    with pytest.raises(TypeError, match="q: expected float8"):
+        fgq.dequantize(np.zeros((2, 256), np.float32), np.zeros((2, 2), np.float32))
+    with pytest.raises(ValueError, match="groups"):
+        fgq.unpack_scales(np.zeros((2, 1), np.int32), 5)

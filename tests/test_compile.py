@@ -1,0 +1,64 @@
+"""Every kernel instantiation compiles with NVRTC for sm_90, sm_100 and sm_120, without a GPU."""
+
+import pytest
+
+from fp8_group_quant import _jit, _launch
+
+ARCHS = ["sm_90", "sm_100", "sm_120"]  # Hopper, datacenter Blackwell, consumer Blackwell
+
+nvrtc = pytest.importorskip("cupy_backends.cuda.libs.nvrtc", reason="CuPy is not installed")
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_every_instantiation_compiles(arch):
+    keys = _launch.all_kernel_keys()
+    assert len(keys) == 3 * 4 * 3 * 3 * 2
+    lowered = _jit.compile_offline(_launch.SOURCE, [k.name_expression for k in keys], arch)
+    assert len(set(lowered.values())) == len(keys)  # one distinct kernel per key
+    assert all(name.startswith("_ZN3fgq15quantize_groups") for name in lowered.values())
+
+
+def test_jit_layer_compiles_a_toy_kernel(tmp_path, monkeypatch):
+    # _jit knows nothing about quantization: any directory of .cu files works through it
+    (tmp_path / "toy.cu").write_text(
+        '#include "toy.cuh"\n'
+        "template <int N> __global__ void add_n(int* data) { data[threadIdx.x] += toy<N>(); }\n"
+    )
+    (tmp_path / "toy.cuh").write_text("template <int N> __device__ int toy() { return N; }\n")
+    monkeypatch.setenv(_jit.KERNEL_DIR_ENV, str(tmp_path))
+    _jit.source_text.cache_clear()
+    try:
+        assert _jit.kernel_dir() == tmp_path
+        first = _jit.source_text("toy.cu")
+        lowered = _jit.compile_offline("toy.cu", ["add_n<3>"], "sm_90")
+        assert lowered["add_n<3>"] == "_Z5add_nILi3EEvPi"
+
+        # editing an included header changes the source text CuPy's cache keys on
+        (tmp_path / "toy.cuh").write_text("template <int N> __device__ int toy() { return 2 * N; }\n")
+        _jit.source_text.cache_clear()
+        _jit._fingerprint.cache_clear()
+        assert _jit.source_text("toy.cu") != first
+
+        (tmp_path / "toy.cuh").write_text("this is not C++\n")
+        _jit.source_text.cache_clear()
+        _jit._fingerprint.cache_clear()
+        with pytest.raises(_jit.CompileError, match="toy.cuh"):
+            _jit.compile_offline("toy.cu", ["add_n<3>"], "sm_90")
+    finally:
+        _jit.source_text.cache_clear()
+        _jit._fingerprint.cache_clear()
+
+
+def test_the_jit_layer_does_not_import_quantization_code():
+    import ast
+    import inspect
+
+    tree = ast.parse(inspect.getsource(_jit))
+    imported = {
+        alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+        for alias in node.names
+    }
+    modules = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert not ({"_launch", "api", "reference", "_spec", "_layout"} & (imported | modules))

@@ -1,0 +1,312 @@
+"""CUDA kernels against the NumPy backend, bit for bit, with poisoned outputs (cupy and torch)."""
+
+import itertools
+
+import numpy as np
+import pytest
+from helpers import activations, assert_same_bytes, reference_storage
+
+import fp8_group_quant as fgq
+from fp8_group_quant import _jit, _launch
+from fp8_group_quant._layout import LAYOUTS, PACKED_LAYOUTS, Geometry
+
+pytestmark = pytest.mark.gpu
+
+Q_POISON = 0xFF
+SCALE_POISON = 0x7F
+
+
+@pytest.fixture(scope="module", autouse=True)
+def compiled():
+    """All instantiations in one NVRTC call: much faster than one call per test."""
+    import cupy
+
+    keys = [k.name_expression for k in _launch.all_kernel_keys()]
+    _jit.preload(_launch.SOURCE, keys, cupy.cuda.runtime.getDevice())
+
+
+# moving data between the host and each library ---------------------------------------------------
+
+
+def to_device(x: np.ndarray, lib: str):
+    if lib == "cupy":
+        import cupy
+
+        return cupy.asarray(x)
+    import torch
+
+    if x.dtype.name == "bfloat16":
+        return torch.from_numpy(x.view(np.int16).copy()).view(torch.bfloat16).cuda()
+    return torch.from_numpy(x.copy()).cuda()
+
+
+def to_host_bytes(array) -> np.ndarray:
+    if type(array).__module__.startswith("torch"):
+        import torch
+
+        return array.contiguous().view(torch.uint8).cpu().numpy()
+    return np.ascontiguousarray(array.get()).view(np.uint8)
+
+
+def wider_rows(x: np.ndarray, extra: int, lib: str, offset: int):
+    """``x`` as a view into a device buffer whose rows are ``extra`` elements wider."""
+    shape = x.shape[:-1] + (x.shape[-1] + extra,)
+    wide = np.zeros(shape, x.dtype)
+    wide[..., offset : offset + x.shape[-1]] = x
+    return to_device(wide, lib)[..., offset : offset + x.shape[-1]]
+
+
+def poisoned_outputs(geometry: Geometry, lib: str, fmt: str):
+    """(q view, scale view, q storage, scale storage): views in the layout over poisoned storage."""
+    packed = geometry.layout in PACKED_LAYOUTS
+    if lib == "cupy":
+        import cupy
+
+        q_buf = cupy.full(geometry.q_storage, Q_POISON, cupy.uint8)
+        s_buf = cupy.full(geometry.scale_storage * 4, SCALE_POISON, cupy.uint8)
+        s_buf = s_buf.view(cupy.int32 if packed else cupy.float32)
+        q_view = q_buf if fmt != "int8" else q_buf.view(cupy.int8)
+
+        def strided(buffer, shape, strides):
+            return cupy.lib.stride_tricks.as_strided(
+                buffer, shape, tuple(s * buffer.itemsize for s in strides)
+            )
+
+    else:
+        import torch
+
+        q_buf = torch.full((geometry.q_storage,), Q_POISON, dtype=torch.uint8, device="cuda")
+        s_buf = torch.full((geometry.scale_storage * 4,), SCALE_POISON, dtype=torch.uint8, device="cuda")
+        s_buf = s_buf.view(torch.int32 if packed else torch.float32)
+        q_view = q_buf.view({"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2, "int8": torch.int8}[fmt])
+
+        def strided(buffer, shape, strides):
+            return buffer.as_strided(shape, strides)
+
+    q = strided(q_view, geometry.shape, geometry.q_strides)
+    s = strided(s_buf, geometry.scale_shape, geometry.scale_strides)
+    return q, s, q_buf, s_buf
+
+
+def check(x_host, x_device, lib, group_size, dtype, scale, layout, pad_rows=False, eps=1e-10):
+    """Run the kernel into poisoned outputs; compare every storage byte with the reference."""
+    geometry = Geometry(tuple(x_host.shape), group_size, layout, pad_rows)
+    q, s, q_buf, s_buf = poisoned_outputs(geometry, lib, dtype)
+    q_got, s_got = fgq.quantize(
+        x_device, group_size, dtype=dtype, scale=scale, layout=layout, eps=eps,
+        out=q, scale_out=s, pad_rows=pad_rows,
+    )  # fmt: skip
+    assert q_got is q and s_got is s
+    q_ref, s_ref = reference_storage(x_host, geometry, dtype, scale, eps)
+    what = f"{lib} {x_host.dtype} G={group_size} {dtype} {scale} {layout} shape={x_host.shape}"
+    assert_same_bytes(to_host_bytes(q_buf), q_ref, f"q ({what})", inputs=x_host)
+    assert_same_bytes(to_host_bytes(s_buf), s_ref, f"scales ({what})")
+
+    # the plain call (library-allocated outputs) returns the same values
+    q2, s2 = fgq.quantize(x_device, group_size, dtype=dtype, scale=scale, layout=layout, eps=eps)
+    assert tuple(q2.shape) == geometry.shape and tuple(s2.shape) == geometry.scale_shape
+    rows = q_ref.reshape(geometry.batches, geometry.q_rows, geometry.k)[:, : geometry.rows]
+    assert_same_bytes(to_host_bytes(q2), rows, f"q, allocated ({what})")
+    assert_same_bytes(to_host_bytes(s2), to_host_bytes(s), f"scales, allocated ({what})")
+
+
+# every supported combination ----------------------------------------------------------------------
+
+COMBINATIONS = [
+    (i, g, o, s, layout)
+    for i, g, o, s, layout in itertools.product(
+        ("bfloat16", "float16", "float32"), (32, 64, 128, 256), ("e4m3", "e5m2", "int8"),
+        ("float32", "ue8m0"), LAYOUTS,
+    )
+    if s == "ue8m0" or layout not in PACKED_LAYOUTS
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("input_dtype, group_size, dtype, scale, layout", COMBINATIONS)
+def test_every_combination(input_dtype, group_size, dtype, scale, layout):
+    index = COMBINATIONS.index((input_dtype, group_size, dtype, scale, layout))
+    lib = ("cupy", "torch")[index % 2]  # both libraries see every format and layout
+    rng = np.random.default_rng(index)
+    args = (lib, group_size, dtype, scale, layout)
+
+    # odd group count (21 groups), NaN/Inf/zero groups, rows not a multiple of 4
+    x = activations(rng, (5, 21 * group_size), input_dtype, specials=True)
+    check(x, to_device(x, lib), *args)
+    # one token; K = 7168
+    x = activations(rng, (1, 7168), input_dtype, specials=True)
+    check(x, to_device(x, lib), *args)
+    # batched, rows strided inside a wider buffer (16-byte aligned), padded q rows
+    x = activations(rng, (2, 3, 7168), input_dtype, specials=True)
+    check(x, wider_rows(x, 256, lib, 128), *args, pad_rows=True)
+    # base and rows not 16-byte aligned: the element-wise load path
+    x = activations(rng, (7, 2 * group_size), input_dtype, specials=True)
+    check(x, wider_rows(x, 3, lib, 1), *args)
+    # many rows
+    x = activations(rng, (301, 1024 if group_size < 256 else 2048), input_dtype)
+    check(x, to_device(x, lib), *args)
+
+
+@pytest.mark.parametrize("input_dtype", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("scale", ["float32", "ue8m0"])
+def test_tiny_eps_and_subnormal_groups(input_dtype, scale):
+    # eps = FLT_MIN makes subnormal scales: CuPy compiles with -ftz=true, the kernel must not flush
+    tiny = float(np.finfo(np.float32).tiny)
+    rng = np.random.default_rng(11)
+    x = activations(rng, (4, 512), input_dtype, specials=True)
+    small = {"bfloat16": 1e-38, "float16": 1e-7, "float32": 1e-41}[input_dtype]
+    x[1] = (rng.standard_normal(512) * small).astype(x.dtype)
+    for lib in ("cupy", "torch"):
+        check(x, to_device(x, lib), lib, 128, "e4m3", scale, "row", eps=tiny)
+
+
+# the production path: the issue's shapes, large M, both libraries ----------------------------------
+
+SHAPES = [
+    (1, 7168), (3, 7168), (4, 640), (4, 768), (4, 384), (1, 384), (3, 640), (64, 7168),
+    (127, 7168), (253, 640), (65537, 2048), (4096, 7168),
+]  # fmt: skip  the issue's list: single rows, odd rows, K % 512 != 0, M > 65535
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("input_dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("lib", ["cupy", "torch"])
+def test_quantize_packed_shapes(shape, input_dtype, lib):
+    rng = np.random.default_rng(list(shape))
+    x = activations(rng, shape, input_dtype, specials=True)
+    xd = to_device(x, lib)
+    for pad_rows in (False, True):
+        check(x, xd, lib, 128, "e4m3", "ue8m0", "packed", pad_rows=pad_rows)
+    q, s = fgq.quantize_packed(xd)
+    geometry = Geometry(shape, 128, "packed", False)
+    assert tuple(s.shape) == geometry.scale_shape
+    if lib == "torch":
+        import torch
+
+        assert q.dtype == torch.float8_e4m3fn and s.dtype == torch.int32
+        assert s.stride() == geometry.scale_strides
+    else:
+        assert q.dtype == np.uint8 and s.dtype == np.int32
+        assert tuple(st // 4 for st in s.strides) == geometry.scale_strides
+
+
+def test_more_than_2_to_the_31_elements():
+    import torch
+
+    m, k = 2**31 // 7168 + 3, 7168
+    x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+    x[-1, -5] = 3e4  # an outlier in the very last group
+    q, s = fgq.quantize_packed(x)
+    torch.cuda.synchronize()
+    for rows in (slice(0, 8), slice(m - 8, m)):
+        part = x[rows].contiguous()
+        q_ref, s_ref = fgq.quantize_packed(part)
+        assert torch.equal(q[rows].view(torch.uint8), q_ref.view(torch.uint8))
+        assert torch.equal(s[rows], s_ref)
+    del x, q, s
+    torch.cuda.empty_cache()
+
+
+# interop, caller outputs, graphs, streams ------------------------------------------------------------
+
+
+def test_cuda_graph_capture_and_replay():
+    import torch
+
+    rng = np.random.default_rng(3)
+    shape = (37, 2048)
+    x = torch.empty(shape, dtype=torch.bfloat16, device="cuda")
+    q = torch.empty(shape, dtype=torch.float8_e4m3fn, device="cuda")
+    s = torch.empty(40 * 4, dtype=torch.int32, device="cuda").as_strided((37, 4), (1, 40))
+    fgq.quantize_packed(x, out=q, scale_out=s)  # warm up outside the capture
+    stream = torch.cuda.Stream()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        fgq.quantize_packed(x, out=q, scale_out=s)
+    for _ in range(3):
+        data = activations(rng, shape, "bfloat16", specials=True)
+        x.copy_(to_device(data, "torch"))
+        graph.replay()
+        torch.cuda.synchronize()
+        q_ref, s_ref = fgq.quantize_packed(data)
+        assert_same_bytes(q.view(torch.uint8).cpu().numpy(), np.asarray(q_ref).view(np.uint8), "q")
+        assert np.array_equal(s.cpu().numpy(), s_ref)
+
+
+def test_runs_on_torchs_current_stream():
+    import torch
+
+    rng = np.random.default_rng(4)
+    data = activations(rng, (4096, 7168), "bfloat16")
+    source = to_device(data, "torch")
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(50_000_000)  # delay the side stream; a launch elsewhere would race
+        x = source * 1  # produced on the side stream
+        q, s = fgq.quantize_packed(x)
+        done = torch.cuda.Event()
+        done.record()
+    done.synchronize()
+    q_ref, s_ref = fgq.quantize_packed(data)
+    assert_same_bytes(q.view(torch.uint8).cpu().numpy(), np.asarray(q_ref).view(np.uint8), "q")
+    assert np.array_equal(s.cpu().numpy(), s_ref)
+
+
+def test_runs_on_cupys_current_stream():
+    import cupy
+
+    rng = np.random.default_rng(5)
+    data = activations(rng, (2048, 7168), "bfloat16")
+    with cupy.cuda.Stream(non_blocking=True) as stream:
+        x = cupy.asarray(data) * 1
+        q, s = fgq.quantize_packed(x)
+        stream.synchronize()
+    q_ref, s_ref = fgq.quantize_packed(data)
+    assert_same_bytes(q.get(), np.asarray(q_ref).view(np.uint8), "q")
+    assert np.array_equal(s.get(), s_ref)
+
+
+def test_empty_input_launches_nothing():
+    import cupy
+    import torch
+
+    q, s = fgq.quantize_packed(torch.empty((0, 7168), dtype=torch.bfloat16, device="cuda"))
+    assert tuple(q.shape) == (0, 7168) and tuple(s.shape) == (0, 14)
+    q, s = fgq.quantize(cupy.empty((2, 0, 512), dtype=cupy.float16), layout="col_tma")
+    assert q.shape == (2, 0, 512) and s.shape == (2, 0, 4)
+
+
+def test_gpu_argument_checks_write_nothing():
+    import torch
+
+    x = torch.randn(8, 512, dtype=torch.bfloat16, device="cuda")
+    q = torch.full((8 * 512 + 1,), 0x7F, dtype=torch.uint8, device="cuda")
+    s = torch.full((8, 4), 0x7F7F7F7F, dtype=torch.int32, device="cuda").t().contiguous().t()
+    with pytest.raises(ValueError, match="out: expected a 16-byte aligned"):
+        fgq.quantize_packed(x, out=q[1:].view(8, 512), scale_out=s[:, :1])
+    with pytest.raises(TypeError, match="x: torch tensors must be on a CUDA device"):
+        fgq.quantize_packed(x.cpu())
+    with pytest.raises(TypeError, match="out: expected a torch array like x"):
+        import cupy
+
+        fgq.quantize_packed(x, out=cupy.empty((8, 512), cupy.uint8))
+    torch.cuda.synchronize()
+    assert (q == 0x7F).all() and (s == 0x7F7F7F7F).all()
+
+
+def test_dequantize_and_unpack_on_device_match_host():
+    import cupy
+    import torch
+
+    data = activations(np.random.default_rng(6), (33, 1024), "bfloat16")
+    q_ref, s_ref = fgq.quantize_packed(data)
+    x_ref = fgq.dequantize(q_ref, s_ref)
+    for lib in ("cupy", "torch"):
+        q, s = fgq.quantize_packed(to_device(data, lib))
+        x_back = fgq.dequantize(q, s)
+        host = cupy.asnumpy(x_back) if lib == "cupy" else x_back.cpu().numpy()
+        np.testing.assert_array_equal(host, x_ref)
+        floats = fgq.unpack_scales(s, 8)
+        host = cupy.asnumpy(floats) if lib == "cupy" else floats.cpu().numpy()
+        np.testing.assert_array_equal(host, fgq.unpack_scales(s_ref, 8))
+    view = fgq.as_float8(cupy.asarray(np.asarray(q_ref).view(np.uint8)))
+    assert view.dtype == torch.float8_e4m3fn

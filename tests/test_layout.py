@@ -1,0 +1,129 @@
+"""Scale layouts and padding (SPEC 4) through the NumPy backend."""
+
+import numpy as np
+import pytest
+from helpers import activations
+
+import fp8_group_quant as fgq
+from fp8_group_quant import reference
+from fp8_group_quant._layout import Geometry
+from fp8_group_quant._spec import OUTPUT_FORMATS
+
+# the issue's shapes: one row, odd rows, K that is and is not a multiple of 4 groups, TMA padding
+SHAPES = [
+    (1, 7168), (3, 7168), (4, 640), (4, 768), (4, 384), (1, 384), (3, 640), (64, 7168),
+    (127, 7168), (253, 640),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_packed_layout_and_padding(shape):
+    m, k = shape
+    ng, kp, tma = k // 128, -(-k // 512), -(-m // 4) * 4
+    x = activations(np.random.default_rng(m * k), shape, "bfloat16", specials=True)
+    q, s = fgq.quantize_packed(x)
+    assert s.shape == (m, kp) and s.dtype == np.int32
+    assert s.strides == (4, 4 * tma)
+
+    # SPEC 4: group g of row m is byte g % 4 of the word at storage index (g // 4) * tma + m
+    geometry = Geometry(shape, 128, "packed", False)
+    storage = np.full(geometry.scale_storage, 0x7F7F7F7F, np.int32)  # poisoned
+    q_storage = np.full(geometry.q_storage, 0xFF, np.uint8)
+    reference.quantize_into(x, geometry, OUTPUT_FORMATS["e4m3"], True, 1e-10, q_storage, storage)
+    assert storage.size == tma * kp
+    data = storage.view(np.uint8)
+    _, _, exponents = reference.quantize_groups(
+        x.astype(np.float32).reshape(m, ng, 128), OUTPUT_FORMATS["e4m3"], True, 1e-10
+    )
+    written = np.zeros(data.size, bool)
+    for row in range(m):
+        for g in range(ng):
+            index = 4 * ((g // 4) * tma + row) + g % 4
+            assert data[index] == exponents[row, g]
+            written[index] = True
+    assert not data[~written].any(), "padding bytes must be zero"
+    assert 0x7F not in data[~written]
+    np.testing.assert_array_equal(s, storage.reshape(kp, tma).T[:m])  # the public view
+    np.testing.assert_array_equal(np.asarray(q).view(np.uint8).reshape(-1), q_storage)
+
+
+LAYOUT_STRIDES = {  # (M=3, K=640, G=128): ng = 5, kp = 2, tma = 4
+    "row": ((3, 5), (5, 1), 15),
+    "col": ((3, 5), (1, 3), 15),
+    "col_tma": ((3, 5), (1, 4), 20),
+    "packed": ((3, 2), (1, 4), 8),
+    "packed_row": ((3, 2), (2, 1), 6),
+}
+
+
+@pytest.mark.parametrize("layout", list(LAYOUT_STRIDES))
+def test_layout_shapes_strides_and_storage(layout):
+    shape, strides, storage = LAYOUT_STRIDES[layout]
+    geometry = Geometry((3, 640), 128, layout, False)
+    assert geometry.scale_shape == shape
+    assert geometry.scale_strides == strides
+    assert geometry.scale_storage == storage
+    scale = "ue8m0" if layout.startswith("packed") else "float32"
+    x = activations(np.random.default_rng(5), (3, 640), "float16")
+    _, s = fgq.quantize(x, scale=scale, layout=layout)
+    assert s.shape == shape
+    assert tuple(st // 4 for st in s.strides) == strides
+
+
+@pytest.mark.parametrize("layout", ["row", "col", "col_tma", "packed", "packed_row"])
+def test_batched_input_has_per_batch_padding(layout):
+    # [B, M, K] with M = 3: each batch has its own tma = 4 rows, as grouped GEMMs read them
+    scale = "ue8m0" if layout.startswith("packed") else "float32"
+    x = activations(np.random.default_rng(9), (2, 3, 640), "bfloat16", specials=True)
+    qb, sb = fgq.quantize(x, scale=scale, layout=layout)
+    geometry = Geometry((2, 3, 640), 128, layout, False)
+    assert tuple(st // 4 for st in sb.strides) == geometry.scale_strides
+    expected_batch = {"row": 15, "col": 15, "col_tma": 20, "packed": 8, "packed_row": 6}[layout]
+    assert sb.strides[0] // 4 == expected_batch
+    for b in range(2):
+        q1, s1 = fgq.quantize(x[b], scale=scale, layout=layout)
+        np.testing.assert_array_equal(np.asarray(qb[b]).view(np.uint8), np.asarray(q1).view(np.uint8))
+        np.testing.assert_array_equal(sb[b], s1)
+
+
+def test_more_leading_dimensions_flatten_into_rows():
+    x = activations(np.random.default_rng(3), (2, 3, 5, 256), "float32")
+    q, s = fgq.quantize(x, layout="col_tma")
+    q2, s2 = fgq.quantize(x.reshape(2, 15, 256), layout="col_tma")
+    assert s.shape == (2, 3, 5, 2)
+    np.testing.assert_array_equal(np.asarray(s).reshape(2, 15, 2), s2)
+    np.testing.assert_array_equal(np.asarray(q).view(np.uint8).reshape(2, 15, 256), np.asarray(q2).view(np.uint8))
+
+
+def test_pad_rows_backs_q_with_zero_rows():
+    x = activations(np.random.default_rng(4), (5, 256), "bfloat16")
+    q, _ = fgq.quantize_packed(x, pad_rows=True)
+    assert q.shape == (5, 256) and q.strides == (256, 1)
+    storage = np.lib.stride_tricks.as_strided(q.view(np.uint8), (8, 256), (256, 1))
+    assert not storage[5:].any()
+    q_plain, _ = fgq.quantize_packed(x)
+    np.testing.assert_array_equal(storage[:5], np.asarray(q_plain).view(np.uint8))
+
+
+def test_strided_rows_equal_contiguous_rows():
+    wide = activations(np.random.default_rng(6), (7, 1024), "bfloat16")
+    view = wide[:, 256:768]
+    q1, s1 = fgq.quantize(view, layout="col")
+    q2, s2 = fgq.quantize(np.ascontiguousarray(view), layout="col")
+    np.testing.assert_array_equal(np.asarray(q1).view(np.uint8), np.asarray(q2).view(np.uint8))
+    np.testing.assert_array_equal(s1, s2)
+
+
+@pytest.mark.parametrize("layout", ["row", "col", "col_tma", "packed", "packed_row"])
+def test_dequantize_and_unpack_round_trip(layout):
+    scale = "ue8m0" if layout.startswith("packed") else "float32"
+    x = activations(np.random.default_rng(7), (9, 1024), "float32")
+    q, s = fgq.quantize(x, scale=scale, layout=layout)
+    if layout.startswith("packed"):
+        floats = fgq.unpack_scales(s, 8)
+        _, expected = fgq.quantize(x, scale="ue8m0", layout="row")
+        np.testing.assert_array_equal(floats, expected)
+    xr = fgq.dequantize(q, s)
+    error = np.abs(xr - x) / np.maximum(np.abs(x).reshape(9, 8, 128).max(-1).repeat(128, -1), 1e-30)
+    assert error.max() <= 2.0**-3  # e4m3 keeps 3 mantissa bits: half-ulp is 1/16, relative to amax
+    assert np.median(np.abs(xr - x) / np.abs(x)) < 0.05

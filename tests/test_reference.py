@@ -1,0 +1,177 @@
+"""The NumPy backend against hand-checked answers and an independent scalar model of SPEC 3."""
+
+import math
+import struct
+
+import ml_dtypes
+import numpy as np
+import pytest
+from helpers import activations
+
+import fp8_group_quant as fgq
+from fp8_group_quant import reference
+from fp8_group_quant._spec import OUTPUT_FORMATS
+
+FORMATS = ("e4m3", "e5m2", "int8")
+
+
+def codes(q):
+    return np.asarray(q).view(np.uint8)
+
+
+def f32(value: float) -> float:
+    return struct.unpack("<f", struct.pack("<f", value))[0]
+
+
+def group(values, k=128, dtype=np.float32):
+    row = np.zeros((1, k), np.float32)
+    row[0, : len(values)] = values
+    return row.astype(dtype)
+
+
+# known answers ----------------------------------------------------------------------------------
+
+
+def test_all_zero_group_gives_exponent_0x5e_and_zero_codes():
+    q, s = fgq.quantize_packed(np.zeros((1, 128), ml_dtypes.bfloat16))
+    assert int(s[0, 0]) == 0x5E
+    assert not codes(q).any()
+
+
+def test_constant_672_gives_scale_2_and_code_320():
+    q, s = fgq.quantize_packed(np.full((1, 128), 672.0, ml_dtypes.bfloat16))
+    assert int(s[0, 0]) == 0x80
+    assert set(np.asarray(q).astype(np.float32).ravel()) == {320.0}  # 336 rounds to even
+
+
+def test_constant_672_with_float_scales_reaches_fmax():
+    q, s = fgq.quantize(np.full((1, 128), 672.0, np.float32))
+    assert s[0, 0] == np.float32(1.5)
+    assert set(np.asarray(q).astype(np.float32).ravel()) == {448.0}
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_non_finite_values_do_not_touch_their_neighbours(fmt):
+    # NaN keeps its sign (int8: 0); Inf saturates (e5m2: stays Inf); the rest ignores them
+    values = [np.nan, -np.nan, np.inf, -np.inf, 2.0, -1.0, 0.5]
+    q, s = fgq.quantize(group(values), dtype=fmt)
+    clean_q, clean_s = fgq.quantize(group([0, 0, 0, 0, 2.0, -1.0, 0.5]), dtype=fmt)
+    assert s[0, 0] == clean_s[0, 0] == np.float32(2.0) / np.float32(OUTPUT_FORMATS[fmt].fmax)
+    got, clean = codes(q)[0], codes(clean_q)[0]
+    np.testing.assert_array_equal(got[4:], clean[4:])
+    expected = {
+        "e4m3": [0x7F, 0xFF, 0x7E, 0xFE],
+        "e5m2": [0x7E, 0xFE, 0x7C, 0xFC],
+        "int8": [0x00, 0x00, 0x7F, 0x81],
+    }[fmt]
+    assert list(got[:4]) == expected
+
+
+def test_all_non_finite_group_uses_eps():
+    q, s = fgq.quantize(group([np.nan] * 128), scale="ue8m0", layout="packed")
+    assert int(s[0, 0]) == 0x5E
+    assert set(codes(q)[0]) == {0x7F}
+
+
+def test_int8_rounds_half_to_even():
+    # amax 127 makes the float scale exactly 1
+    values = [127.0, 0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 126.5]
+    q, s = fgq.quantize(group(values), dtype="int8")
+    assert s[0, 0] == 1.0
+    assert list(np.asarray(q)[0, :8]) == [127, 0, 2, 2, 0, -2, -2, 126]
+
+
+def test_e4m3_ties_round_to_even():
+    # amax 448 makes the scale 1; spacing is 2 in [16, 32): 17 -> 16, 19 -> 20, 21 -> 20
+    q, _ = fgq.quantize(group([448.0, 17.0, 19.0, 21.0, -17.0, 0.0009765625 * 1.5]))
+    got = np.asarray(q)[0, :6].astype(np.float32)
+    np.testing.assert_array_equal(got, [448, 16, 20, 20, -16, 0.001953125])
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_ue8m0_exponent_is_the_exact_ceiling(fmt):
+    fmax = OUTPUT_FORMATS[fmt].fmax
+    exact = np.float32(fmax * 2.0**-3)
+    above = np.nextafter(exact, np.float32(np.inf))
+    for amax, expected in ((exact, 127 - 3), (above, 127 - 2)):
+        _, s = fgq.quantize(group([amax]), dtype=fmt, scale="ue8m0", layout="packed")
+        assert int(s[0, 0]) == expected, (amax, int(s[0, 0]))
+
+
+def test_ue8m0_scales_as_float_layouts_are_powers_of_two():
+    x = activations(np.random.default_rng(1), (8, 512), "float32")
+    _, s = fgq.quantize(x, scale="ue8m0", layout="col")
+    mantissa, _ = np.frexp(np.asarray(s))
+    assert np.all(mantissa == 0.5)
+
+
+def test_tiny_eps_with_subnormal_groups_keeps_subnormal_arithmetic():
+    # eps = FLT_MIN: the float scale itself is subnormal, nothing may flush to zero
+    tiny = np.finfo(np.float32).tiny
+    values = np.float32(tiny) * np.array([1.0, 0.5, 0.25, -0.75], np.float32)
+    q, s = fgq.quantize(group(values), eps=float(tiny))
+    assert s[0, 0] == np.float32(tiny) / np.float32(448.0) and s[0, 0] > 0
+    # -0.75 * 448 = -336 lies halfway between -320 and -352: even mantissa wins
+    np.testing.assert_array_equal(np.asarray(q)[0, :4].astype(np.float32), [448, 224, 112, -320])
+
+
+def test_empty_input_returns_empty_outputs():
+    q, s = fgq.quantize_packed(np.zeros((0, 256), ml_dtypes.bfloat16))
+    assert q.shape == (0, 256) and s.shape == (0, 1) and s.dtype == np.int32
+
+
+def test_one_dimensional_input_is_one_row():
+    x = activations(np.random.default_rng(2), (1, 384), "bfloat16")
+    q1, s1 = fgq.quantize(x[0], layout="col_tma")
+    q2, s2 = fgq.quantize(x, layout="col_tma")
+    assert q1.shape == (384,) and s1.shape == (3,)
+    np.testing.assert_array_equal(codes(q1), codes(q2)[0])
+    np.testing.assert_array_equal(s1, s2[0])
+
+
+# an independent scalar model of SPEC 3 -------------------------------------------------------------
+
+
+def scalar_group(values, fmt, ue8m0, eps):
+    """One group, value by value, with Python floats rounded to float32 at each step."""
+    spec = OUTPUT_FORMATS[fmt]
+    finite = [abs(v) for v in values if math.isfinite(v)]
+    amax = max([f32(eps)] + finite)
+    y = f32(amax / spec.fmax)
+    if ue8m0:
+        y = max(y, f32(1e-10))
+        mantissa, exponent = math.frexp(y)  # y = mantissa * 2**exponent, mantissa in [0.5, 1)
+        power = exponent - 1 if mantissa == 0.5 else exponent
+        scale = 2.0**power
+        scaled = [v * 2.0**-power for v in values]
+    else:
+        scale = y
+        scaled = [f32(v / scale) if math.isfinite(v) else v for v in values]
+    out = []
+    for v, t in zip(values, scaled):
+        if math.isnan(v):
+            sign = 0x80 if math.copysign(1.0, v) < 0 and fmt != "int8" else 0
+            out.append(spec.nan_code | sign)
+        elif math.isinf(v) and spec.keeps_inf:
+            out.append(spec.inf_code | (0x80 if v < 0 else 0))
+        else:
+            t = min(max(t, -spec.fmax), spec.fmax)
+            if fmt == "int8":
+                out.append(int(np.int8(round(t))) & 0xFF)  # Python round: half to even
+            else:
+                out.append(int(np.array(t, np.float32).astype(spec.numpy_dtype).view(np.uint8)))
+    return out, scale
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("ue8m0", [False, True])
+@pytest.mark.parametrize("input_dtype", ["bfloat16", "float16", "float32"])
+def test_reference_matches_scalar_model(fmt, ue8m0, input_dtype):
+    rng = np.random.default_rng([FORMATS.index(fmt), ue8m0, len(input_dtype)])
+    x = activations(rng, (6, 256), input_dtype, specials=True)
+    values = x.astype(np.float32).reshape(-1, 32)
+    got_codes, got_scales, _ = reference.quantize_groups(values, OUTPUT_FORMATS[fmt], ue8m0, 1e-10)
+    for row in range(values.shape[0]):
+        expected, scale = scalar_group([float(v) for v in values[row]], fmt, ue8m0, 1e-10)
+        assert list(got_codes[row]) == expected, (row, values[row])
+        assert float(got_scales[row]) == scale
