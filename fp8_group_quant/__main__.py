@@ -83,7 +83,8 @@ def main_job(tokens: int, hidden: int) -> int:
 
     print(f"backend    {backend}")
     print(f"output     q: {q_bytes.shape} float8_e4m3fn; scales: int32 {geometry.scale_shape}, "
-          f"strides {geometry.scale_strides} (packed UE8M0, MN-major, TMA-aligned: DeepGEMM SM100)")  # fmt: skip
+          f"strides {geometry.scale_strides}")  # fmt: skip
+    print("           (UE8M0 exponents packed 4 per int32, MN-major, TMA-aligned: DeepGEMM SM100)")
     print(f"check      {'bit-exact' if exact else 'MISMATCH'} against the NumPy reference")
     print(f"error      ||dequant(q) - x|| / ||x|| = {error:.3e}")
     print(f"time       {seconds * 1e6:.1f} us per call ({moved / seconds / 1e9:.0f} GB/s); "

@@ -124,7 +124,9 @@ def empty_strided(kind: str, device: int | None, shape, strides, storage: int, d
     """
     if kind == TORCH:
         torch = _torch()
-        buffer = torch.empty(storage, dtype=_torch_dtype(dtype), device=torch.device("cuda", device))
+        buffer = torch.empty(
+            storage, dtype=_torch_dtype(dtype), device=torch.device("cuda", device)
+        )
         return buffer.as_strided(shape, strides)
     if kind == CUPY:
         import cupy
@@ -153,8 +155,12 @@ def _external_stream(handle: int, device: int):
     key = (handle, device)
     stream = _streams.get(key)
     if stream is None:
+        import warnings
+
         import cupy
 
-        stream = cupy.cuda.ExternalStream(handle, device)
+        with warnings.catch_warnings():  # CuPy 14 deprecates it; older CuPy lacks the new API
+            warnings.simplefilter("ignore", DeprecationWarning)
+            stream = cupy.cuda.ExternalStream(handle, device)
         _streams[key] = stream
     return stream

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 __all__ = [
@@ -58,7 +58,7 @@ def kernel_dir() -> Path:
     )
 
 
-@lru_cache(maxsize=None)
+@cache
 def _fingerprint(directory: Path) -> str:
     digest = hashlib.sha256()
     for path in sorted(directory.iterdir()):
@@ -68,7 +68,7 @@ def _fingerprint(directory: Path) -> str:
     return digest.hexdigest()[:16]
 
 
-@lru_cache(maxsize=None)
+@cache
 def source_text(filename: str) -> str:
     """The source of ``filename`` with a fingerprint of every file in ``kernels/`` on line 1.
 

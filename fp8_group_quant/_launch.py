@@ -20,7 +20,11 @@ MAX_GRID_Y = 65535
 _INPUT_CODE = {"bfloat16": "fgq::kBF16", "float16": "fgq::kF16", "float32": "fgq::kF32"}
 _INPUT_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 _OUTPUT_CODE = {"e4m3": "fgq::kE4M3", "e5m2": "fgq::kE5M2", "int8": "fgq::kInt8"}
-_SCALE_CODE = {"float32": "fgq::kFloatScale", "ue8m0": "fgq::kPow2Scale", "packed": "fgq::kPackedUE8M0"}
+_SCALE_CODE = {
+    "float32": "fgq::kFloatScale",
+    "ue8m0": "fgq::kPow2Scale",
+    "packed": "fgq::kPackedUE8M0",
+}
 
 
 @dataclass(frozen=True)

@@ -125,7 +125,7 @@ class Geometry:
         batch, row, column = self.scale_kernel_strides
         return self._lead_strides(row, batch) + (column,)
 
-    # the kernel grid -------------------------------------------------------------------------------
+    # the kernel grid ------------------------------------------------------------------------------
 
     @property
     def grid_rows(self) -> int:

@@ -9,8 +9,16 @@ import warnings
 import numpy as np
 
 from . import _jit, _launch, reference
-from ._arrays import CUPY, NUMPY, TORCH, ArrayInfo, available_bytes, current_stream, describe
-from ._arrays import empty_strided
+from ._arrays import (
+    CUPY,
+    NUMPY,
+    TORCH,
+    ArrayInfo,
+    available_bytes,
+    current_stream,
+    describe,
+    empty_strided,
+)
 from ._layout import PACKED, PACKED_LAYOUTS, Geometry, row_strides
 from ._spec import DEFAULT_EPS, INPUT_DTYPES, OUTPUT_FORMATS, check_options, output_format
 
@@ -170,7 +178,9 @@ def _check_input(info: ArrayInfo, group_size: int, layout: str, pad_rows) -> tup
         raise ValueError("x: expected at least one dimension [..., K], got a scalar")
     k = info.shape[-1]
     if k % group_size:
-        raise ValueError(f"x: the last dimension K={k} is not a multiple of group_size={group_size}")
+        raise ValueError(
+            f"x: the last dimension K={k} is not a multiple of group_size={group_size}"
+        )
     if not isinstance(pad_rows, (bool, np.bool_)):
         raise TypeError(f"pad_rows: expected a bool, got {type(pad_rows).__name__}")
     geometry = Geometry(tuple(info.shape), group_size, layout, bool(pad_rows))
@@ -212,7 +222,9 @@ def _output(given, name, x_info, shape, strides, storage, dtype):
     if info.kind != x_info.kind:
         raise TypeError(f"{name}: expected a {x_info.kind} array like x, got a {info.kind} one")
     if info.device != x_info.device:
-        raise ValueError(f"{name}: expected device {x_info.device} like x, got device {info.device}")
+        raise ValueError(
+            f"{name}: expected device {x_info.device} like x, got device {info.device}"
+        )
     allowed = (dtype, "uint8") if dtype.startswith("float8") else (dtype,)
     if info.dtype not in allowed:
         raise TypeError(f"{name}: expected dtype {' or '.join(allowed)}, got {info.dtype}")
@@ -221,7 +233,9 @@ def _output(given, name, x_info, shape, strides, storage, dtype):
     if not _same_strides(shape, info.strides, strides):
         raise ValueError(f"{name}: expected strides {tuple(strides)}, got {tuple(info.strides)}")
     if name == "out" and info.ptr % Q_ALIGNMENT:
-        raise ValueError(f"{name}: expected a {Q_ALIGNMENT}-byte aligned pointer, got {info.ptr:#x}")
+        raise ValueError(
+            f"{name}: expected a {Q_ALIGNMENT}-byte aligned pointer, got {info.ptr:#x}"
+        )
     if info.ptr % info.itemsize:
         raise ValueError(f"{name}: pointer {info.ptr:#x} is not aligned to its item size")
     need = storage * info.itemsize
@@ -403,7 +417,9 @@ def _compile_on_import() -> None:
     try:
         _jit.get_function(_launch.SOURCE, _launch.DEFAULT_KEY.name_expression, device)
     except Exception as error:  # the call that needs it raises again, with the full log
-        warnings.warn(f"fp8_group_quant: could not compile the default kernel: {error}")
+        warnings.warn(
+            f"fp8_group_quant: could not compile the default kernel: {error}", stacklevel=2
+        )
 
 
 _compile_on_import()

@@ -53,7 +53,9 @@ template <> struct Input<kF16> {
   __device__ static __forceinline__ u32 to_f32_bits(u32 raw) {
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(static_cast<u16>(raw)));
-    return __float_as_uint(f);
+    // NOTES: cvt returns the canonical (positive) NaN; carry the input's sign so that a negative
+    // NaN encodes as one, as it does from bfloat16 and float32 (a no-op for every other value)
+    return __float_as_uint(f) | ((raw & 0x8000u) << 16);
   }
 };
 

@@ -34,7 +34,9 @@ def test_jit_layer_compiles_a_toy_kernel(tmp_path, monkeypatch):
         assert lowered["add_n<3>"] == "_Z5add_nILi3EEvPi"
 
         # editing an included header changes the source text CuPy's cache keys on
-        (tmp_path / "toy.cuh").write_text("template <int N> __device__ int toy() { return 2 * N; }\n")
+        (tmp_path / "toy.cuh").write_text(
+            "template <int N> __device__ int toy() { return 2 * N; }\n"
+        )
         _jit.source_text.cache_clear()
         _jit._fingerprint.cache_clear()
         assert _jit.source_text("toy.cu") != first

@@ -76,9 +76,13 @@ def poisoned_outputs(geometry: Geometry, lib: str, fmt: str):
         import torch
 
         q_buf = torch.full((geometry.q_storage,), Q_POISON, dtype=torch.uint8, device="cuda")
-        s_buf = torch.full((geometry.scale_storage * 4,), SCALE_POISON, dtype=torch.uint8, device="cuda")
+        s_buf = torch.full(
+            (geometry.scale_storage * 4,), SCALE_POISON, dtype=torch.uint8, device="cuda"
+        )
         s_buf = s_buf.view(torch.int32 if packed else torch.float32)
-        q_view = q_buf.view({"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2, "int8": torch.int8}[fmt])
+        q_view = q_buf.view(
+            {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2, "int8": torch.int8}[fmt]
+        )
 
         def strided(buffer, shape, strides):
             return buffer.as_strided(shape, strides)
@@ -159,11 +163,21 @@ def test_tiny_eps_and_subnormal_groups(input_dtype, scale):
         check(x, to_device(x, lib), lib, 128, "e4m3", scale, "row", eps=tiny)
 
 
-# the production path: the shapes, large M, both libraries ----------------------------------
+# the production path: the shapes, large M, both libraries ---------------------------------
 
 SHAPES = [
-    (1, 7168), (3, 7168), (4, 640), (4, 768), (4, 384), (1, 384), (3, 640), (64, 7168),
-    (127, 7168), (253, 640), (65537, 2048), (4096, 7168),
+    (1, 7168),
+    (3, 7168),
+    (4, 640),
+    (4, 768),
+    (4, 384),
+    (1, 384),
+    (3, 640),
+    (64, 7168),
+    (127, 7168),
+    (253, 640),
+    (65537, 2048),
+    (4096, 7168),
 ]  # fmt: skip  the issue's list: single rows, odd rows, K % 512 != 0, M > 65535
 
 
@@ -206,7 +220,7 @@ def test_more_than_2_to_the_31_elements():
     torch.cuda.empty_cache()
 
 
-# interop, caller outputs, graphs, streams ------------------------------------------------------------
+# interop, caller outputs, graphs, streams ---------------------------------------------------------
 
 
 def test_cuda_graph_capture_and_replay():

@@ -82,7 +82,9 @@ def test_batched_input_has_per_batch_padding(layout):
     assert sb.strides[0] // 4 == expected_batch
     for b in range(2):
         q1, s1 = fgq.quantize(x[b], scale=scale, layout=layout)
-        np.testing.assert_array_equal(np.asarray(qb[b]).view(np.uint8), np.asarray(q1).view(np.uint8))
+        np.testing.assert_array_equal(
+            np.asarray(qb[b]).view(np.uint8), np.asarray(q1).view(np.uint8)
+        )
         np.testing.assert_array_equal(sb[b], s1)
 
 
@@ -92,7 +94,9 @@ def test_more_leading_dimensions_flatten_into_rows():
     q2, s2 = fgq.quantize(x.reshape(2, 15, 256), layout="col_tma")
     assert s.shape == (2, 3, 5, 2)
     np.testing.assert_array_equal(np.asarray(s).reshape(2, 15, 2), s2)
-    np.testing.assert_array_equal(np.asarray(q).view(np.uint8).reshape(2, 15, 256), np.asarray(q2).view(np.uint8))
+    np.testing.assert_array_equal(
+        np.asarray(q).view(np.uint8).reshape(2, 15, 256), np.asarray(q2).view(np.uint8)
+    )
 
 
 def test_pad_rows_backs_q_with_zero_rows():

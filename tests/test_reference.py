@@ -129,7 +129,7 @@ def test_one_dimensional_input_is_one_row():
     np.testing.assert_array_equal(s1, s2[0])
 
 
-# an independent scalar model of SPEC 3 -------------------------------------------------------------
+# an independent scalar model of SPEC 3 ------------------------------------------------------------
 
 
 def scalar_group(values, fmt, ue8m0, eps):

@@ -1,0 +1,280 @@
+"""``python -m fp8_group_quant bench``: where the quantizer stands against the memory floor.
+
+In one process: the device copy bandwidth; the roofline kernel (kernels/roofline.cu: the
+quantizer's loads and stores, no work); and the quantizer, as GPU time per call from CUDA-graph
+replay over rotating buffers (median of replays) and as host-inclusive time per eager call
+(cupy and torch inputs). Every provider is checked before it is timed.
+
+Bytes moved per call (the model every figure uses): ``M*K*in_bytes`` read, ``M*K`` written for q,
+plus the scale storage written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import time
+
+import numpy as np
+
+from . import _jit, api
+from ._layout import PACKED_LAYOUTS, Geometry
+from ._spec import output_format
+from .reference import quantize_into
+
+DEFAULT_M = (1, 4, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+DEFAULT_K = (2048, 7168)
+ROTATE_BYTES = 256 * 2**20  # rotate over at least this much input: several times the 50 MB L2
+ROOFLINE_THREADS = 256
+INPUT_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+
+def bytes_moved(m: int, k: int, input_dtype: str, geometry: Geometry) -> int:
+    scale_bytes = geometry.scale_storage * 4
+    return m * k * INPUT_BYTES[input_dtype] + m * k + scale_bytes
+
+
+def copy_bandwidth(cupy, nbytes: int = 2**31, repeats: int = 10) -> float:
+    """Device-to-device copy, bytes read + written per second (median of repeats)."""
+    src = cupy.ones(nbytes // 4, cupy.float32)
+    dst = cupy.empty_like(src)
+    start, end = cupy.cuda.Event(), cupy.cuda.Event()
+    times = []
+    for _ in range(repeats + 2):
+        start.record()
+        dst[...] = src
+        end.record()
+        end.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(start, end) / 1e3)
+    del src, dst
+    return 2 * nbytes / statistics.median(times[2:])
+
+
+def graph_time_us(cupy, calls, replays: int = 7) -> float:
+    """Median GPU time per call of ``calls`` (a list of launches) captured in one CUDA graph."""
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        for call in calls[:2]:  # warm up outside the capture
+            call()
+        stream.synchronize()
+        stream.begin_capture()
+        for call in calls:
+            call()
+        graph = stream.end_capture()
+    start, end = cupy.cuda.Event(), cupy.cuda.Event()
+    times = []
+    for _ in range(replays + 1):
+        start.record(stream)
+        graph.launch(stream)
+        end.record(stream)
+        end.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(start, end) * 1e3 / len(calls))
+    return statistics.median(times[1:])
+
+
+def eager_time_us(sync, call, iterations: int = 200) -> float:
+    """Host-inclusive time per call, issuing back to back and synchronising once at the end."""
+    for _ in range(10):
+        call()
+    sync()
+    times = []
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(iterations):
+            call()
+        sync()
+        times.append((time.perf_counter() - start) / iterations * 1e6)
+    return statistics.median(times)
+
+
+def _check(x_host, q_dev, s_dev, geometry, fmt_name, ue8m0, cupy) -> None:
+    """Bit-exact check of a device result against the NumPy backend, before any timing."""
+    q_ref = np.empty(geometry.q_storage, np.uint8)
+    packed = geometry.layout in PACKED_LAYOUTS
+    s_ref = np.empty(geometry.scale_storage, np.int32 if packed else np.float32)
+    quantize_into(x_host, geometry, output_format(fmt_name), ue8m0, 1e-10, q_ref, s_ref)
+    s_logical = np.lib.stride_tricks.as_strided(
+        s_ref, geometry.scale_shape, tuple(4 * s for s in geometry.scale_strides)
+    )
+    if not (
+        np.array_equal(cupy.asnumpy(q_dev).view(np.uint8).reshape(-1), q_ref)
+        and np.array_equal(cupy.asnumpy(s_dev), s_logical)
+    ):
+        raise AssertionError(f"quantizer output differs from the reference at {geometry.shape}")
+
+
+def bench_shape(cupy, torch, roofline, bandwidth: float, m: int, k: int, args) -> dict:
+    """One table row: check, then time the roofline kernel and the quantizer at (M, K)."""
+    from .__main__ import activation
+
+    options = dict(dtype=args.dtype, scale=args.scale, layout=args.layout)
+    geometry = Geometry((m, k), args.group_size, args.layout, False)
+    moved = bytes_moved(m, k, args.input_dtype, geometry)
+    x_host = activation(m, k, seed=m + k).astype(args.input_dtype_np)
+    n_buffers = max(2, min(64, math.ceil(ROTATE_BYTES / (m * k * INPUT_BYTES[args.input_dtype]))))
+    inputs = [cupy.asarray(x_host) for _ in range(n_buffers)]
+    outputs = [api.quantize(x, args.group_size, **options) for x in inputs]
+    cupy.cuda.runtime.deviceSynchronize()
+    _check(x_host, *outputs[0], geometry, args.dtype, args.scale == "ue8m0", cupy)
+    calls = max(n_buffers, 32)
+
+    def quantizer(i):
+        x, (q, s) = inputs[i % n_buffers], outputs[i % n_buffers]
+        return lambda: api.quantize(x, args.group_size, **options, out=q, scale_out=s)
+
+    chunks = m * k * INPUT_BYTES[args.input_dtype] // 32
+    grid = (-(-chunks // ROOFLINE_THREADS), 1, 1)
+
+    def roof(i):
+        x, (q, _) = inputs[i % n_buffers], outputs[i % n_buffers]
+        return lambda: roofline(grid, (ROOFLINE_THREADS, 1, 1), (x, q, np.int64(chunks)))
+
+    ours = graph_time_us(cupy, [quantizer(i) for i in range(calls)])
+    roof_us = graph_time_us(cupy, [roof(i) for i in range(calls)])
+    x0 = inputs[0]
+    eager_cupy = eager_time_us(
+        cupy.cuda.runtime.deviceSynchronize, lambda: api.quantize(x0, args.group_size, **options)
+    )
+    eager_torch = None
+    if torch is not None:
+        xt = torch.from_dlpack(x0)
+        eager_torch = eager_time_us(
+            torch.cuda.synchronize, lambda: api.quantize(xt, args.group_size, **options)
+        )
+    floor_us = moved / bandwidth * 1e6
+    return {
+        "M": m, "K": k, "bytes": moved, "floor_us": floor_us, "roofline_us": roof_us,
+        "ours_us": ours, "ours_over_roofline": ours / roof_us, "fraction_of_floor": floor_us / ours,
+        "GBps": moved / ours / 1e3, "eager_cupy_us": eager_cupy, "eager_torch_us": eager_torch,
+    }  # fmt: skip
+
+
+def run(args) -> list[dict]:
+    import cupy
+
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    device = cupy.cuda.runtime.getDevice()
+    name = cupy.cuda.runtime.getDeviceProperties(device)["name"].decode()
+    bandwidth = copy_bandwidth(cupy)
+    print(f"# {name}: device copy {bandwidth / 1e12:.2f} TB/s (read + write)")
+    print(
+        f"# {args.input_dtype} -> {args.dtype}, {args.scale} scales, layout {args.layout}, "
+        f"G={args.group_size}; GPU times from CUDA-graph replay, eager = host-inclusive per call"
+    )
+    roofline = _jit.get_function("roofline.cu", "fgq::roofline_copy", device)
+    print(
+        f"{'M':>6} {'K':>5} {'floor us':>9} {'roofline':>9} {'ours':>8} {'ours/roof':>9} "
+        f"{'%floor':>7} {'GB/s':>7} {'eager cupy':>10} {'eager torch':>11}"
+    )
+    rows = []
+    for k in args.k:
+        for m in args.m:
+            r = bench_shape(cupy, torch, roofline, bandwidth, m, k, args)
+            rows.append(r)
+            torch_us = r["eager_torch_us"] if r["eager_torch_us"] is not None else float("nan")
+            print(
+                f"{m:>6} {k:>5} {r['floor_us']:>9.2f} {r['roofline_us']:>9.2f} "
+                f"{r['ours_us']:>8.2f} {r['ours_over_roofline']:>9.3f} "
+                f"{100 * r['fraction_of_floor']:>6.1f}% {r['GBps']:>7.0f} "
+                f"{r['eager_cupy_us']:>10.1f} {torch_us:>11.1f}",
+                flush=True,
+            )
+            cupy.get_default_memory_pool().free_all_blocks()
+    return rows
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m fp8_group_quant bench", description=__doc__)
+    parser.add_argument("--m", type=int, nargs="+", default=list(DEFAULT_M), help="tokens")
+    parser.add_argument("--k", type=int, nargs="+", default=list(DEFAULT_K), help="hidden size")
+    parser.add_argument("--input-dtype", default="bfloat16", choices=list(INPUT_BYTES))
+    parser.add_argument("--dtype", default="e4m3", choices=["e4m3", "e5m2", "int8"])
+    parser.add_argument("--scale", default="ue8m0", choices=["float32", "ue8m0"])
+    parser.add_argument("--layout", default="packed")
+    parser.add_argument("--group-size", type=int, default=128)
+    parser.add_argument("--json", help="write the rows to this file")
+    parser.add_argument("--plot", help="draw GB/s and fraction of floor against M (matplotlib)")
+    parser.add_argument(
+        "--profile-host", action="store_true", help="profile the host path of one small call"
+    )
+    args = parser.parse_args(argv)
+    import ml_dtypes
+
+    args.input_dtype_np = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16,
+                           "float32": np.float32}[args.input_dtype]  # fmt: skip
+    if args.profile_host:
+        return profile_host(args)
+    rows = run(args)
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(
+                {
+                    "config": {k: v for k, v in vars(args).items() if k != "input_dtype_np"},
+                    "rows": rows,
+                },
+                handle,
+                indent=1,
+            )
+    if args.plot:
+        plot(rows, args.plot)
+    return 0
+
+
+def profile_host(args) -> int:
+    """cProfile of eager calls at M = 1: where the host time of a small call goes."""
+    import cProfile
+    import pstats
+
+    import cupy
+    import torch
+
+    for name, x in (
+        ("cupy", cupy.asarray(np.ones((1, args.k[0]), args.input_dtype_np))),
+        (
+            "torch",
+            torch.ones((1, args.k[0]), dtype=getattr(torch, args.input_dtype), device="cuda"),
+        ),
+    ):
+        call = lambda: api.quantize(x, args.group_size, dtype=args.dtype, scale=args.scale,
+                                    layout=args.layout)  # fmt: skip
+        for _ in range(100):
+            call()
+        profiler = cProfile.Profile()
+        profiler.enable()
+        for _ in range(2000):
+            call()
+        profiler.disable()
+        print(f"# {name} input, 2000 calls")
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(18)
+    return 0
+
+
+def plot(rows: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    for k in sorted({r["K"] for r in rows}):
+        sel = [r for r in rows if r["K"] == k]
+        ms = [r["M"] for r in sel]
+        left.plot(ms, [r["GBps"] for r in sel], "o-", label=f"ours, K={k}")
+        left.plot(
+            ms, [r["bytes"] / r["roofline_us"] / 1e3 for r in sel], "--", label=f"roofline, K={k}"
+        )
+        right.plot(ms, [r["fraction_of_floor"] for r in sel], "o-", label=f"K={k}")
+    for axis in (left, right):
+        axis.set_xscale("log", base=2)
+        axis.set_xlabel("tokens M")
+        axis.grid(alpha=0.3)
+        axis.legend()
+    left.set_ylabel("GB/s (graph replay)")
+    right.set_ylabel("fraction of the memory floor")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)

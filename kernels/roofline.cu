@@ -1,0 +1,16 @@
+// The quantizer's traffic with none of its work: the honest ceiling the benchmark compares with.
+// One thread per 16 bf16 values: two 16-byte loads and one 16-byte store, as in quantize_groups.
+#include "common.cuh"
+
+namespace fgq {
+
+__global__ void roofline_copy(const uint4* __restrict__ x, uint4* __restrict__ q, i64 chunks) {
+  const i64 i = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= chunks) return;
+  const uint4 a = __ldg(x + 2 * i);
+  const uint4 b = __ldg(x + 2 * i + 1);
+  // NOTES: the store depends on both loads, so neither can be dropped by the compiler
+  q[i] = make_uint4(a.x ^ b.x, a.y ^ b.y, a.z ^ b.z, a.w ^ b.w);
+}
+
+}  // namespace fgq
