@@ -12,6 +12,7 @@ plus the scale storage written.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import statistics
@@ -240,8 +241,9 @@ def profile_host(args) -> int:
             torch.ones((1, args.k[0]), dtype=getattr(torch, args.input_dtype), device="cuda"),
         ),
     ):
-        call = lambda: api.quantize(x, args.group_size, dtype=args.dtype, scale=args.scale,
-                                    layout=args.layout)  # fmt: skip
+        call = functools.partial(
+            api.quantize, x, args.group_size, dtype=args.dtype, scale=args.scale, layout=args.layout
+        )
         for _ in range(100):
             call()
         profiler = cProfile.Profile()
