@@ -44,7 +44,7 @@ def to_host_bytes(array) -> np.ndarray:
     if type(array).__module__.startswith("torch"):
         import torch
 
-        return array.contiguous().view(torch.uint8).cpu().numpy()
+        return array.contiguous().reshape(-1).view(torch.uint8).cpu().numpy()
     return np.ascontiguousarray(array.get()).view(np.uint8)
 
 
