@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -11,10 +12,13 @@ from ._layout import PACKED_LAYOUTS, TMA_LAYOUTS, Geometry
 
 SOURCE = "quantize.cu"
 LANE_BYTES = 32  # input bytes held by one lane: two 16-byte loads
-MAX_THREADS_PER_BLOCK = 512
+MAX_THREADS_PER_BLOCK = 256  # kMaxThreads in kernels/quantize.cu
 WARP = 32
 MAX_GRID_X = 2**31 - 1
 MAX_GRID_Y = 65535
+# Resident waves of blocks the grid holds; each block walks rows with a stride of the grid.
+# 0 launches one block column per row instead. A tuning knob, measured in docs/perf.md.
+WAVES = float(os.environ.get("FP8_GROUP_QUANT_WAVES", "1"))
 
 # template codes, as enums in kernels/common.cuh
 _INPUT_CODE = {"bfloat16": "fgq::kBF16", "float16": "fgq::kF16", "float32": "fgq::kF32"}
@@ -85,12 +89,30 @@ def block_shape(groups: int, lanes: int) -> tuple[int, int]:
 
 
 def grid_limits_error(geometry: Geometry) -> str | None:
-    grid_x = geometry.batches * geometry.grid_rows
-    if grid_x > MAX_GRID_X:
-        return f"x: {grid_x} rows exceed the {MAX_GRID_X} the kernel grid holds"
-    if geometry.grid_rows >= 2**32:
-        return f"x: {geometry.grid_rows} rows per batch exceed 2**32"
+    total_rows = geometry.batches * geometry.grid_rows
+    if total_rows >= 2**32:
+        return f"x: {total_rows} rows (batches included) exceed the 2**32 - 1 the kernel indexes"
+    threads, blocks_per_row = block_shape(geometry.groups, 2)
+    if blocks_per_row > MAX_GRID_Y:
+        return f"x: K={geometry.k} needs {blocks_per_row} blocks per row, over {MAX_GRID_Y}"
     return None
+
+
+_resident: dict[tuple[int, int, int], int] = {}
+
+
+def resident_blocks(function, threads: int, device: int) -> int:
+    """Blocks of ``threads`` threads of ``function`` that fit on the whole GPU at once."""
+    key = (device, function.ptr, threads)
+    blocks = _resident.get(key)
+    if blocks is None:
+        import cupy
+        from cupy_backends.cuda.api import driver
+
+        sms = cupy.cuda.runtime.getDeviceProperties(device)["multiProcessorCount"]
+        per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(function.ptr, threads, 0)
+        blocks = _resident[key] = max(1, per_sm) * sms
+    return blocks
 
 
 @dataclass(frozen=True)
@@ -114,6 +136,13 @@ def prepare(
 ) -> Launch:
     """Everything one launch needs; ``Launch.function(grid, block, args, stream=...)`` runs it."""
     threads, blocks_per_row = block_shape(geometry.groups, key.lanes_per_group)
+    function = _jit.get_function(SOURCE, key.name_expression, device)
+    total_rows = geometry.batches * geometry.grid_rows
+    # NOTES: one wave of resident blocks; each walks its share of the rows, prefetching the next
+    row_blocks = min(total_rows, MAX_GRID_X)
+    if WAVES > 0:
+        capacity = int(WAVES * resident_blocks(function, threads, device))
+        row_blocks = min(total_rows, max(1, capacity // blocks_per_row))
     s_batch, s_row, s_column = geometry.scale_kernel_strides
     args = (
         np.uint64(x_ptr),
@@ -121,6 +150,7 @@ def prepare(
         np.uint64(scale_ptr),
         np.uint32(geometry.rows),
         np.uint32(geometry.grid_rows),
+        np.uint32(total_rows),
         np.int32(geometry.groups),
         np.int64(x_batch_stride),
         np.int64(x_row_stride),
@@ -132,8 +162,7 @@ def prepare(
         np.int32(geometry.layout in TMA_LAYOUTS),
         np.float32(eps),
     )
-    function = _jit.get_function(SOURCE, key.name_expression, device)
-    grid = (geometry.batches * geometry.grid_rows, blocks_per_row, 1)
+    grid = (row_blocks, blocks_per_row, 1)
     return Launch(function, grid, (threads, 1, 1), args)
 
 
