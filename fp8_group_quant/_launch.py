@@ -90,28 +90,37 @@ def block_shape(groups: int, lanes: int) -> tuple[int, int]:
 
 def grid_limits_error(geometry: Geometry) -> str | None:
     total_rows = geometry.batches * geometry.grid_rows
-    if total_rows >= 2**32:
-        return f"x: {total_rows} rows (batches included) exceed the 2**32 - 1 the kernel indexes"
+    if total_rows >= 2**31:
+        return f"x: {total_rows} rows (batches included) exceed the 2**31 - 1 the kernel indexes"
     threads, blocks_per_row = block_shape(geometry.groups, 2)
     if blocks_per_row > MAX_GRID_Y:
         return f"x: K={geometry.k} needs {blocks_per_row} blocks per row, over {MAX_GRID_Y}"
     return None
 
 
-_resident: dict[tuple[int, int, int], int] = {}
+_resident: dict[tuple[int, str, int], int] = {}
 
 
-def resident_blocks(function, threads: int, device: int) -> int:
-    """Blocks of ``threads`` threads of ``function`` that fit on the whole GPU at once."""
-    key = (device, function.ptr, threads)
+def resident_blocks(function, name: str, threads: int, device: int) -> int:
+    """Blocks of ``threads`` threads of ``function`` that fit on the whole GPU at once.
+
+    NOTES: computed from the kernel's register count and the device limits; registers are
+    allocated per warp in units of 256.
+    """
+    key = (device, name, threads)
     blocks = _resident.get(key)
     if blocks is None:
         import cupy
-        from cupy_backends.cuda.api import driver
 
-        sms = cupy.cuda.runtime.getDeviceProperties(device)["multiProcessorCount"]
-        per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(function.ptr, threads, 0)
-        blocks = _resident[key] = max(1, per_sm) * sms
+        props = cupy.cuda.runtime.getDeviceProperties(device)
+        warps = -(-threads // WARP)
+        regs_per_warp = -(-max(function.num_regs, 1) * WARP // 256) * 256
+        per_sm = min(
+            props["maxBlocksPerMultiProcessor"],
+            props["maxThreadsPerMultiProcessor"] // (warps * WARP),
+            props["regsPerMultiprocessor"] // (regs_per_warp * warps),
+        )
+        blocks = _resident[key] = max(1, per_sm) * props["multiProcessorCount"]
     return blocks
 
 
@@ -141,7 +150,7 @@ def prepare(
     # NOTES: one wave of resident blocks; each walks its share of the rows, prefetching the next
     row_blocks = min(total_rows, MAX_GRID_X)
     if WAVES > 0:
-        capacity = int(WAVES * resident_blocks(function, threads, device))
+        capacity = int(WAVES * resident_blocks(function, key.name_expression, threads, device))
         row_blocks = min(total_rows, max(1, capacity // blocks_per_row))
     s_batch, s_row, s_column = geometry.scale_kernel_strides
     args = (
@@ -150,7 +159,7 @@ def prepare(
         np.uint64(scale_ptr),
         np.uint32(geometry.rows),
         np.uint32(geometry.grid_rows),
-        np.uint32(total_rows),
+        np.uint32(geometry.batches),
         np.int32(geometry.groups),
         np.int64(x_batch_stride),
         np.int64(x_row_stride),

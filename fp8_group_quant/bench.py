@@ -152,6 +152,73 @@ def bench_shape(cupy, torch, roofline, bandwidth: float, m: int, k: int, args) -
     }  # fmt: skip
 
 
+def run_matrix(args) -> list[dict]:
+    """GPU time per byte of every supported combination at one shape, against bf16 G=128 packed.
+
+    Each variant is checked bit for bit against the NumPy backend on 64 rows, then timed by
+    graph replay at (M, K) over rotating buffers.
+    """
+    import itertools
+
+    import cupy
+    import ml_dtypes
+
+    from .__main__ import activation
+
+    m, k = args.m[0], args.k[0]
+    host_dtypes = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16, "float32": np.float32}
+    combos = [
+        c
+        for c in itertools.product(
+            host_dtypes, (32, 64, 128, 256), ("e4m3", "e5m2", "int8"), ("float32", "ue8m0"),
+            ("row", "col", "col_tma", "packed", "packed_row"),
+        )
+        if c[3] == "ue8m0" or c[4] not in PACKED_LAYOUTS
+    ]  # fmt: skip
+    baseline = ("bfloat16", 128, "e4m3", "ue8m0", "packed")
+    combos.remove(baseline)
+    combos.insert(0, baseline)
+    rows = []
+    print(f"# GPU time per call at M={m}, K={k}; 'per byte' = (t / bytes) / baseline (t / bytes)")
+    columns = ("input", 9), ("G", 4), ("out", 5), ("scale", 8), ("layout", 11), ("us", 8)
+    print(" ".join(f"{name:>{width}}" for name, width in columns), f"{'GB/s':>6} {'per byte':>9}")
+    inputs_by_dtype = {}
+    for input_dtype, group, fmt, scale, layout in combos:
+        options = dict(dtype=fmt, scale=scale, layout=layout)
+        small = activation(64, k, seed=1).astype(host_dtypes[input_dtype])
+        q, s = api.quantize(cupy.asarray(small), group, **options)
+        _check(
+            small, q, s, Geometry(small.shape, group, layout, False), fmt, scale == "ue8m0", cupy
+        )
+        if input_dtype not in inputs_by_dtype:
+            x_host = activation(m, k, seed=m + k).astype(host_dtypes[input_dtype])
+            n = max(2, min(16, math.ceil(ROTATE_BYTES / x_host.nbytes)))
+            inputs_by_dtype[input_dtype] = [cupy.asarray(x_host) for _ in range(n)]
+        inputs = inputs_by_dtype[input_dtype]
+        outputs = [api.quantize(x, group, **options) for x in inputs]
+
+        def call(i, inputs=inputs, outputs=outputs, group=group, options=options):
+            x, (q, s) = inputs[i % len(inputs)], outputs[i % len(inputs)]
+            return lambda: api.quantize(x, group, **options, out=q, scale_out=s)
+
+        us = graph_time_us(cupy, [call(i) for i in range(max(len(inputs), 16))])
+        geometry = Geometry((m, k), group, layout, False)
+        moved = bytes_moved(m, k, input_dtype, geometry)
+        per_byte = us / moved
+        if not rows:
+            base_per_byte = per_byte
+        row = {"input": input_dtype, "G": group, "dtype": fmt, "scale": scale, "layout": layout,
+               "us": us, "bytes": moved, "GBps": moved / us / 1e3,
+               "per_byte_vs_baseline": per_byte / base_per_byte}  # fmt: skip
+        rows.append(row)
+        print(f"{input_dtype:>9} {group:>4} {fmt:>5} {scale:>8} {layout:>11} {us:>8.2f} "
+              f"{row['GBps']:>6.0f} {row['per_byte_vs_baseline']:>9.3f}", flush=True)  # fmt: skip
+        del outputs
+    worst = max(rows, key=lambda r: r["per_byte_vs_baseline"])
+    print(f"# slowest per byte: {worst['per_byte_vs_baseline']:.3f}x the baseline: {worst}")
+    return rows
+
+
 def run(args) -> list[dict]:
     import cupy
 
@@ -201,6 +268,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--json", help="write the rows to this file")
     parser.add_argument("--plot", help="draw GB/s and fraction of floor against M (matplotlib)")
     parser.add_argument(
+        "--matrix", action="store_true", help="time every supported variant at --m[0] x --k[0]"
+    )
+    parser.add_argument(
         "--profile-host", action="store_true", help="profile the host path of one small call"
     )
     args = parser.parse_args(argv)
@@ -210,7 +280,7 @@ def main(argv: list[str]) -> int:
                            "float32": np.float32}[args.input_dtype]  # fmt: skip
     if args.profile_host:
         return profile_host(args)
-    rows = run(args)
+    rows = run_matrix(args) if args.matrix else run(args)
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(

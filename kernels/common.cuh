@@ -1,11 +1,11 @@
-// Device helpers shared by the kernels: raw loads, exact float32 arithmetic, output encodings and
-// UE8M0 scales. No kernels live here, and no CUDA header is included, so NVRTC needs nothing but
-// itself (no cuda_fp8.h / cuda_bf16.h version pairing).
+// Device helpers shared by the kernels: exact float32 arithmetic, input decoding, output
+// encodings and UE8M0 scales. No kernels live here, and no CUDA header is included, so NVRTC needs
+// nothing but itself (no cuda_fp8.h / cuda_bf16.h version pairing).
 //
 // NOTES: CuPy always appends -ftz=true to NVRTC options. Every float operation whose result can be
-// subnormal is therefore written as PTX without .ftz (div.rn.f32, mul.rn.f32) and absolute values
-// and maxima are taken on the integer bits, so the kernels match the IEEE reference whatever flag
-// the driver or CuPy passes.
+// subnormal is therefore written as PTX without .ftz (div.rn.f32, mul.rn.f32, fma.rn.f32), and
+// magnitudes are compared as integers, so the kernels match the IEEE reference whatever flag the
+// driver or CuPy passes.
 #pragma once
 
 namespace fgq {
@@ -20,8 +20,7 @@ enum InputType : int { kBF16 = 0, kF16 = 1, kF32 = 2 };
 enum OutputType : int { kE4M3 = 0, kE5M2 = 1, kInt8 = 2 };
 enum ScaleKind : int { kFloatScale = 0, kPow2Scale = 1, kPackedUE8M0 = 2 };
 
-constexpr u32 kAbsMask = 0x7fffffffu;
-constexpr u32 kInfBits = 0x7f800000u;
+constexpr int kLaneWords = 8;  // 32 bytes of input per lane
 
 // exact float32 arithmetic ---------------------------------------------------------------------
 
@@ -37,36 +36,119 @@ __device__ __forceinline__ float mul_rn(float a, float b) {
   return r;
 }
 
-// input types: bits of one element to float32 (exact) ------------------------------------------
+__device__ __forceinline__ float fma_rn(float a, float b, float c) {
+  float r;
+  asm("fma.rn.f32 %0, %1, %2, %3;" : "=f"(r) : "f"(a), "f"(b), "f"(c));
+  return r;
+}
+
+// Divisors at least this large take the reciprocal path of divide_fast.
+constexpr float kMinFastDivisor = 8.271806125530277e-25f;  // 2^-80
+
+// RN(v / s) given r = RN(1 / s), in three instructions instead of a full division.
+// NOTES: Markstein's theorem: with r the correctly rounded reciprocal and q = RN(v * r) within an
+// ulp of v / s, the residual v - s * q is exact under FMA and RN(q + residual * r) is the correctly
+// rounded quotient. Needs s >= 2^-80 (so 1/s is finite and residuals of quotients that can round
+// to a nonzero code do not underflow); the sign is re-applied so that -0 / s stays -0.
+__device__ __forceinline__ float divide_fast(float v, float s, float r) {
+  const float q = mul_rn(v, r);
+  const float residual = fma_rn(-q, s, v);
+  const float rounded = fma_rn(residual, r, q);
+  return __uint_as_float(__float_as_uint(rounded) | (__float_as_uint(v) & 0x80000000u));
+}
+
+// packed unsigned 16-bit maximum (one instruction on sm_90 and newer)
+__device__ __forceinline__ u32 max_u16x2(u32 a, u32 b) {
+#if __CUDA_ARCH__ >= 900
+  u32 r;
+  asm("max.u16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+#else
+  return __vmaxu2(a, b);
+#endif
+}
+
+// input types --------------------------------------------------------------------------------------
+// A lane holds kLaneWords words. raw(words, i) is the encoding of value i; f32_bits(words, i) its
+// exact float32 bits. Magnitudes (encodings without the sign bit) order like the values they
+// encode, so the group maximum is an integer maximum; magnitudes >= kInf are Inf or NaN.
 
 template <int kIn> struct Input;
 
 template <> struct Input<kBF16> {
   typedef u16 Storage;
   static constexpr int kBytes = 2;
-  __device__ static __forceinline__ u32 to_f32_bits(u32 raw) { return raw << 16; }
+  static constexpr u32 kSign = 0x8000u;
+  static constexpr u32 kInf = 0x7f80u;
+  __device__ static __forceinline__ u32 raw(const u32 (&w)[kLaneWords], int i) {
+    return (w[i / 2] >> (16 * (i % 2))) & 0xffffu;
+  }
+  __device__ static __forceinline__ u32 f32_bits(const u32 (&w)[kLaneWords], int i) {
+    return i % 2 ? w[i / 2] & 0xffff0000u : w[i / 2] << 16;
+  }
+  __device__ static __forceinline__ u32 max_magnitude(const u32 (&w)[kLaneWords]) {
+    u32 m = w[0] & 0x7fff7fffu;
+#pragma unroll
+    for (int i = 1; i < kLaneWords; ++i) m = max_u16x2(m, w[i] & 0x7fff7fffu);
+    return max(m & 0xffffu, m >> 16);
+  }
+  __device__ static __forceinline__ float magnitude_to_f32(u32 m) { return __uint_as_float(m << 16); }
 };
 
 template <> struct Input<kF16> {
   typedef u16 Storage;
   static constexpr int kBytes = 2;
-  __device__ static __forceinline__ u32 to_f32_bits(u32 raw) {
-    float f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(static_cast<u16>(raw)));
-    // NOTES: cvt returns the canonical (positive) NaN; carry the input's sign so that a negative
-    // NaN encodes as one, as it does from bfloat16 and float32 (a no-op for every other value)
-    return __float_as_uint(f) | ((raw & 0x8000u) << 16);
+  static constexpr u32 kSign = 0x8000u;
+  static constexpr u32 kInf = 0x7c00u;
+  __device__ static __forceinline__ u32 raw(const u32 (&w)[kLaneWords], int i) {
+    return (w[i / 2] >> (16 * (i % 2))) & 0xffffu;
   }
+  __device__ static __forceinline__ float half_to_f32(u32 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(static_cast<u16>(h)));
+    return f;
+  }
+  __device__ static __forceinline__ u32 f32_bits(const u32 (&w)[kLaneWords], int i) {
+    return __float_as_uint(half_to_f32(raw(w, i)));
+  }
+  __device__ static __forceinline__ u32 max_magnitude(const u32 (&w)[kLaneWords]) {
+    return Input<kBF16>::max_magnitude(w);  // same 16-bit magnitude order
+  }
+  __device__ static __forceinline__ float magnitude_to_f32(u32 m) { return half_to_f32(m); }
 };
 
 template <> struct Input<kF32> {
   typedef u32 Storage;
   static constexpr int kBytes = 4;
-  __device__ static __forceinline__ u32 to_f32_bits(u32 raw) { return raw; }
+  static constexpr u32 kSign = 0x80000000u;
+  static constexpr u32 kInf = 0x7f800000u;
+  __device__ static __forceinline__ u32 raw(const u32 (&w)[kLaneWords], int i) { return w[i]; }
+  __device__ static __forceinline__ u32 f32_bits(const u32 (&w)[kLaneWords], int i) { return w[i]; }
+  __device__ static __forceinline__ u32 max_magnitude(const u32 (&w)[kLaneWords]) {
+    u32 m = w[0] & 0x7fffffffu;
+#pragma unroll
+    for (int i = 1; i < kLaneWords; ++i) m = max(m, w[i] & 0x7fffffffu);
+    return m;
+  }
+  __device__ static __forceinline__ float magnitude_to_f32(u32 m) { return __uint_as_float(m); }
 };
 
+// largest finite magnitude of a lane: the slow path, for groups holding Inf or NaN
+template <int kIn>
+__device__ __forceinline__ u32 max_finite_magnitude(const u32 (&w)[kLaneWords]) {
+  typedef Input<kIn> In;
+  constexpr int kValues = kLaneWords * 4 / In::kBytes;
+  u32 m = 0u;
+#pragma unroll
+  for (int i = 0; i < kValues; ++i) {
+    const u32 magnitude = In::raw(w, i) & (In::kSign - 1u);
+    m = max(m, magnitude < In::kInf ? magnitude : 0u);
+  }
+  return m;
+}
+
 // output encodings -------------------------------------------------------------------------------
-// encode2(lo, hi) returns the codes of two values, lo in bits 0-7, hi in bits 8-15.
+// encode2(lo, hi) returns the codes of two scaled values, lo in bits 0-7, hi in bits 8-15.
 
 template <int kOut> struct Output;
 
@@ -75,9 +157,10 @@ template <> struct Output<kE4M3> {
   static constexpr u32 kNaN = 0x7f;  // ml_dtypes' NaN; the sign bit is carried over
   static constexpr bool kKeepsInf = false;
   static constexpr u32 kInf = 0;
+  static constexpr bool kSigned = true;  // NaN codes carry the input's sign
   __device__ static __forceinline__ u32 encode2(float lo, float hi) {
     // NOTES: .satfinite rounds to nearest even and then clamps to +-448, which equals the spec's
-    // clamp-then-round; non-finite inputs are patched by the caller.
+    // clamp-then-round; non-finite inputs are patched afterwards.
     u16 r;
     asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
     return r;
@@ -89,6 +172,7 @@ template <> struct Output<kE5M2> {
   static constexpr u32 kNaN = 0x7e;
   static constexpr bool kKeepsInf = true;
   static constexpr u32 kInf = 0x7c;
+  static constexpr bool kSigned = true;
   __device__ static __forceinline__ u32 encode2(float lo, float hi) {
     u16 r;
     asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
@@ -101,8 +185,9 @@ template <> struct Output<kInt8> {
   static constexpr u32 kNaN = 0;  // NaN has no int8 code: it becomes 0
   static constexpr bool kKeepsInf = false;
   static constexpr u32 kInf = 0;
+  static constexpr bool kSigned = false;
   __device__ static __forceinline__ u32 encode1(float v) {
-    // NOTES: fminf/fmaxf turn NaN into a bound; NaN lanes are patched by the caller.
+    // NOTES: fminf/fmaxf turn NaN into a bound; NaN inputs are patched afterwards.
     v = fminf(fmaxf(v, -kMax), kMax);
     return static_cast<u32>(__float2int_rn(v)) & 0xffu;  // round half to even
   }
@@ -111,14 +196,15 @@ template <> struct Output<kInt8> {
   }
 };
 
-// code of a non-finite input, or the encoded code unchanged for a finite one
-template <int kOut>
-__device__ __forceinline__ u32 patch_nonfinite(u32 code, u32 in_bits) {
+// the code of a non-finite input, or `code` unchanged for a finite one
+template <int kIn, int kOut>
+__device__ __forceinline__ u32 patch_nonfinite(u32 code, u32 raw) {
+  typedef Input<kIn> In;
   typedef Output<kOut> Out;
-  const u32 mag = in_bits & kAbsMask;
-  const u32 sign = kOut == kInt8 ? 0u : (in_bits >> 24) & 0x80u;
-  if (mag > kInfBits) return Out::kNaN | (Out::kNaN ? sign : 0u);
-  if (Out::kKeepsInf && mag == kInfBits) return Out::kInf | sign;
+  const u32 magnitude = raw & (In::kSign - 1u);
+  const u32 sign = Out::kSigned && (raw & In::kSign) ? 0x80u : 0u;
+  if (magnitude > In::kInf) return Out::kNaN | sign;
+  if (Out::kKeepsInf && magnitude == In::kInf) return Out::kInf | sign;
   return code;
 }
 

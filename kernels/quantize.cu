@@ -7,17 +7,16 @@
 // No shared memory, no __syncthreads, no atomics.
 //
 // Grid: y splits a row's groups into blocks of at most kMaxThreads threads; x walks the rows of
-// all batches (batch * grid_rows of them) with a stride of gridDim.x, so M is not bounded by a
-// grid dimension. Each lane loads its next row before it quantizes the current one, keeping
-// loads in flight while it computes. Rows in [rows, grid_rows) of each batch are padding rows:
-// the kernel writes zeros there (to q when pad_q, to the scales when pad_scales), so callers may
-// allocate with empty and no memset is launched.
+// all batches with a stride of gridDim.x, so M is not bounded by a grid dimension. Each lane loads
+// its next row before it quantizes the current one, keeping loads in flight while it computes.
+// Rows in [rows, grid_rows) of each batch are padding rows: the kernel writes zeros there (to q
+// when pad_q, to the scales when pad_scales), so callers may allocate with empty and no memset
+// is launched.
 #include "common.cuh"
 
 namespace fgq {
 
 constexpr int kMaxThreads = 256;  // _launch.MAX_THREADS_PER_BLOCK
-constexpr int kLaneWords = 8;     // 32 bytes of input per lane
 
 // load one lane's 32 bytes ------------------------------------------------------------------------
 template <int kIn, bool kVec16>
@@ -41,16 +40,48 @@ __device__ __forceinline__ void load_lane(const void* src, u32 (&words)[kLaneWor
   }
 }
 
+// maximum over the lanes of one group ------------------------------------------------------------
+// NOTES: the mask names only this group's lanes, so groups that left early (or live in another
+// part of the warp) are never waited for.
+template <int kLanes>
+__device__ __forceinline__ u32 group_max(u32 value, u32 mask) {
+#pragma unroll
+  for (int offset = kLanes / 2; offset > 0; offset /= 2) {
+    value = max(value, __shfl_xor_sync(mask, value, offset));
+  }
+  return value;
+}
+
+// scale and encode one lane's values ---------------------------------------------------------------
+enum ScaleOp : int { kMultiply = 0, kDivideFast = 1, kDivideExact = 2 };
+
+template <int kIn, int kOut, int kOp, int kValues>
+__device__ __forceinline__ void encode_lane(const u32 (&words)[kLaneWords], float scale,
+                                            float factor, u32 (&codes)[kValues / 4]) {
+#pragma unroll
+  for (int w = 0; w < kValues / 4; ++w) {
+    float t[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float v = __uint_as_float(Input<kIn>::f32_bits(words, 4 * w + j));
+      if constexpr (kOp == kMultiply) t[j] = mul_rn(v, factor);  // exact: a power of two
+      if constexpr (kOp == kDivideFast) t[j] = divide_fast(v, scale, factor);
+      if constexpr (kOp == kDivideExact) t[j] = div_rn(v, scale);
+    }
+    codes[w] = Output<kOut>::encode2(t[0], t[1]) | (Output<kOut>::encode2(t[2], t[3]) << 16);
+  }
+}
+
 template <int kIn, int kGroup, int kOut, int kScale, bool kVec16>
 __global__ void __launch_bounds__(kMaxThreads)
     quantize_groups(const void* __restrict__ x, u8* __restrict__ q, void* __restrict__ scales,
-                    u32 rows, u32 grid_rows, u32 total_rows, int groups_per_row,
-                    i64 x_batch_stride, i64 x_row_stride, i64 q_batch_stride, i64 s_batch_stride,
-                    i64 s_row_stride, i64 s_group_stride, int pad_q, int pad_scales, float eps) {
+                    u32 rows, u32 grid_rows, u32 batches, int groups_per_row, i64 x_batch_stride,
+                    i64 x_row_stride, i64 q_batch_stride, i64 s_batch_stride, i64 s_row_stride,
+                    i64 s_group_stride, int pad_q, int pad_scales, float eps) {
   typedef Input<kIn> In;
   typedef Output<kOut> Out;
-  constexpr int kValues = 32 / In::kBytes;  // values per lane: 16 (16-bit input) or 8 (float32)
-  constexpr int kLanes = kGroup / kValues;  // lanes per group
+  constexpr int kValues = kLaneWords * 4 / In::kBytes;  // 16 (16-bit input) or 8 (float32)
+  constexpr int kLanes = kGroup / kValues;              // lanes per group
   static_assert(kLanes >= 2 && kLanes <= 32 && (kLanes & (kLanes - 1)) == 0, "lanes per group");
 
   const int groups_per_block = blockDim.x / kLanes;
@@ -65,9 +96,7 @@ __global__ void __launch_bounds__(kMaxThreads)
   const typename In::Storage* x_lane = static_cast<const typename In::Storage*>(x) + value0;
 
   // a padding row reads nothing and quantizes zeros
-  auto load_row = [&](u32 flat_row, u32(&words)[kLaneWords]) {
-    const u32 batch = flat_row / grid_rows;
-    const u32 row = flat_row - batch * grid_rows;
+  auto load_row = [&](u32 batch, u32 row, u32(&words)[kLaneWords]) {
     if (row < rows) {
       load_lane<kIn, kVec16>(x_lane + batch * x_batch_stride + row * x_row_stride, words);
     } else {
@@ -76,75 +105,53 @@ __global__ void __launch_bounds__(kMaxThreads)
     }
   };
 
-  u32 flat_row = blockIdx.x;
+  u32 batch = blockIdx.x / grid_rows;
+  u32 row = blockIdx.x - batch * grid_rows;
   u32 next[kLaneWords];
-  load_row(flat_row, next);
+  load_row(batch, row, next);
   while (true) {
     u32 words[kLaneWords];
 #pragma unroll
     for (int i = 0; i < kLaneWords; ++i) words[i] = next[i];
-    const u32 following = flat_row + gridDim.x;
-    if (following < total_rows) load_row(following, next);  // in flight while we compute
-
-    const u32 batch = flat_row / grid_rows;
-    const u32 row = flat_row - batch * grid_rows;
+    // the next row of this block, loaded now so that it is in flight while we compute
+    u32 next_batch = batch;
+    u32 next_row = row + gridDim.x;
+    if (next_row >= grid_rows) {  // never taken with one batch
+      const u32 carry = next_row / grid_rows;
+      next_batch += carry;
+      next_row -= carry * grid_rows;
+    }
+    if (next_batch < batches) load_row(next_batch, next_row, next);
     const bool real_row = row < rows;  // uniform over the block
 
-    // upcast; absolute maximum over the finite values -------------------------------------------
-    // NOTES: for non-negative floats the integer order of the bits is the float order, so the
-    // maximum is an integer max; non-finite magnitudes (>= 0x7f800000) count as zero.
-    u32 bits[kValues];
-    u32 amax_bits = 0u;
-    bool nonfinite = false;
-#pragma unroll
-    for (int i = 0; i < kValues; ++i) {
-      const u32 raw = In::kBytes == 4 ? words[i] : (words[i / 2] >> (16 * (i % 2))) & 0xffffu;
-      bits[i] = In::to_f32_bits(raw);
-      const u32 mag = bits[i] & kAbsMask;
-      const bool finite = mag < kInfBits;
-      nonfinite |= !finite;
-      amax_bits = max(amax_bits, finite ? mag : 0u);
-    }
+    // the group maximum over finite values ---------------------------------------------------------
+    u32 magnitude = group_max<kLanes>(In::max_magnitude(words), mask);
+    const bool nonfinite = magnitude >= In::kInf;  // uniform over the group
+    if (nonfinite) magnitude = group_max<kLanes>(max_finite_magnitude<kIn>(words), mask);
+    const float amax = fmaxf(In::magnitude_to_f32(magnitude), eps);
 
-    // reduce the group maximum over the group's lanes --------------------------------------------
-    // NOTES: the mask names only this group's lanes, so groups that left early (or live in
-    // another part of the warp) are never waited for.
-#pragma unroll
-    for (int offset = kLanes / 2; offset > 0; offset /= 2) {
-      amax_bits = max(amax_bits, __shfl_xor_sync(mask, amax_bits, offset));
-    }
-    const float amax = fmaxf(__uint_as_float(amax_bits), eps);
-
-    // scale ----------------------------------------------------------------------------------------
-    float scale;      // float32 value of the scale
-    float inv_scale;  // 2^(127-e) for power-of-two scales
+    // scale and quantize in registers ----------------------------------------------------------------
+    u32 codes[kValues / 4];
+    float scale;
     u32 exponent = 0u;
     if constexpr (kScale == kFloatScale) {
       scale = div_rn(amax, Out::kMax);
-      inv_scale = 0.0f;
+      if (scale >= kMinFastDivisor) {
+        encode_lane<kIn, kOut, kDivideFast, kValues>(words, scale, div_rn(1.0f, scale), codes);
+      } else {
+        encode_lane<kIn, kOut, kDivideExact, kValues>(words, scale, 0.0f, codes);
+      }
     } else {
       exponent = ue8m0_exponent(div_rn(amax, Out::kMax));
       scale = __uint_as_float(exponent << 23);
-      inv_scale = __uint_as_float((254u - exponent) << 23);
-    }
-
-    // quantize in registers ------------------------------------------------------------------------
-    u32 codes[kValues / 4];
-#pragma unroll
-    for (int w = 0; w < kValues / 4; ++w) {
-      float t[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const float v = __uint_as_float(bits[4 * w + j]);
-        t[j] = kScale == kFloatScale ? div_rn(v, scale) : mul_rn(v, inv_scale);
-      }
-      codes[w] = Out::encode2(t[0], t[1]) | (Out::encode2(t[2], t[3]) << 16);
+      const float inverse = __uint_as_float((254u - exponent) << 23);
+      encode_lane<kIn, kOut, kMultiply, kValues>(words, scale, inverse, codes);
     }
     if (nonfinite) {  // rare: NaN keeps its sign, e5m2 keeps infinities, int8 NaN becomes 0
 #pragma unroll
       for (int i = 0; i < kValues; ++i) {
         const int shift = 8 * (i % 4);
-        const u32 code = patch_nonfinite<kOut>((codes[i / 4] >> shift) & 0xffu, bits[i]);
+        const u32 code = patch_nonfinite<kIn, kOut>((codes[i / 4] >> shift) & 0xffu, In::raw(words, i));
         codes[i / 4] = (codes[i / 4] & ~(0xffu << shift)) | (code << shift);
       }
     }
@@ -177,8 +184,9 @@ __global__ void __launch_bounds__(kMaxThreads)
       }
     }
 
-    if (following >= total_rows) break;
-    flat_row = following;
+    if (next_batch >= batches) break;
+    batch = next_batch;
+    row = next_row;
   }
 }
 
