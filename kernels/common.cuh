@@ -158,6 +158,7 @@ template <> struct Output<kE4M3> {
   static constexpr bool kKeepsInf = false;
   static constexpr u32 kInf = 0;
   static constexpr bool kSigned = true;  // NaN codes carry the input's sign
+  __device__ static __forceinline__ u32 saturated(bool negative) { return negative ? 0xfe : 0x7e; }
   __device__ static __forceinline__ u32 encode2(float lo, float hi) {
     // NOTES: .satfinite rounds to nearest even and then clamps to +-448, which equals the spec's
     // clamp-then-round; non-finite inputs are patched afterwards.
@@ -173,6 +174,7 @@ template <> struct Output<kE5M2> {
   static constexpr bool kKeepsInf = true;
   static constexpr u32 kInf = 0x7c;
   static constexpr bool kSigned = true;
+  __device__ static __forceinline__ u32 saturated(bool negative) { return negative ? 0xfb : 0x7b; }
   __device__ static __forceinline__ u32 encode2(float lo, float hi) {
     u16 r;
     asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
@@ -186,6 +188,7 @@ template <> struct Output<kInt8> {
   static constexpr bool kKeepsInf = false;
   static constexpr u32 kInf = 0;
   static constexpr bool kSigned = false;
+  __device__ static __forceinline__ u32 saturated(bool negative) { return negative ? 0x81 : 0x7f; }
   __device__ static __forceinline__ u32 encode1(float v) {
     // NOTES: fminf/fmaxf turn NaN into a bound; NaN inputs are patched afterwards.
     v = fminf(fmaxf(v, -kMax), kMax);
@@ -197,14 +200,17 @@ template <> struct Output<kInt8> {
 };
 
 // the code of a non-finite input, or `code` unchanged for a finite one
+// NOTES: set explicitly rather than trusting the arithmetic: Inf / s through the reciprocal path
+// of divide_fast gives NaN, and cvt's NaN has no sign.
 template <int kIn, int kOut>
 __device__ __forceinline__ u32 patch_nonfinite(u32 code, u32 raw) {
   typedef Input<kIn> In;
   typedef Output<kOut> Out;
   const u32 magnitude = raw & (In::kSign - 1u);
-  const u32 sign = Out::kSigned && (raw & In::kSign) ? 0x80u : 0u;
+  const bool negative = (raw & In::kSign) != 0u;
+  const u32 sign = Out::kSigned && negative ? 0x80u : 0u;
   if (magnitude > In::kInf) return Out::kNaN | sign;
-  if (Out::kKeepsInf && magnitude == In::kInf) return Out::kInf | sign;
+  if (magnitude == In::kInf) return Out::kKeepsInf ? Out::kInf | sign : Out::saturated(negative);
   return code;
 }
 

@@ -44,7 +44,8 @@ def to_host_bytes(array) -> np.ndarray:
     if type(array).__module__.startswith("torch"):
         import torch
 
-        return array.contiguous().reshape(-1).view(torch.uint8).cpu().numpy()
+        flat = array.clone(memory_format=torch.contiguous_format).reshape(-1)
+        return flat.view(torch.uint8).cpu().numpy()
     return np.ascontiguousarray(array.get()).view(np.uint8)
 
 
