@@ -1,13 +1,23 @@
 """FP8 per-token group quantization at memory bandwidth, with DeepGEMM-ready scale layouts."""
 
 from ._jit import CompileError, GpuUnavailableError
-from .api import as_float8, dequantize, quantize, quantize_packed, unpack_scales
+from .api import (
+    PreparedQuantize,
+    as_float8,
+    dequantize,
+    prepare,
+    quantize,
+    quantize_packed,
+    unpack_scales,
+)
 
 __all__ = [
     "CompileError",
     "GpuUnavailableError",
+    "PreparedQuantize",
     "as_float8",
     "dequantize",
+    "prepare",
     "quantize",
     "quantize_packed",
     "unpack_scales",

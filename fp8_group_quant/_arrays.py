@@ -6,6 +6,7 @@ Nothing here converts through DLPack on the hot path: torch tensors are read thr
 
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import dataclass
 
@@ -109,58 +110,77 @@ def available_bytes(info: ArrayInfo) -> int | None:
     return root.ctypes.data + root.nbytes - info.ptr
 
 
-# allocation in the caller's library --------------------------------------------------------------
+# the hot path: cheap reads, allocation and streams in the caller's library ------------------------
 
 
-def _torch_dtype(name: str):
-    return getattr(_torch(), name)
+def device_signature(x):
+    """(kind, dtype, shape, strides, device, 16-byte aligned, pointer) of a GPU array, or None.
 
-
-def empty_strided(kind: str, device: int | None, shape, strides, storage: int, dtype: str):
-    """A ``shape``/``strides`` view over a fresh flat buffer of ``storage`` elements.
-
-    ``dtype`` is this library's name ("float8_e4m3fn", "uint8", "int32", ...); cupy has no
-    float8 type, so float8 outputs are uint8 there.
+    Reads only cheap attributes (no DLPack); the tuple without its pointer keys the plan cache.
     """
-    if kind == TORCH:
-        torch = _torch()
-        buffer = torch.empty(
-            storage, dtype=_torch_dtype(dtype), device=torch.device("cuda", device)
-        )
-        return buffer.as_strided(shape, strides)
-    if kind == CUPY:
-        import cupy
-
-        np_dtype = np.dtype("uint8" if dtype.startswith("float8") else dtype)
-        with cupy.cuda.Device(device):
-            buffer = cupy.empty(storage, dtype=np_dtype)
-        itemsize = np_dtype.itemsize
-        return cupy.lib.stride_tricks.as_strided(
-            buffer, shape, tuple(s * itemsize for s in strides)
-        )
-    raise ValueError(f"no device allocation for {kind} arrays")
-
-
-def current_stream(info: ArrayInfo):
-    """The stream the caller's library would use now, as a CuPy stream object (None = CuPy's)."""
-    if info.kind == TORCH:
-        return _external_stream(_torch().cuda.current_stream(info.device).cuda_stream, info.device)
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(x, torch.Tensor):
+        if not x.is_cuda:
+            return None
+        ptr = x.data_ptr()
+        return TORCH, x.dtype, x.shape, x.stride(), x.get_device(), ptr % 16 == 0, ptr
+    cupy = sys.modules.get("cupy")
+    if cupy is not None and isinstance(x, cupy.ndarray):
+        ptr = x.data.ptr
+        return CUPY, x.dtype, x.shape, x.strides, x.device.id, ptr % 16 == 0, ptr
     return None
 
 
-_streams: dict[tuple[int, int], object] = {}
+def pointer(array, kind: str) -> int:
+    return array.data_ptr() if kind == TORCH else array.data.ptr
 
 
-def _external_stream(handle: int, device: int):
-    key = (handle, device)
-    stream = _streams.get(key)
-    if stream is None:
-        import warnings
+def _c_strides(shape) -> tuple[int, ...]:
+    strides, stride = [], 1
+    for extent in reversed(shape):
+        strides.append(stride)
+        stride *= extent
+    return tuple(reversed(strides))
 
-        import cupy
 
-        with warnings.catch_warnings():  # CuPy 14 deprecates it; older CuPy lacks the new API
-            warnings.simplefilter("ignore", DeprecationWarning)
-            stream = cupy.cuda.ExternalStream(handle, device)
-        _streams[key] = stream
-    return stream
+def device_allocator(kind: str, device: int, shape, strides, storage: int, dtype: str):
+    """A function allocating a ``shape``/``strides`` array over ``storage`` elements.
+
+    ``dtype`` is this library's name ("float8_e4m3fn", "int8", "int32", "float32"); cupy has no
+    float8 type, so float8 outputs are uint8 there. Runs on the current device.
+    """
+    shape, strides = tuple(shape), tuple(strides)
+    contiguous = storage == math.prod(shape) and strides == _c_strides(shape)
+    if kind == TORCH:
+        torch = _torch()
+        torch_dtype = getattr(torch, dtype)
+        where = torch.device("cuda", device)
+        if contiguous:
+            return lambda: torch.empty(shape, dtype=torch_dtype, device=where)
+        return lambda: torch.empty(storage, dtype=torch_dtype, device=where).as_strided(
+            shape, strides
+        )
+    import cupy
+
+    np_dtype = np.dtype("uint8" if dtype.startswith("float8") else dtype)
+    if contiguous:
+        return lambda: cupy.empty(shape, np_dtype)
+    byte_strides = tuple(s * np_dtype.itemsize for s in strides)
+    return lambda: cupy.ndarray(shape, np_dtype, cupy.empty(storage, np_dtype).data, byte_strides)
+
+
+def stream_getter(kind: str):
+    """A function of the device index giving the caller's current stream handle.
+
+    torch: torch's current stream (``torch._C._cuda_getCurrentRawStream``, the cheap read Triton
+    uses, else ``torch.cuda.current_stream``); cupy: CuPy's current stream.
+    """
+    if kind == TORCH:
+        torch = _torch()
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        if raw is not None:
+            return raw
+        return lambda device: torch.cuda.current_stream(device).cuda_stream
+    import cupy
+
+    return lambda device: cupy.cuda.get_current_stream().ptr

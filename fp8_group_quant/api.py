@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import warnings
@@ -15,14 +16,24 @@ from ._arrays import (
     TORCH,
     ArrayInfo,
     available_bytes,
-    current_stream,
     describe,
-    empty_strided,
+    device_allocator,
+    device_signature,
+    pointer,
+    stream_getter,
 )
 from ._layout import PACKED, PACKED_LAYOUTS, Geometry, row_strides
 from ._spec import DEFAULT_EPS, INPUT_DTYPES, OUTPUT_FORMATS, check_options, output_format
 
-__all__ = ["quantize", "quantize_packed", "dequantize", "unpack_scales", "as_float8"]
+__all__ = [
+    "PreparedQuantize",
+    "as_float8",
+    "dequantize",
+    "prepare",
+    "quantize",
+    "quantize_packed",
+    "unpack_scales",
+]
 
 Q_ALIGNMENT = 16  # q is written with 16-byte (8-byte for float32 input) stores
 
@@ -85,65 +96,186 @@ def quantize(
         / ``torch.int8``; cupy: ``uint8`` holding the float8 bytes (see ``as_float8``) / ``int8``.
     scales : array of ``x``'s library, shape ``x.shape[:-1] + (ng or kp,)``, strides as above.
     """
+    if type(group_size) is int and (pad_rows is False or pad_rows is True):
+        signature = device_signature(x)
+        if signature is not None:
+            key = (*signature[:-1], group_size, dtype, scale, layout, eps, pad_rows)
+            try:
+                plan = _PLANS.get(key)
+            except TypeError:  # an unhashable option: validation below names it
+                plan = None
+            if plan is not None:
+                return plan.run(x, signature[-1], out, scale_out)
+    return _quantize_checked(x, group_size, dtype, scale, layout, eps, out, scale_out, pad_rows)
+
+
+def _quantize_checked(x, group_size, dtype, scale, layout, eps, out, scale_out, pad_rows):
+    """The first call of a kind: validate everything, then run (and remember the plan)."""
     eps = check_options(group_size, scale, layout, eps)
     fmt = output_format(dtype)
     x_info = describe(x, "x")
     geometry, x_batch_stride, x_row_stride = _check_input(x_info, int(group_size), layout, pad_rows)
-
-    q_dtype = "float8_" + ("e4m3fn" if fmt.name == "e4m3" else "e5m2") if fmt.is_float8 else "int8"
-    scale_dtype = "int32" if layout in PACKED_LAYOUTS else "float32"
-    q, q_info = _output(
-        out, "out", x_info, geometry.shape, geometry.q_strides, geometry.q_storage, q_dtype
-    )
-    scales, scale_info = _output(
-        scale_out,
-        "scale_out",
-        x_info,
-        geometry.scale_shape,
-        geometry.scale_strides,
-        geometry.scale_storage,
-        scale_dtype,
-    )
-    if geometry.empty:
-        return q, scales
-
-    ue8m0 = scale == "ue8m0"
     if x_info.kind == NUMPY:
-        reference.quantize_into(
-            x,
-            geometry,
-            fmt,
-            ue8m0,
-            eps,
-            _flat_storage(q_info, geometry.q_storage).view(np.uint8),
-            _flat_storage(scale_info, geometry.scale_storage),
-        )
+        q, q_info = _output(out, "out", x_info, *_q_spec(geometry, fmt))
+        scales, s_info = _output(scale_out, "scale_out", x_info, *_scale_spec(geometry))
+        if not geometry.empty:
+            reference.quantize_into(
+                x,
+                geometry,
+                fmt,
+                scale == "ue8m0",
+                eps,
+                _flat_storage(q_info, geometry.q_storage).view(np.uint8),
+                _flat_storage(s_info, geometry.scale_storage),
+            )
         return q, scales
 
     error = _launch.grid_limits_error(geometry)
     if error:
         raise ValueError(error)
-    vec16 = (
-        x_info.ptr % 16 == 0
-        and (geometry.rows <= 1 or x_row_stride * x_info.itemsize % 16 == 0)
-        and (geometry.batches <= 1 or x_batch_stride * x_info.itemsize % 16 == 0)
-    )
-    key = _launch.KernelKey(
-        x_info.dtype, int(group_size), fmt.name, _launch.scale_kind(scale, layout), vec16
-    )
-    launch = _launch.prepare(
-        key,
-        geometry,
-        x_info.device,
-        x_info.ptr,
-        x_batch_stride,
-        x_row_stride,
-        q_info.ptr,
-        scale_info.ptr,
-        eps,
-    )
-    _run_on_device(launch, x_info)
-    return q, scales
+    launch = None
+    if not geometry.empty:
+        vec16 = (
+            x_info.ptr % 16 == 0
+            and (geometry.rows <= 1 or x_row_stride * x_info.itemsize % 16 == 0)
+            and (geometry.batches <= 1 or x_batch_stride * x_info.itemsize % 16 == 0)
+        )
+        key = _launch.KernelKey(
+            x_info.dtype, int(group_size), fmt.name, _launch.scale_kind(scale, layout), vec16
+        )
+        launch = _launch.prepare(key, geometry, x_info.device, x_batch_stride, x_row_stride, eps)
+    plan = _Plan(x_info, geometry, fmt, launch)
+    signature = device_signature(x)
+    if signature is not None and isinstance(group_size, int):
+        try:
+            _PLANS[(*signature[:-1], group_size, dtype, scale, layout, eps, pad_rows)] = plan
+        except TypeError:
+            pass
+    return plan.run(x, x_info.ptr, out, scale_out)
+
+
+def _q_spec(geometry: Geometry, fmt) -> tuple:
+    """(shape, strides, storage, dtype name) of q."""
+    name = "int8" if not fmt.is_float8 else f"float8_{'e4m3fn' if fmt.name == 'e4m3' else 'e5m2'}"
+    return geometry.shape, geometry.q_strides, geometry.q_storage, name
+
+
+def _scale_spec(geometry: Geometry) -> tuple:
+    name = "int32" if geometry.layout in PACKED_LAYOUTS else "float32"
+    return geometry.scale_shape, geometry.scale_strides, geometry.scale_storage, name
+
+
+_PLANS: dict[tuple, _Plan] = {}
+MAX_PLANS = 4096  # distinct (array layout, options) combinations remembered
+
+
+class _Plan:
+    """Everything a GPU call of one kind needs: output specs, the launch, the caller's library."""
+
+    def __init__(self, x_info: ArrayInfo, geometry: Geometry, fmt, launch):
+        if len(_PLANS) >= MAX_PLANS:
+            _PLANS.clear()
+        self.x_info = x_info
+        self.kind = x_info.kind
+        self.device = x_info.device
+        self.launch = launch
+        self.q_spec = _q_spec(geometry, fmt)
+        self.scale_spec = _scale_spec(geometry)
+        self.q_alloc = device_allocator(x_info.kind, x_info.device, *self.q_spec)
+        self.scale_alloc = device_allocator(x_info.kind, x_info.device, *self.scale_spec)
+        self.stream = stream_getter(x_info.kind)
+
+    def run(self, x, x_ptr: int, out, scale_out):
+        with self.on_device():
+            if out is None:
+                q = self.q_alloc()
+                q_ptr = pointer(q, self.kind)
+            else:
+                q, q_ptr = out, _output(out, "out", self.x_info, *self.q_spec)[1].ptr
+            if scale_out is None:
+                scales = self.scale_alloc()
+                scale_ptr = pointer(scales, self.kind)
+            else:
+                scales = scale_out
+                scale_ptr = _output(scale_out, "scale_out", self.x_info, *self.scale_spec)[1].ptr
+            if self.launch is not None:
+                self.launch.launch(x_ptr, q_ptr, scale_ptr, self.stream(self.device))
+        return q, scales
+
+    def on_device(self):
+        """A context making the input's device current, when it is not already."""
+        import cupy
+
+        if cupy.cuda.runtime.getDevice() == self.device:
+            return contextlib.nullcontext()
+        return cupy.cuda.Device(self.device)
+
+
+class PreparedQuantize:
+    """``quantize`` fixed to one input layout and one pair of outputs: the leanest eager call.
+
+    Made by ``prepare``. Calling it with an array of the prepared dtype, shape, strides, device
+    and 16-byte alignment quantizes into the same ``q`` and ``scales`` every time (like the static
+    buffers of a CUDA graph) and returns them; any other array raises ValueError.
+    """
+
+    def __init__(self, plan: _Plan, key: tuple, q, scales):
+        self._plan = plan
+        self._key = key
+        self.q = q
+        self.scales = scales
+        self._q_ptr = pointer(q, plan.kind)
+        self._scale_ptr = pointer(scales, plan.kind)
+
+    def __call__(self, x):
+        signature = device_signature(x)
+        if signature is None or signature[:-1] != self._key:
+            raise ValueError(
+                f"x: this call was prepared for {self._key[:6]} (library, dtype, shape, strides, "
+                f"device, 16-byte aligned), got {signature[:6] if signature else type(x)}"
+            )
+        plan = self._plan
+        if plan.launch is not None:
+            with plan.on_device():
+                plan.launch.launch(
+                    signature[-1], self._q_ptr, self._scale_ptr, plan.stream(plan.device)
+                )
+        return self.q, self.scales
+
+
+def prepare(
+    x,
+    group_size: int = 128,
+    *,
+    dtype="e4m3",
+    scale: str = "float32",
+    layout: str = "row",
+    eps: float = DEFAULT_EPS,
+    out=None,
+    scale_out=None,
+    pad_rows: bool = False,
+) -> PreparedQuantize:
+    """Validate once and return a callable that quantizes arrays laid out like ``x``.
+
+    Arguments as for ``quantize``; ``x`` must be a cupy array or torch CUDA tensor. The outputs
+    (``out``/``scale_out``, or buffers allocated here) are reused by every call. This is the
+    lowest-overhead eager path for decode-sized inputs; the first call here also compiles.
+    """
+    signature = device_signature(x)
+    if signature is None:
+        raise TypeError(f"x: prepare needs a cupy array or torch CUDA tensor, got {type(x)}")
+    check_options(group_size, scale, layout, eps)
+    if not isinstance(pad_rows, (bool, np.bool_)):
+        raise TypeError(f"pad_rows: expected a bool, got {type(pad_rows).__name__}")
+    group_size, pad_rows = int(group_size), bool(pad_rows)  # the plan cache's spelling
+    q, scales = quantize(
+        x, group_size, dtype=dtype, scale=scale, layout=layout, eps=eps,
+        out=out, scale_out=scale_out, pad_rows=pad_rows,
+    )  # fmt: skip
+    plan = _PLANS.get((*signature[:-1], group_size, dtype, scale, layout, eps, pad_rows))
+    if plan is None:
+        raise TypeError(f"dtype: {dtype!r} cannot key a prepared call; pass its name")
+    return PreparedQuantize(plan, signature[:-1], q, scales)
 
 
 def quantize_packed(
@@ -204,18 +336,14 @@ def _same_strides(shape, got, expected) -> bool:
 
 
 def _output(given, name, x_info, shape, strides, storage, dtype):
-    """Allocate an output in x's library, or validate the caller's. Returns (array, info)."""
-    if given is None:
-        if x_info.kind == NUMPY:
-            np_dtype = (
-                OUTPUT_FORMATS["e4m3" if "e4m3" in dtype else "e5m2"].numpy_dtype
-                if dtype.startswith("float8")
-                else np.dtype(dtype)
-            )
-            buffer = np.empty(storage, np_dtype)
-            array = _host_strided(buffer, shape, strides)
-        else:
-            array = empty_strided(x_info.kind, x_info.device, shape, strides, storage, dtype)
+    """Allocate a host output, or validate the caller's. Returns (array, info)."""
+    if given is None:  # host arrays only: device outputs come from _Plan's allocators
+        np_dtype = (
+            OUTPUT_FORMATS["e4m3" if "e4m3" in dtype else "e5m2"].numpy_dtype
+            if dtype.startswith("float8")
+            else np.dtype(dtype)
+        )
+        array = _host_strided(np.empty(storage, np_dtype), shape, strides)
         return array, describe(array, name)
 
     info = describe(given, name)
@@ -259,17 +387,6 @@ def _host_strided(array: np.ndarray, shape, strides) -> np.ndarray:
 def _flat_storage(info: ArrayInfo, storage: int) -> np.ndarray:
     """A flat view of ``storage`` elements from the first element of a host output."""
     return _host_strided(info.obj, (storage,), (1,))
-
-
-def _run_on_device(launch, x_info: ArrayInfo) -> None:
-    import cupy
-
-    stream = current_stream(x_info)
-    if cupy.cuda.runtime.getDevice() == x_info.device:
-        _launch.run(launch, stream)
-    else:
-        with cupy.cuda.Device(x_info.device):
-            _launch.run(launch, stream)
 
 
 # dequantization and helpers -----------------------------------------------------------------------

@@ -138,17 +138,22 @@ def bench_shape(cupy, torch, roofline, bandwidth: float, m: int, k: int, args) -
     eager_cupy = eager_time_us(
         cupy.cuda.runtime.deviceSynchronize, lambda: api.quantize(x0, args.group_size, **options)
     )
-    eager_torch = None
+    prepared = api.prepare(x0, args.group_size, **options)
+    eager_prepared_cupy = eager_time_us(cupy.cuda.runtime.deviceSynchronize, lambda: prepared(x0))
+    eager_torch = eager_prepared_torch = None
     if torch is not None:
         xt = torch.from_dlpack(x0)
         eager_torch = eager_time_us(
             torch.cuda.synchronize, lambda: api.quantize(xt, args.group_size, **options)
         )
+        prepared_t = api.prepare(xt, args.group_size, **options)
+        eager_prepared_torch = eager_time_us(torch.cuda.synchronize, lambda: prepared_t(xt))
     floor_us = moved / bandwidth * 1e6
     return {
         "M": m, "K": k, "bytes": moved, "floor_us": floor_us, "roofline_us": roof_us,
         "ours_us": ours, "ours_over_roofline": ours / roof_us, "fraction_of_floor": floor_us / ours,
         "GBps": moved / ours / 1e3, "eager_cupy_us": eager_cupy, "eager_torch_us": eager_torch,
+        "prepared_cupy_us": eager_prepared_cupy, "prepared_torch_us": eager_prepared_torch,
     }  # fmt: skip
 
 
@@ -219,6 +224,40 @@ def run_matrix(args) -> list[dict]:
     return rows
 
 
+COLD_START = """
+import time
+start = time.perf_counter()
+import cupy, fp8_group_quant
+x = cupy.ones((64, 7168), dtype="float16")
+fp8_group_quant.quantize_packed(x)
+cupy.cuda.runtime.deviceSynchronize()
+print(time.perf_counter() - start)
+"""
+
+
+def cold_start() -> dict:
+    """Seconds for import + first call in a new process: on an empty and on a warm kernel cache."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    result = {}
+    with tempfile.TemporaryDirectory() as cache:
+        env = dict(os.environ, CUPY_CACHE_DIR=cache)
+        for name in ("fresh_cache_s", "warm_cache_s"):
+            done = subprocess.run(
+                [sys.executable, "-c", COLD_START], env=env, capture_output=True, text=True
+            )
+            if done.returncode:
+                raise RuntimeError(f"cold-start run failed:\n{done.stderr}")
+            result[name] = float(done.stdout.split()[-1])
+    fresh, warm = result["fresh_cache_s"], result["warm_cache_s"]
+    print(f"# cold start, import + first call: {fresh:.2f} s on an empty kernel cache (NVRTC")
+    print(f"# included), {warm:.2f} s on a warm one")
+    return result
+
+
 def run(args) -> list[dict]:
     import cupy
 
@@ -237,19 +276,23 @@ def run(args) -> list[dict]:
     roofline = _jit.get_function("roofline.cu", "fgq::roofline_copy", device)
     print(
         f"{'M':>6} {'K':>5} {'floor us':>9} {'roofline':>9} {'ours':>8} {'ours/roof':>9} "
-        f"{'%floor':>7} {'GB/s':>7} {'eager cupy':>10} {'eager torch':>11}"
+        f"{'%floor':>7} {'GB/s':>7} {'eager cupy':>10} {'eager torch':>11} {'prep cupy':>9} "
+        f"{'prep torch':>10}"
     )
     rows = []
     for k in args.k:
         for m in args.m:
             r = bench_shape(cupy, torch, roofline, bandwidth, m, k, args)
             rows.append(r)
-            torch_us = r["eager_torch_us"] if r["eager_torch_us"] is not None else float("nan")
+            nan = float("nan")
+            torch_us = r["eager_torch_us"] if r["eager_torch_us"] is not None else nan
+            prep_torch = r["prepared_torch_us"] if r["prepared_torch_us"] is not None else nan
             print(
                 f"{m:>6} {k:>5} {r['floor_us']:>9.2f} {r['roofline_us']:>9.2f} "
                 f"{r['ours_us']:>8.2f} {r['ours_over_roofline']:>9.3f} "
                 f"{100 * r['fraction_of_floor']:>6.1f}% {r['GBps']:>7.0f} "
-                f"{r['eager_cupy_us']:>10.1f} {torch_us:>11.1f}",
+                f"{r['eager_cupy_us']:>10.1f} {torch_us:>11.1f} {r['prepared_cupy_us']:>9.1f} "
+                f"{prep_torch:>10.1f}",
                 flush=True,
             )
             cupy.get_default_memory_pool().free_all_blocks()
@@ -267,6 +310,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--group-size", type=int, default=128)
     parser.add_argument("--json", help="write the rows to this file")
     parser.add_argument("--plot", help="draw GB/s and fraction of floor against M (matplotlib)")
+    parser.add_argument(
+        "--cold-start", action="store_true", help="also time import + first call in new processes"
+    )
     parser.add_argument(
         "--matrix", action="store_true", help="time every supported variant at --m[0] x --k[0]"
     )

@@ -17,6 +17,9 @@
 namespace fgq {
 
 constexpr int kMaxThreads = 256;  // _launch.MAX_THREADS_PER_BLOCK
+// NOTES: six resident blocks of 256 threads cap the kernels at 40 registers (48 without the bound);
+// at 40 no instantiation spills more than 8 bytes, and a 7-warp block fits 6 times per SM, not 5.
+constexpr int kMinBlocksPerSM = 6;
 
 // load one lane's 32 bytes ------------------------------------------------------------------------
 template <int kIn, bool kVec16>
@@ -73,7 +76,7 @@ __device__ __forceinline__ void encode_lane(const u32 (&words)[kLaneWords], floa
 }
 
 template <int kIn, int kGroup, int kOut, int kScale, bool kVec16>
-__global__ void __launch_bounds__(kMaxThreads)
+__global__ void __launch_bounds__(kMaxThreads, kMinBlocksPerSM)
     quantize_groups(const void* __restrict__ x, u8* __restrict__ q, void* __restrict__ scales,
                     u32 rows, u32 grid_rows, u32 batches, int groups_per_row, i64 x_batch_stride,
                     i64 x_row_stride, i64 q_batch_stride, i64 s_batch_stride, i64 s_row_stride,

@@ -325,3 +325,24 @@ def test_dequantize_and_unpack_on_device_match_host():
         np.testing.assert_array_equal(host, fgq.unpack_scales(s_ref, 8))
     view = fgq.as_float8(cupy.asarray(np.asarray(q_ref).view(np.uint8)))
     assert view.dtype == torch.float8_e4m3fn
+
+
+@pytest.mark.parametrize("lib", ["cupy", "torch"])
+def test_prepared_calls_and_the_plan_cache_follow_the_data(lib):
+    rng = np.random.default_rng(8)
+    hosts = [activations(rng, (16, 7168), "bfloat16", specials=True) for _ in range(2)]
+    devices = [to_device(h, lib) for h in hosts]
+    prepared = fgq.prepare(devices[0], scale="ue8m0", layout="packed")
+    for host, x in zip(hosts + hosts[:1], devices + devices[:1], strict=True):
+        q_ref, s_ref = fgq.quantize_packed(host)
+        for q, s in (prepared(x), fgq.quantize_packed(x)):  # prepared, then the cached plan
+            assert_same_bytes(to_host_bytes(q), np.asarray(q_ref).view(np.uint8), "q")
+            assert_same_bytes(to_host_bytes(s), np.ascontiguousarray(s_ref), "scales")
+    assert prepared(devices[1])[0] is prepared.q  # the same buffers every call
+    other = to_device(activations(rng, (8, 7168), "bfloat16"), lib)
+    with pytest.raises(ValueError, match="x: this call was prepared"):
+        prepared(other)
+    with pytest.raises(ValueError, match="x: this call was prepared"):
+        prepared(wider_rows(hosts[0], 3, lib, 1))  # same shape, another stride and alignment
+    with pytest.raises(TypeError, match="prepare needs a cupy array or torch CUDA tensor"):
+        fgq.prepare(hosts[0])
