@@ -111,6 +111,7 @@ def quantize(
 
 def _quantize_checked(x, group_size, dtype, scale, layout, eps, out, scale_out, pad_rows):
     """The first call of a kind: validate everything, then run (and remember the plan)."""
+    options_key = (group_size, dtype, scale, layout, eps, pad_rows)  # as given: quantize's key
     eps = check_options(group_size, scale, layout, eps)
     fmt = output_format(dtype)
     x_info = describe(x, "x")
@@ -148,7 +149,7 @@ def _quantize_checked(x, group_size, dtype, scale, layout, eps, out, scale_out, 
     signature = device_signature(x)
     if signature is not None and isinstance(group_size, int):
         try:
-            _PLANS[(*signature[:-1], group_size, dtype, scale, layout, eps, pad_rows)] = plan
+            _PLANS[(*signature[:-1], *options_key)] = plan
         except TypeError:
             pass
     return plan.run(x, x_info.ptr, out, scale_out)
