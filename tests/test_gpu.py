@@ -346,3 +346,22 @@ def test_prepared_calls_and_the_plan_cache_follow_the_data(lib):
         prepared(wider_rows(hosts[0], 3, lib, 1))  # same shape, another stride and alignment
     with pytest.raises(TypeError, match="prepare needs a cupy array or torch CUDA tensor"):
         fgq.prepare(hosts[0])
+
+
+@pytest.mark.parametrize("lib", ["cupy", "torch"])
+def test_repeated_calls_take_the_cached_plan(lib, monkeypatch):
+    from fp8_group_quant import api
+
+    rng = np.random.default_rng(9)
+    hosts = [activations(rng, (5, 2048), "float16") for _ in range(2)]
+    first = to_device(hosts[0], lib)
+    fgq.quantize(first, 64, dtype="e5m2", layout="col_tma")
+
+    def validate_again(*args, **kwargs):
+        raise AssertionError("a repeated call of the same kind was validated and planned again")
+
+    monkeypatch.setattr(api, "_quantize_checked", validate_again)
+    q, s = fgq.quantize(to_device(hosts[1], lib), 64, dtype="e5m2", layout="col_tma")
+    q_ref, s_ref = fgq.quantize(hosts[1], 64, dtype="e5m2", layout="col_tma")
+    assert_same_bytes(to_host_bytes(q), np.asarray(q_ref).view(np.uint8), "q")
+    assert_same_bytes(to_host_bytes(s), np.ascontiguousarray(s_ref), "scales")
