@@ -327,16 +327,11 @@ def main(argv: list[str]) -> int:
     if args.profile_host:
         return profile_host(args)
     rows = run_matrix(args) if args.matrix else run(args)
+    extra = cold_start() if args.cold_start else {}
     if args.json:
+        config = {k: v for k, v in vars(args).items() if k != "input_dtype_np"}
         with open(args.json, "w") as handle:
-            json.dump(
-                {
-                    "config": {k: v for k, v in vars(args).items() if k != "input_dtype_np"},
-                    "rows": rows,
-                },
-                handle,
-                indent=1,
-            )
+            json.dump({"config": config, "rows": rows, **extra}, handle, indent=1)
     if args.plot:
         plot(rows, args.plot)
     return 0
