@@ -184,3 +184,55 @@ def stream_getter(kind: str):
     import cupy
 
     return lambda device: cupy.cuda.get_current_stream().ptr
+
+
+# other GPU array libraries (JAX, numba, anything with DLPack or the CUDA array interface) ---------
+
+JAX = "jax"
+NUMBA = "numba"
+OTHER = "other"
+
+
+def foreign_library(x) -> str | None:
+    """JAX, NUMBA or OTHER for a CUDA array this module does not read natively, else None."""
+    if isinstance(x, np.ndarray) or device_signature(x) is not None:
+        return None
+    has_cai = hasattr(x, "__cuda_array_interface__")
+    if not has_cai and not hasattr(x, "__dlpack__"):
+        return None
+    if not has_cai:
+        device = getattr(x, "__dlpack_device__", None)
+        if device is None or device()[0] not in (2, 13):  # kDLCUDA, kDLCUDAManaged
+            return None
+    root = type(x).__module__.split(".")[0]
+    if root in ("jax", "jaxlib"):
+        return JAX
+    if root == "numba":
+        return NUMBA
+    return OTHER
+
+
+def to_cupy(x):
+    """A cupy view of a foreign CUDA array, without a copy (CUDA array interface or DLPack)."""
+    import cupy
+
+    if hasattr(x, "__cuda_array_interface__"):
+        return cupy.asarray(x)
+    return cupy.from_dlpack(x)
+
+
+def from_cupy(array, library: str, float8: str | None):
+    """``array`` back in the caller's library; ``float8`` names the format of uint8 codes."""
+    if library == NUMBA:
+        from numba import cuda
+
+        return cuda.as_cuda_array(array)
+    if library == JAX:
+        import jax
+        import jax.numpy as jnp
+
+        result = jax.dlpack.from_dlpack(array)
+        if float8 is not None:  # JAX holds float8: reinterpret the codes (JAX arrays are values)
+            result = jax.lax.bitcast_convert_type(result, getattr(jnp, float8))
+        return result
+    return array

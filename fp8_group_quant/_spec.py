@@ -46,8 +46,13 @@ OUTPUT_ALIASES = {
 
 def output_format(dtype) -> OutputFormat:
     """Accepts "e4m3" / "e5m2" / "int8", their numpy/ml_dtypes/torch dtypes, and aliases."""
-    name = getattr(dtype, "name", None) or str(dtype)
-    name = name.removeprefix("torch.")
+    name = getattr(dtype, "name", None)
+    if name is None and isinstance(dtype, type):  # a scalar type such as ml_dtypes.float8_e5m2
+        try:
+            name = np.dtype(dtype).name
+        except TypeError:
+            name = None
+    name = (name or str(dtype)).removeprefix("torch.")
     name = OUTPUT_ALIASES.get(name, name)
     if name not in OUTPUT_FORMATS:
         raise ValueError(

@@ -12,6 +12,7 @@ import numpy as np
 from . import _jit, _launch, reference
 from ._arrays import (
     CUPY,
+    JAX,
     NUMPY,
     TORCH,
     ArrayInfo,
@@ -19,8 +20,11 @@ from ._arrays import (
     describe,
     device_allocator,
     device_signature,
+    foreign_library,
+    from_cupy,
     pointer,
     stream_getter,
+    to_cupy,
 )
 from ._layout import PACKED, PACKED_LAYOUTS, Geometry, row_strides
 from ._spec import DEFAULT_EPS, INPUT_DTYPES, OUTPUT_FORMATS, check_options, output_format
@@ -111,6 +115,11 @@ def quantize(
 
 def _quantize_checked(x, group_size, dtype, scale, layout, eps, out, scale_out, pad_rows):
     """The first call of a kind: validate everything, then run (and remember the plan)."""
+    library = foreign_library(x)
+    if library is not None:
+        return _quantize_foreign(
+            library, x, group_size, dtype, scale, layout, eps, out, scale_out, pad_rows
+        )
     options_key = (group_size, dtype, scale, layout, eps, pad_rows)  # as given: quantize's key
     eps = check_options(group_size, scale, layout, eps)
     fmt = output_format(dtype)
@@ -153,6 +162,31 @@ def _quantize_checked(x, group_size, dtype, scale, layout, eps, out, scale_out, 
         except TypeError:
             pass
     return plan.run(x, x_info.ptr, out, scale_out)
+
+
+def _quantize_foreign(library, x, group_size, dtype, scale, layout, eps, out, scale_out, pad_rows):
+    """JAX, numba and other DLPack / CUDA-array-interface inputs, through zero-copy cupy views.
+
+    Runs on CuPy's current stream (DLPack and the array interface synchronise the producer with
+    it). Results come back in the caller's library: numba device arrays as views, JAX arrays
+    through DLPack with float8 codes reinterpreted as JAX's float8 types.
+    """
+    if library == JAX and (out is not None or scale_out is not None):
+        raise TypeError("out: JAX arrays are immutable; call without out= / scale_out=")
+    if out is not None and foreign_library(out) is None:
+        raise TypeError(f"out: expected an array of x's library, got {type(out).__name__}")
+    if scale_out is not None and foreign_library(scale_out) is None:
+        raise TypeError(f"scale_out: expected an array of x's library, got {type(scale_out)}")
+    q, scales = quantize(
+        to_cupy(x), group_size, dtype=dtype, scale=scale, layout=layout, eps=eps,
+        out=None if out is None else to_cupy(out),
+        scale_out=None if scale_out is None else to_cupy(scale_out), pad_rows=pad_rows,
+    )  # fmt: skip
+    fmt = output_format(dtype)
+    float8 = f"float8_{'e4m3fn' if fmt.name == 'e4m3' else 'e5m2'}" if fmt.is_float8 else None
+    q = out if out is not None else from_cupy(q, library, float8)
+    scales = scale_out if scale_out is not None else from_cupy(scales, library, None)
+    return q, scales
 
 
 def _q_spec(geometry: Geometry, fmt) -> tuple:

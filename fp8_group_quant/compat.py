@@ -1,0 +1,118 @@
+"""Drop-in replacements for the quantizers vLLM and SGLang call, with their signatures.
+
+Outputs have the shapes, dtypes and strides those functions return, and the values of
+fp8_group_quant's contract (see the README). Swap by changing an import::
+
+    # from vllm.model_executor.layers.quantization.utils.fp8_utils import per_token_group_quant_fp8
+    from fp8_group_quant.compat import per_token_group_quant_fp8
+
+    # from sglang.srt.layers.quantization.fp8_kernel import sglang_per_token_group_quant_fp8
+    from fp8_group_quant.compat import sglang_per_token_group_quant_fp8
+"""
+
+from __future__ import annotations
+
+from ._layout import COL, COL_TMA, PACKED, ROW
+from .api import quantize
+
+__all__ = [
+    "per_token_group_quant_fp8",
+    "per_token_group_quant_fp8_packed_for_deepgemm",
+    "sglang_per_token_group_quant_fp8",
+]
+
+
+def per_token_group_quant_fp8(
+    x,
+    group_size: int,
+    eps: float = 1e-10,
+    dtype=None,
+    column_major_scales: bool = False,
+    tma_aligned_scales: bool = False,
+    out_q=None,
+    use_ue8m0: bool | None = None,
+):
+    """vLLM's ``per_token_group_quant_fp8``: float32 scales, row-major or column-major.
+
+    ``x_s`` is ``[..., M, K/G]`` float32: row-major by default; with ``column_major_scales`` it
+    has strides ``(1, M)``; adding ``tma_aligned_scales`` gives ``(1, align(M, 4))`` (per batch for
+    3-D input, as vLLM's ``(tma*ng, 1, tma)``). ``use_ue8m0`` makes the scales powers of two
+    (vLLM's default follows its DeepGEMM setting; here None means False). ``dtype`` defaults to
+    float8_e4m3fn.
+
+    Example: ``q, s = per_token_group_quant_fp8(x, 128, column_major_scales=True,
+    tma_aligned_scales=True, use_ue8m0=True)`` is DeepGEMM's SM90 input.
+    """
+    layout = ROW
+    if column_major_scales:
+        layout = COL_TMA if tma_aligned_scales else COL
+    return quantize(
+        x,
+        group_size,
+        dtype="e4m3" if dtype is None else dtype,
+        scale="ue8m0" if use_ue8m0 else "float32",
+        layout=layout,
+        eps=eps,
+        out=out_q,
+    )
+
+
+def per_token_group_quant_fp8_packed_for_deepgemm(
+    x, group_size: int, eps: float = 1e-10, use_ue8m0: bool = True, out_q=None
+):
+    """vLLM's packed variant: e4m3 with UE8M0 scales packed four per int32, MN-major, TMA-aligned.
+
+    ``x`` of shape ``[..., K]`` is read as ``[M, K]`` with ``M`` the product of the leading
+    dimensions; ``x_s`` is int32 ``[M, ceil(K/G/4)]`` with strides ``(1, align(M, 4))``, what
+    DeepGEMM reads on SM100. Only ``use_ue8m0=True`` exists, as in vLLM.
+
+    Example: ``q, s = per_token_group_quant_fp8_packed_for_deepgemm(x, 128)``.
+    """
+    if not use_ue8m0:
+        raise ValueError("use_ue8m0: the packed layout holds UE8M0 exponents only; got False")
+    if len(x.shape) > 2:
+        x = x.reshape(-1, x.shape[-1])
+        if out_q is not None:
+            out_q = out_q.reshape(-1, out_q.shape[-1])
+    q, scales = quantize(
+        x, group_size, dtype="e4m3", scale="ue8m0", layout=PACKED, eps=eps, out=out_q
+    )
+    return q, scales
+
+
+def sglang_per_token_group_quant_fp8(
+    x,
+    group_size: int,
+    eps: float = 1e-10,
+    column_major_scales: bool = False,
+    scale_tma_aligned: bool = False,
+    scale_ue8m0: bool = False,
+    fuse_silu_and_mul: bool = False,
+    masked_m=None,
+):
+    """SGLang's ``sglang_per_token_group_quant_fp8``.
+
+    ``scale_ue8m0`` returns int32 packed UE8M0 scales ``[..., M, ceil(K/G/4)]`` with strides
+    ``(..., 1, align(M, 4))`` and needs ``column_major_scales`` and ``scale_tma_aligned``, as in
+    SGLang; otherwise float32 scales, row-major, column-major ``(1, M)`` or TMA-aligned
+    ``(1, align(M, 4))``. Fused SiLU-and-multiply and the masked MoE layout are not implemented
+    yet and raise NotImplementedError.
+
+    Example: ``q, s = sglang_per_token_group_quant_fp8(x, 128, column_major_scales=True,
+    scale_tma_aligned=True, scale_ue8m0=True)``.
+    """
+    if fuse_silu_and_mul:
+        raise NotImplementedError("fuse_silu_and_mul: the fused SiLU path is not implemented yet")
+    if masked_m is not None:
+        raise NotImplementedError("masked_m: the masked MoE layout is not implemented yet")
+    if scale_ue8m0:
+        if not (column_major_scales and scale_tma_aligned):
+            raise ValueError(
+                "scale_ue8m0: packed UE8M0 scales are column-major and TMA-aligned; pass "
+                "column_major_scales=True and scale_tma_aligned=True"
+            )
+        return quantize(x, group_size, dtype="e4m3", scale="ue8m0", layout=PACKED, eps=eps)
+    layout = ROW
+    if column_major_scales:
+        layout = COL_TMA if scale_tma_aligned else COL
+    return quantize(x, group_size, dtype="e4m3", scale="float32", layout=layout, eps=eps)

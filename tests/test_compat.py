@@ -1,0 +1,133 @@
+"""Drop-in entry points: the shapes, dtypes and strides vLLM's and SGLang's functions return."""
+
+import ml_dtypes
+import numpy as np
+import pytest
+from helpers import activations
+
+import fp8_group_quant as fgq
+from fp8_group_quant.compat import (
+    per_token_group_quant_fp8,
+    per_token_group_quant_fp8_packed_for_deepgemm,
+    sglang_per_token_group_quant_fp8,
+)
+
+
+def elements(strides, itemsize=4):
+    return tuple(s // itemsize for s in strides)
+
+
+@pytest.fixture
+def x():
+    return activations(np.random.default_rng(0), (5, 1024), "bfloat16", specials=True)
+
+
+# (keyword arguments, layout and scale they mean, expected scale strides for M = 5, ng = 8)
+VLLM_CASES = [
+    ({}, "row", "float32", (8, 1)),
+    ({"column_major_scales": True}, "col", "float32", (1, 5)),
+    ({"column_major_scales": True, "tma_aligned_scales": True}, "col_tma", "float32", (1, 8)),
+    ({"use_ue8m0": True}, "row", "ue8m0", (8, 1)),
+    (
+        {"column_major_scales": True, "tma_aligned_scales": True, "use_ue8m0": True},
+        "col_tma",
+        "ue8m0",
+        (1, 8),
+    ),
+]  # fmt: skip  every branch of vLLM's scale allocation
+
+
+@pytest.mark.parametrize("kwargs, layout, scale, strides", VLLM_CASES)
+def test_vllm_per_token_group_quant_fp8(x, kwargs, layout, scale, strides):
+    q, s = per_token_group_quant_fp8(x, 128, **kwargs)
+    q_ref, s_ref = fgq.quantize(x, 128, scale=scale, layout=layout)
+    assert q.dtype == ml_dtypes.float8_e4m3fn and q.shape == x.shape
+    assert s.dtype == np.float32 and s.shape == (5, 8) and elements(s.strides) == strides
+    np.testing.assert_array_equal(np.asarray(q).view(np.uint8), np.asarray(q_ref).view(np.uint8))
+    np.testing.assert_array_equal(s, s_ref)
+
+
+def test_vllm_three_dimensional_tma_scales_are_per_batch():
+    x = activations(np.random.default_rng(1), (2, 5, 1024), "float16")
+    _, s = per_token_group_quant_fp8(x, 128, column_major_scales=True, tma_aligned_scales=True)
+    assert s.shape == (2, 5, 8) and elements(s.strides) == (8 * 8, 1, 8)  # vLLM: (tma*ng, 1, tma)
+
+
+def test_vllm_dtype_and_out_q(x):
+    out = np.zeros(x.shape, ml_dtypes.float8_e5m2)
+    q, s = per_token_group_quant_fp8(x, 64, eps=1e-6, dtype=ml_dtypes.float8_e5m2, out_q=out)
+    q_ref, s_ref = fgq.quantize(x, 64, dtype="e5m2", eps=1e-6)
+    assert q is out
+    np.testing.assert_array_equal(out.view(np.uint8), np.asarray(q_ref).view(np.uint8))
+    np.testing.assert_array_equal(s, s_ref)
+
+
+def test_vllm_packed_for_deepgemm_flattens_tokens():
+    x = activations(np.random.default_rng(2), (2, 5, 1536), "bfloat16")
+    q, s = per_token_group_quant_fp8_packed_for_deepgemm(x, 128)
+    assert q.shape == (10, 1536) and s.dtype == np.int32
+    assert s.shape == (10, 3) and elements(s.strides) == (1, 12)
+    q_ref, s_ref = fgq.quantize_packed(x.reshape(10, 1536))
+    np.testing.assert_array_equal(s, s_ref)
+    np.testing.assert_array_equal(np.asarray(q).view(np.uint8), np.asarray(q_ref).view(np.uint8))
+    with pytest.raises(ValueError, match="use_ue8m0"):
+        per_token_group_quant_fp8_packed_for_deepgemm(x, 128, use_ue8m0=False)
+
+
+SGLANG_CASES = [
+    ({}, (8, 1), np.float32),
+    ({"column_major_scales": True}, (1, 5), np.float32),
+    ({"column_major_scales": True, "scale_tma_aligned": True}, (1, 8), np.float32),
+    (
+        {"column_major_scales": True, "scale_tma_aligned": True, "scale_ue8m0": True},
+        (1, 8),
+        np.int32,
+    ),
+]  # fmt: skip  every branch of SGLang's scale allocation
+
+
+@pytest.mark.parametrize("kwargs, strides, dtype", SGLANG_CASES)
+def test_sglang_per_token_group_quant_fp8(x, kwargs, strides, dtype):
+    q, s = sglang_per_token_group_quant_fp8(x, 128, **kwargs)
+    assert q.dtype == ml_dtypes.float8_e4m3fn and s.dtype == dtype
+    assert elements(s.strides) == strides
+    if dtype == np.int32:
+        assert s.shape == (5, 2)
+        np.testing.assert_array_equal(s, fgq.quantize_packed(x)[1])
+    else:
+        assert s.shape == (5, 8)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error",
+    [
+        ({"fuse_silu_and_mul": True}, NotImplementedError),
+        ({"masked_m": np.array([3], np.int32)}, NotImplementedError),
+        ({"scale_ue8m0": True}, ValueError),
+        ({"scale_ue8m0": True, "column_major_scales": True}, ValueError),
+    ],
+)  # the two pending features, and SGLang's own precondition for packed scales
+def test_sglang_rejections(x, kwargs, error):
+    with pytest.raises(error):
+        sglang_per_token_group_quant_fp8(x, 128, **kwargs)
+
+
+@pytest.mark.gpu
+def test_compat_with_torch_returns_torch_layouts():
+    import torch
+
+    data = activations(np.random.default_rng(3), (37, 7168), "bfloat16", specials=True)
+    x = torch.from_numpy(data.view(np.int16).copy()).view(torch.bfloat16).cuda()
+    q, s = per_token_group_quant_fp8(x, 128, column_major_scales=True, tma_aligned_scales=True)
+    assert q.dtype == torch.float8_e4m3fn and s.dtype == torch.float32
+    assert s.shape == (37, 56) and s.stride() == (1, 40)
+    _, s_ref = fgq.quantize(data, 128, layout="col_tma")
+    np.testing.assert_array_equal(s.cpu().numpy(), s_ref)
+    out = torch.empty_like(q)
+    q2, s2 = per_token_group_quant_fp8_packed_for_deepgemm(x, 128, out_q=out)
+    assert q2 is out and s2.dtype == torch.int32 and s2.stride() == (1, 40)
+    q3, s3 = sglang_per_token_group_quant_fp8(
+        x, 128, column_major_scales=True, scale_tma_aligned=True, scale_ue8m0=True
+    )
+    assert torch.equal(s3, s2) and torch.equal(q3.view(torch.uint8), out.view(torch.uint8))
+    np.testing.assert_array_equal(s3.cpu().numpy(), fgq.quantize_packed(data)[1])
