@@ -228,10 +228,13 @@ def from_cupy(array, library: str, float8: str | None):
 
         return cuda.as_cuda_array(array)
     if library == JAX:
+        import cupy
         import jax
         import jax.numpy as jnp
 
-        result = jax.dlpack.from_dlpack(array)
+        # NOTES: JAX arrays are values without strides: padded and column-major layouts come back
+        # as compact arrays of their logical values
+        result = jax.dlpack.from_dlpack(cupy.ascontiguousarray(array))
         if float8 is not None:  # JAX holds float8: reinterpret the codes (JAX arrays are values)
             result = jax.lax.bitcast_convert_type(result, getattr(jnp, float8))
         return result

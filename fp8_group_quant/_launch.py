@@ -101,8 +101,8 @@ def grid_limits_error(geometry: Geometry) -> str | None:
 _resident: dict[tuple[int, str, int], int] = {}
 
 
-def resident_blocks(function, name: str, threads: int, device: int) -> int:
-    """Blocks of ``threads`` threads of ``function`` that fit on the whole GPU at once.
+def resident_blocks(handle: int, name: str, threads: int, device: int) -> int:
+    """Blocks of ``threads`` threads of the kernel ``handle`` that fit on the whole GPU at once.
 
     NOTES: the driver's occupancy calculator, which knows that a block's warps are spread over
     the SM's four sub-partitions (a 7-warp block fits 5 times, not the 6 a plain register count
@@ -115,7 +115,7 @@ def resident_blocks(function, name: str, threads: int, device: int) -> int:
         from cupy_backends.cuda.api import driver
 
         sms = cupy.cuda.runtime.getDeviceProperties(device)["multiProcessorCount"]
-        per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(function.kernel.ptr, threads, 0)
+        per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(handle, threads, 0)
         blocks = _resident[key] = max(1, per_sm) * sms
     return blocks
 
@@ -136,9 +136,8 @@ class Launch:
         ctypes.c_int32, ctypes.c_int32, ctypes.c_float,  # pad_q, pad_scales, eps
     )  # fmt: skip
 
-    def __init__(self, function, grid, block, values):
-        self.function = function
-        self.handle = function.kernel.ptr
+    def __init__(self, handle: int, grid, block, values):
+        self.handle = handle
         self.grid = grid
         self.block = block
         self._args = [kind(value) for kind, value in zip(self._ARG_TYPES, values, strict=True)]
@@ -171,13 +170,17 @@ def prepare(
 ) -> Launch:
     """The launch of ``key`` over ``geometry`` on ``device``; pointers are given per call."""
     threads, blocks_per_row = block_shape(geometry.groups, key.lanes_per_group)
+    import cupy
+
     function = _jit.get_function(SOURCE, key.name_expression, device)
     total_rows = geometry.batches * geometry.grid_rows
     # NOTES: one wave of resident blocks; each walks its share of the rows, prefetching the next
     row_blocks = min(total_rows, MAX_GRID_X)
-    if WAVES > 0:
-        capacity = int(WAVES * resident_blocks(function, key.name_expression, threads, device))
-        row_blocks = min(total_rows, max(1, capacity // blocks_per_row))
+    with cupy.cuda.Device(device):  # RawKernel.kernel is the function of the current device
+        handle = function.kernel.ptr
+        if WAVES > 0:
+            capacity = int(WAVES * resident_blocks(handle, key.name_expression, threads, device))
+            row_blocks = min(total_rows, max(1, capacity // blocks_per_row))
     s_batch, s_row, s_column = geometry.scale_kernel_strides
     values = (
         0, 0, 0,
@@ -186,7 +189,7 @@ def prepare(
         s_batch, s_row, s_column,
         int(geometry.pad_rows), int(geometry.layout in TMA_LAYOUTS), eps,
     )  # fmt: skip
-    return Launch(function, (row_blocks, blocks_per_row, 1), (threads, 1, 1), values)
+    return Launch(handle, (row_blocks, blocks_per_row, 1), (threads, 1, 1), values)
 
 
 DEFAULT_KEY = KernelKey("bfloat16", 128, "e4m3", "packed", True)
