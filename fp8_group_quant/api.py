@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import threading
 import warnings
 
 import numpy as np
@@ -201,6 +202,7 @@ def _scale_spec(geometry: Geometry) -> tuple:
 
 
 _PLANS: dict[tuple, _Plan] = {}
+_thread_state = threading.local()
 MAX_PLANS = 4096  # distinct (array layout, options) combinations remembered
 
 
@@ -238,12 +240,21 @@ class _Plan:
         return q, scales
 
     def on_device(self):
-        """A context making the input's device current, when it is not already."""
+        """A context making the input's device (and its primary context) current.
+
+        NOTES: cuLaunchKernel needs a current context; a thread whose first CUDA call is a
+        prepared launch has none until a runtime call binds it, so each thread binds once.
+        """
         import cupy
 
-        if cupy.cuda.runtime.getDevice() == self.device:
-            return contextlib.nullcontext()
-        return cupy.cuda.Device(self.device)
+        device = cupy.cuda.runtime.getDevice()
+        if device != self.device:
+            return cupy.cuda.Device(self.device)
+        bound = _thread_state.__dict__.setdefault("bound", set())
+        if device not in bound:
+            cupy.cuda.runtime.setDevice(device)
+            bound.add(device)
+        return contextlib.nullcontext()
 
 
 class PreparedQuantize:

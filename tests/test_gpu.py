@@ -365,3 +365,29 @@ def test_repeated_calls_take_the_cached_plan(lib, monkeypatch):
     q, s = fgq.quantize(to_device(hosts[1], lib), 64, dtype="e5m2", layout="col_tma")
     assert_same_bytes(to_host_bytes(q), np.asarray(q_ref).view(np.uint8), "q")
     assert_same_bytes(to_host_bytes(s), np.ascontiguousarray(s_ref), "scales")
+
+
+def test_prepared_call_from_a_fresh_thread():
+    import threading
+
+    import torch
+
+    data = activations(np.random.default_rng(10), (8, 2048), "bfloat16")
+    x = to_device(data, "torch")
+    prepared = fgq.prepare(x, scale="ue8m0", layout="packed")
+    torch.cuda.synchronize()
+    errors = []
+
+    def call():  # this thread's first CUDA call is the prepared launch
+        try:
+            prepared(x)
+            torch.cuda.synchronize()
+        except Exception as error:
+            errors.append(error)
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    thread.join()
+    assert not errors, errors
+    q_ref, s_ref = fgq.quantize_packed(data)
+    assert_same_bytes(to_host_bytes(prepared.q), np.asarray(q_ref).view(np.uint8), "q")
