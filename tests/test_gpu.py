@@ -375,6 +375,7 @@ def test_prepared_call_from_a_fresh_thread():
     data = activations(np.random.default_rng(10), (8, 2048), "bfloat16")
     x = to_device(data, "torch")
     prepared = fgq.prepare(x, scale="ue8m0", layout="packed")
+    prepared.q.view(torch.uint8).fill_(0x7F)  # only the thread's launch can restore it
     torch.cuda.synchronize()
     errors = []
 
