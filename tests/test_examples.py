@@ -1,0 +1,58 @@
+"""The examples that need no GPU run, and the notebook executes top to bottom."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def _env():
+    root = str(EXAMPLES.parent)
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+
+
+def test_numpy_example_runs():
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLES / "numpy_cpu.py")], env=_env(), capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert "relative error after a round trip" in done.stdout
+
+
+def test_notebook_executes(tmp_path):
+    path = EXAMPLES / "quickstart.ipynb"
+    try:
+        import nbformat
+        from nbclient import NotebookClient
+    except ImportError:  # no Jupyter here: run the code cells in order, as a kernel would
+        cells = json.loads(path.read_text())["cells"]
+        namespace = {}
+        for cell in cells:
+            if cell["cell_type"] == "code":
+                exec(compile("".join(cell["source"]), str(path), "exec"), namespace)  # noqa: S102
+        return
+    notebook = nbformat.read(path, as_version=4)
+    os.environ.setdefault("PYTHONPATH", str(EXAMPLES.parent))
+    NotebookClient(
+        notebook,
+        timeout=300,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(tmp_path)}},
+    ).execute()
+    outputs = [o for c in notebook.cells if c.cell_type == "code" for o in c.get("outputs", [])]
+    assert not [o for o in outputs if o.get("output_type") == "error"]
+    assert any("error / group max" in o.get("text", "") for o in outputs)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("script", ["cupy_gpu.py", "torch_deepgemm.py"])
+def test_gpu_examples_run(script):
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLES / script)], env=_env(), capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
