@@ -89,7 +89,8 @@ _functions: dict[tuple[int, str, str], object] = {}
 _lock = threading.Lock()
 
 
-def _cupy():
+def cupy_module():
+    """``cupy``, or GpuUnavailableError saying how to install it."""
     try:
         import cupy
     except ImportError as error:  # pragma: no cover - depends on the machine
@@ -98,6 +99,18 @@ def _cupy():
             "(or [cuda13] for CUDA 13)"
         ) from error
     return cupy
+
+
+NVRTC_HINT = (
+    "NVRTC was not found: pip install 'fp8_group_quant[cuda12]' (nvidia-cuda-nvrtc-cu12 >= 12.8) "
+    "or 'fp8_group_quant[cuda13]' (nvidia-cuda-nvrtc 13), or put a CUDA toolkit's libnvrtc on "
+    "the library path"
+)
+
+
+def _raise_if_nvrtc_missing(error: BaseException) -> None:
+    if "nvrtc" in str(error).lower():
+        raise GpuUnavailableError(f"{NVRTC_HINT} ({error})") from error
 
 
 def get_function(filename: str, name_expression: str, device: int):
@@ -109,7 +122,7 @@ def get_function(filename: str, name_expression: str, device: int):
     function = _functions.get(key)
     if function is not None:
         return function
-    cupy = _cupy()
+    cupy = cupy_module()
     with _lock:
         function = _functions.get(key)
         if function is None:
@@ -126,13 +139,16 @@ def get_function(filename: str, name_expression: str, device: int):
                         f"NVRTC failed to compile {name_expression} from {filename}:\n"
                         f"{error.get_message()}"
                     ) from error
+                except (ImportError, OSError, RuntimeError) as error:
+                    _raise_if_nvrtc_missing(error)
+                    raise
             _functions[key] = function
     return function
 
 
 def preload(filename: str, name_expressions: list[str], device: int) -> None:
     """Compile many instantiations in one NVRTC call (far faster than one call each)."""
-    cupy = _cupy()
+    cupy = cupy_module()
     missing = [e for e in name_expressions if (device, filename, e) not in _functions]
     if not missing:
         return

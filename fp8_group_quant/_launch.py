@@ -170,8 +170,7 @@ def prepare(
 ) -> Launch:
     """The launch of ``key`` over ``geometry`` on ``device``; pointers are given per call."""
     threads, blocks_per_row = block_shape(geometry.groups, key.lanes_per_group)
-    import cupy
-
+    cupy = _jit.cupy_module()
     function = _jit.get_function(SOURCE, key.name_expression, device)
     total_rows = geometry.batches * geometry.grid_rows
     # NOTES: one wave of resident blocks; each walks its share of the rows, prefetching the next

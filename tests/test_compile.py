@@ -64,3 +64,14 @@ def test_the_jit_layer_does_not_import_quantization_code():
     }
     modules = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
     assert not ({"_launch", "api", "reference", "_spec", "_layout"} & (imported | modules))
+
+
+def test_missing_cupy_or_nvrtc_gives_an_install_hint(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "cupy", None)  # import cupy now raises ImportError
+    with pytest.raises(_jit.GpuUnavailableError, match=r"pip install 'fp8_group_quant\[cuda12\]'"):
+        _jit.get_function(_launch.SOURCE, _launch.DEFAULT_KEY.name_expression, 0)
+    with pytest.raises(_jit.GpuUnavailableError, match="NVRTC was not found"):
+        _jit._raise_if_nvrtc_missing(OSError("CuPy failed to load libnvrtc.so.12"))
+    _jit._raise_if_nvrtc_missing(OSError("some other failure"))  # unrelated errors pass through
