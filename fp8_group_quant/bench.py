@@ -15,6 +15,7 @@ import argparse
 import functools
 import json
 import math
+import re
 import statistics
 import time
 
@@ -181,7 +182,10 @@ def run_matrix(args) -> list[dict]:
         if c[3] == "ue8m0" or c[4] not in PACKED_LAYOUTS
     ]  # fmt: skip
     baseline = ("bfloat16", 128, "e4m3", "ue8m0", "packed")
-    combos.remove(baseline)
+    if args.only:
+        combos = [c for c in combos if re.search(args.only, " ".join(map(str, c)))]
+    if baseline in combos:
+        combos.remove(baseline)
     combos.insert(0, baseline)
     rows = []
     print(f"# GPU time per call at M={m}, K={k}; 'per byte' = (t / bytes) / baseline (t / bytes)")
@@ -310,6 +314,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--group-size", type=int, default=128)
     parser.add_argument("--json", help="write the rows to this file")
     parser.add_argument("--plot", help="draw GB/s and fraction of floor against M (matplotlib)")
+    parser.add_argument(
+        "--only", help="--matrix: time only variants whose 'input G dtype scale layout' matches"
+    )
     parser.add_argument(
         "--cold-start", action="store_true", help="also time import + first call in new processes"
     )
