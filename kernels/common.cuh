@@ -36,12 +36,6 @@ __device__ __forceinline__ float mul_rn(float a, float b) {
   return r;
 }
 
-__device__ __forceinline__ float add_rn(float a, float b) {
-  float r;
-  asm("add.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-  return r;
-}
-
 __device__ __forceinline__ float fma_rn(float a, float b, float c) {
   float r;
   asm("fma.rn.f32 %0, %1, %2, %3;" : "=f"(r) : "f"(a), "f"(b), "f"(c));
@@ -196,12 +190,9 @@ template <> struct Output<kInt8> {
   static constexpr bool kSigned = false;
   __device__ static __forceinline__ u32 saturated(bool negative) { return negative ? 0x81 : 0x7f; }
   __device__ static __forceinline__ u32 encode1(float v) {
-    // NOTES: fminf/fmaxf turn NaN into a bound; NaN inputs are patched afterwards. Adding
-    // 1.5 * 2^23 rounds to the nearest integer, ties to even, into the low mantissa bits (exact
-    // for |v| <= 2^22), whose low byte is the two's-complement code: a full-rate FADD where
-    // F2I (cvt.rni) runs at a quarter rate.
+    // NOTES: fminf/fmaxf turn NaN into a bound; NaN inputs are patched afterwards.
     v = fminf(fmaxf(v, -kMax), kMax);
-    return __float_as_uint(add_rn(v, 12582912.0f)) & 0xffu;
+    return static_cast<u32>(__float2int_rn(v)) & 0xffu;  // round half to even
   }
   __device__ static __forceinline__ u32 encode2(float lo, float hi) {
     return encode1(lo) | (encode1(hi) << 8);
