@@ -8,6 +8,7 @@ sm_120.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import threading
@@ -18,6 +19,7 @@ __all__ = [
     "CompileError",
     "GpuUnavailableError",
     "compile_offline",
+    "current_device",
     "get_function",
     "preload",
     "kernel_dir",
@@ -113,6 +115,24 @@ def _raise_if_nvrtc_missing(error: BaseException) -> None:
         raise GpuUnavailableError(f"{NVRTC_HINT} ({error})") from error
 
 
+@contextlib.contextmanager
+def current_device(device: int):
+    """Make ``device`` current, binding its primary context to this thread, then restore.
+
+    NOTES: unlike ``cupy.cuda.Device``, this calls cudaSetDevice even when the device is already
+    current: a fresh thread has no current context until then, and driver calls (module loads,
+    occupancy queries, cuLaunchKernel) fail with CUDA_ERROR_INVALID_CONTEXT without one.
+    """
+    runtime = cupy_module().cuda.runtime
+    previous = runtime.getDevice()
+    runtime.setDevice(device)
+    try:
+        yield
+    finally:
+        if previous != device:
+            runtime.setDevice(previous)
+
+
 def get_function(filename: str, name_expression: str, device: int):
     """Compile (or load from CuPy's cache) one instantiation and return it for ``device``.
 
@@ -126,7 +146,7 @@ def get_function(filename: str, name_expression: str, device: int):
     with _lock:
         function = _functions.get(key)
         if function is None:
-            with cupy.cuda.Device(device):
+            with current_device(device):
                 module = cupy.RawModule(
                     code=source_text(filename),
                     options=nvrtc_options(),
@@ -152,7 +172,7 @@ def preload(filename: str, name_expressions: list[str], device: int) -> None:
     missing = [e for e in name_expressions if (device, filename, e) not in _functions]
     if not missing:
         return
-    with _lock, cupy.cuda.Device(device):
+    with _lock, current_device(device):
         module = cupy.RawModule(
             code=source_text(filename), options=nvrtc_options(), name_expressions=tuple(missing)
         )

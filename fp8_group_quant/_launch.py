@@ -170,12 +170,11 @@ def prepare(
 ) -> Launch:
     """The launch of ``key`` over ``geometry`` on ``device``; pointers are given per call."""
     threads, blocks_per_row = block_shape(geometry.groups, key.lanes_per_group)
-    cupy = _jit.cupy_module()
     function = _jit.get_function(SOURCE, key.name_expression, device)
     total_rows = geometry.batches * geometry.grid_rows
     # NOTES: one wave of resident blocks; each walks its share of the rows, prefetching the next
     row_blocks = min(total_rows, MAX_GRID_X)
-    with cupy.cuda.Device(device):  # RawKernel.kernel is the function of the current device
+    with _jit.current_device(device):  # RawKernel.kernel is the function of the current device
         handle = function.kernel.ptr
         if WAVES > 0:
             capacity = int(WAVES * resident_blocks(handle, key.name_expression, threads, device))

@@ -249,7 +249,7 @@ class _Plan:
 
         device = cupy.cuda.runtime.getDevice()
         if device != self.device:
-            return cupy.cuda.Device(self.device)
+            return _jit.current_device(self.device)
         bound = _thread_state.__dict__.setdefault("bound", set())
         if device not in bound:
             cupy.cuda.runtime.setDevice(device)

@@ -71,7 +71,8 @@ def test_missing_cupy_or_nvrtc_gives_an_install_hint(monkeypatch):
 
     monkeypatch.setitem(sys.modules, "cupy", None)  # import cupy now raises ImportError
     with pytest.raises(_jit.GpuUnavailableError, match=r"pip install 'fp8_group_quant\[cuda12\]'"):
-        _jit.get_function(_launch.SOURCE, _launch.DEFAULT_KEY.name_expression, 0)
+        # a device no earlier test compiled for, so the memo cannot answer first
+        _jit.get_function(_launch.SOURCE, _launch.DEFAULT_KEY.name_expression, 4321)
     with pytest.raises(_jit.GpuUnavailableError, match="NVRTC was not found"):
         _jit._raise_if_nvrtc_missing(OSError("CuPy failed to load libnvrtc.so.12"))
     _jit._raise_if_nvrtc_missing(OSError("some other failure"))  # unrelated errors pass through
