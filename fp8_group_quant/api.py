@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import sys
 import threading
@@ -212,7 +213,8 @@ class _Plan:
     def __init__(self, x_info: ArrayInfo, geometry: Geometry, fmt, launch):
         if len(_PLANS) >= MAX_PLANS:
             _PLANS.clear()
-        self.x_info = x_info
+        # NOTES: no reference to the first input: a cached plan must not pin its memory
+        self.x_info = dataclasses.replace(x_info, obj=None, ptr=0)
         self.kind = x_info.kind
         self.device = x_info.device
         self.launch = launch

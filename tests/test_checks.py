@@ -134,3 +134,25 @@ def test_dequantize_checks():
         fgq.dequantize(np.zeros((2, 256), np.float32), np.zeros((2, 2), np.float32))
     with pytest.raises(ValueError, match="groups"):
         fgq.unpack_scales(np.zeros((2, 1), np.int32), 5)
+
+
+def test_a_cached_plan_does_not_keep_its_first_input_alive():
+    import gc
+    import weakref
+
+    pytest.importorskip("cupy", reason="plans are built for CuPy and torch arrays")
+    from fp8_group_quant import api
+    from fp8_group_quant._arrays import CUPY, ArrayInfo
+    from fp8_group_quant._layout import Geometry
+    from fp8_group_quant._spec import output_format
+
+    class Input:  # stands in for a device array: plans never read it after they are built
+        pass
+
+    first = Input()
+    info = ArrayInfo(CUPY, first, 4096, (4, 256), (256, 1), "bfloat16", 2, 0)
+    plan = api._Plan(info, Geometry((4, 256), 128, "packed", False), output_format("e4m3"), None)
+    alive = weakref.ref(first)
+    del first, info
+    gc.collect()
+    assert alive() is None and plan.x_info.obj is None and plan.device == 0
