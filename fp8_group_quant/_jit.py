@@ -185,10 +185,14 @@ def preload(filename: str, name_expressions: list[str], device: int) -> None:
             ) from error
 
 
-def compile_offline(filename: str, name_expressions: list[str], arch: str) -> dict[str, str]:
+def compile_offline(
+    filename: str, name_expressions: list[str], arch: str, report: list | None = None
+) -> dict[str, str]:
     """Compile instantiations with NVRTC for ``arch`` (e.g. ``"sm_90"``) without a GPU.
 
     Returns the lowered (mangled) name of each expression; raises CompileError with the log.
+    Given a ``report`` list, also asks ptxas for its resource usage (registers, spills) and
+    appends the log lines to it.
     """
     from cupy_backends.cuda.libs import nvrtc
 
@@ -197,6 +201,8 @@ def compile_offline(filename: str, name_expressions: list[str], arch: str) -> di
         for expression in name_expressions:
             nvrtc.addNameExpression(program, expression)
         options = [*nvrtc_options(), *CUPY_ADDED_OPTIONS, f"-arch={arch}"]
+        if report is not None:
+            options.append("--ptxas-options=-v")
         try:
             nvrtc.compileProgram(program, options)
         except nvrtc.NVRTCError as error:
@@ -205,6 +211,8 @@ def compile_offline(filename: str, name_expressions: list[str], arch: str) -> di
             ) from error
         if not nvrtc.getCUBIN(program):
             raise CompileError(f"NVRTC produced no cubin for {arch}")
+        if report is not None:
+            report.extend(nvrtc.getProgramLog(program).splitlines())
         return {e: nvrtc.getLoweredName(program, e) for e in name_expressions}
     finally:
         nvrtc.destroyProgram(program)

@@ -8,7 +8,7 @@ import threading
 from dataclasses import dataclass
 
 from . import _jit
-from ._layout import PACKED_LAYOUTS, TMA_LAYOUTS, Geometry
+from ._layout import COLUMN_LAYOUTS, PACKED_LAYOUTS, TMA_LAYOUTS, Geometry
 
 SOURCE = "quantize.cu"
 LANE_BYTES = 32  # input bytes held by one lane: two 16-byte loads
@@ -16,6 +16,7 @@ MAX_THREADS_PER_BLOCK = 256  # kMaxThreads in kernels/quantize.cu
 WARP = 32
 MAX_GRID_X = 2**31 - 1
 MAX_GRID_Y = 65535
+MAX_TILE_ROWS = 8  # eight float scales fill a 32-byte sector
 # Resident waves of blocks the grid holds; each block walks rows with a stride of the grid.
 # 0 launches one block column per row instead. A tuning knob, measured in docs/perf.md.
 WAVES = float(os.environ.get("FP8_GROUP_QUANT_WAVES", "1"))
@@ -74,25 +75,41 @@ def all_kernel_keys() -> list[KernelKey]:
     ]
 
 
-def block_shape(groups: int, lanes: int) -> tuple[int, int]:
-    """(threads per block, blocks per row) for a row of ``groups`` groups.
+def tile_rows(layout: str, lanes: int) -> int:
+    """Consecutive rows a block covers: one, or for the column-major float layouts enough that
+    a warp stores a contiguous run of scales (eight: one 32-byte sector) rather than one
+    scattered word per group. A power of two; a warp never spans more than one group column.
 
-    NOTES: a row is split into the fewest blocks of at most MAX_THREADS_PER_BLOCK threads, groups
-    spread evenly (ceil division) and rounded up to whole warps; the kernel drops the surplus
-    groups of the last block by a bounds check.
+    NOTES: run 6 had G = 32 col / col_tma at 1.24-1.46x the baseline's time per byte against
+    1.01-1.03x for the row layouts: four times the groups, each a separate 4-byte store.
     """
-    blocks = -(-groups * lanes // MAX_THREADS_PER_BLOCK)
+    if layout not in COLUMN_LAYOUTS:
+        return 1
+    return max(1, min(MAX_TILE_ROWS, WARP // lanes))
+
+
+def block_shape(groups: int, lanes: int, rows: int = 1) -> tuple[int, int]:
+    """(threads per block, blocks per row tile) for tiles of ``rows`` rows of ``groups`` groups.
+
+    NOTES: a row tile is split into the fewest blocks of at most MAX_THREADS_PER_BLOCK threads,
+    groups spread evenly (ceil division) and rounded up to whole warps; the kernel drops the
+    surplus groups of the last block by a bounds check.
+    """
+    blocks = -(-groups * lanes * rows // MAX_THREADS_PER_BLOCK)
     groups_per_block = -(-groups // blocks)
-    groups_per_warp = max(1, WARP // lanes)
+    groups_per_warp = max(1, WARP // (lanes * rows))
     groups_per_block = -(-groups_per_block // groups_per_warp) * groups_per_warp
-    return groups_per_block * lanes, -(-groups // groups_per_block)
+    return groups_per_block * lanes * rows, -(-groups // groups_per_block)
 
 
-def grid_limits_error(geometry: Geometry) -> str | None:
+def grid_limits_error(geometry: Geometry, itemsize: int) -> str | None:
+    """Why ``geometry`` cannot be launched with ``itemsize``-byte input, or None."""
     total_rows = geometry.batches * geometry.grid_rows
     if total_rows >= 2**31:
         return f"x: {total_rows} rows (batches included) exceed the 2**31 - 1 the kernel indexes"
-    threads, blocks_per_row = block_shape(geometry.groups, 2)
+    lanes = geometry.group_size * itemsize // LANE_BYTES
+    rows = tile_rows(geometry.layout, lanes)
+    threads, blocks_per_row = block_shape(geometry.groups, lanes, rows)
     if blocks_per_row > MAX_GRID_Y:
         return f"x: K={geometry.k} needs {blocks_per_row} blocks per row, over {MAX_GRID_Y}"
     return None
@@ -134,30 +151,33 @@ class Launch:
         ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,  # x batch, x row, q batch strides
         ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,  # scale strides
         ctypes.c_int32, ctypes.c_int32, ctypes.c_float,  # pad_q, pad_scales, eps
+        ctypes.c_int32,  # tile_rows_log2
     )  # fmt: skip
 
     def __init__(self, handle: int, grid, block, values):
+        from cupy_backends.cuda.api import driver
+
         self.handle = handle
         self.grid = grid
         self.block = block
-        self._args = [kind(value) for kind, value in zip(self._ARG_TYPES, values, strict=True)]
-        self._pointers = (ctypes.c_void_p * len(self._args))(
-            *[ctypes.addressof(a) for a in self._args]
-        )
+        # the three pointers share one array, written per call; the rest are fixed
+        self._pointer_block = (ctypes.c_uint64 * 3)()
+        self._args = [
+            kind(value) for kind, value in zip(self._ARG_TYPES[3:], values[3:], strict=True)
+        ]
+        base = ctypes.addressof(self._pointer_block)
+        addresses = [base, base + 8, base + 16] + [ctypes.addressof(a) for a in self._args]
+        self._pointers = (ctypes.c_void_p * len(addresses))(*addresses)
+        self._launch_args = (handle, *grid, *block, 0)
         self._pointers_address = ctypes.addressof(self._pointers)
+        self._launch_kernel = driver.launchKernel
         self._lock = threading.Lock()
 
     def launch(self, x_ptr: int, q_ptr: int, scale_ptr: int, stream: int) -> None:
-        from cupy_backends.cuda.api import driver
-
-        gx, gy, gz = self.grid
-        bx, by, bz = self.block
+        block = self._pointer_block
         with self._lock:  # the argument block is shared: fill and launch atomically
-            x, q, s = self._args[:3]
-            x.value, q.value, s.value = x_ptr, q_ptr, scale_ptr
-            driver.launchKernel(
-                self.handle, gx, gy, gz, bx, by, bz, 0, stream, self._pointers_address, 0
-            )
+            block[0], block[1], block[2] = x_ptr, q_ptr, scale_ptr
+            self._launch_kernel(*self._launch_args, stream, self._pointers_address, 0)
 
 
 def prepare(
@@ -169,23 +189,24 @@ def prepare(
     eps: float,
 ) -> Launch:
     """The launch of ``key`` over ``geometry`` on ``device``; pointers are given per call."""
-    threads, blocks_per_row = block_shape(geometry.groups, key.lanes_per_group)
+    rows = tile_rows(geometry.layout, key.lanes_per_group)
+    threads, blocks_per_row = block_shape(geometry.groups, key.lanes_per_group, rows)
     function = _jit.get_function(SOURCE, key.name_expression, device)
-    total_rows = geometry.batches * geometry.grid_rows
-    # NOTES: one wave of resident blocks; each walks its share of the rows, prefetching the next
-    row_blocks = min(total_rows, MAX_GRID_X)
+    tiles = -(-geometry.batches * geometry.grid_rows // rows)
+    # NOTES: one wave of resident blocks; each walks its share of the tiles, prefetching the next
+    row_blocks = min(tiles, MAX_GRID_X)
     with _jit.current_device(device):  # RawKernel.kernel is the function of the current device
         handle = function.kernel.ptr
         if WAVES > 0:
             capacity = int(WAVES * resident_blocks(handle, key.name_expression, threads, device))
-            row_blocks = min(total_rows, max(1, capacity // blocks_per_row))
+            row_blocks = min(tiles, max(1, capacity // blocks_per_row))
     s_batch, s_row, s_column = geometry.scale_kernel_strides
     values = (
         0, 0, 0,
         geometry.rows, geometry.grid_rows, geometry.batches, geometry.groups,
         x_batch_stride, x_row_stride, geometry.q_rows * geometry.k,
         s_batch, s_row, s_column,
-        int(geometry.pad_rows), int(geometry.layout in TMA_LAYOUTS), eps,
+        int(geometry.pad_rows), int(geometry.layout in TMA_LAYOUTS), eps, rows.bit_length() - 1,
     )  # fmt: skip
     return Launch(handle, (row_blocks, blocks_per_row, 1), (threads, 1, 1), values)
 

@@ -17,6 +17,7 @@ PACKED_ROW = "packed_row"
 LAYOUTS = (ROW, COL, COL_TMA, PACKED, PACKED_ROW)
 PACKED_LAYOUTS = (PACKED, PACKED_ROW)  # int32 words holding four UE8M0 bytes
 TMA_LAYOUTS = (COL_TMA, PACKED)  # rows padded to a multiple of TMA_ROW_ALIGN per batch
+COLUMN_LAYOUTS = (COL, COL_TMA)  # float scales, MN-major: consecutive rows are adjacent
 
 TMA_ROW_ALIGN = 4  # a TMA box reads 16 bytes: four float32 or int32 scales
 GROUPS_PER_WORD = 4  # UE8M0 bytes in one packed int32 word

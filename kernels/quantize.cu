@@ -6,9 +6,13 @@
 // their own lanes, compute the scale, quantize in registers and store their codes with one store.
 // No shared memory, no __syncthreads, no atomics.
 //
-// Grid: y splits a row's groups into blocks of at most kMaxThreads threads; x walks the rows of
-// all batches with a stride of gridDim.x, so M is not bounded by a grid dimension. Each lane loads
-// its next row before it quantizes the current one, keeping loads in flight while it computes.
+// Grid: a block covers a tile of tile_rows consecutive rows by groups_per_block groups; the
+// group slots of a block run rows fastest, so with tile_rows > 1 a warp holds the same groups of
+// consecutive rows and the column-major scale layouts are stored as contiguous runs (one sector
+// for eight float scales) instead of one scattered 4-byte store per group. y splits a row's groups
+// over blocks of at most kMaxThreads threads; x walks the row tiles of all batches with a stride
+// of gridDim.x tiles, so M is not bounded by a grid dimension. Each lane loads its next row
+// before it quantizes the current one, keeping loads in flight while it computes.
 // Rows in [rows, grid_rows) of each batch are padding rows: the kernel writes zeros there (to q
 // when pad_q, to the scales when pad_scales), so callers may allocate with empty and no memset
 // is launched.
@@ -17,9 +21,15 @@
 namespace fgq {
 
 constexpr int kMaxThreads = 256;  // _launch.MAX_THREADS_PER_BLOCK
-// NOTES: six resident blocks of 256 threads cap the kernels at 40 registers (48 without the bound);
-// at 40 no instantiation spills more than 8 bytes, and a 7-warp block fits 6 times per SM, not 5.
-constexpr int kMinBlocksPerSM = 6;
+// NOTES: six resident blocks of 256 threads cap a kernel at 40 registers, five at 48. The lean
+// instantiations (16-bit input to float8 with power-of-two scales, vector loads) fit 40 with no
+// spill and keep six blocks; int8 output, exact float scales, float32 input and the element-wise
+// load fallback need up to 48 and spilled 4 to 56 bytes at 40 (ptxas -v), so they take five: no
+// instantiation spills (tests/test_compile.py checks it for sm_90).
+template <int kIn, int kOut, int kScale, bool kVec16>
+constexpr int min_blocks_per_sm() {
+  return (kIn == kF32 || kOut == kInt8 || kScale == kFloatScale || !kVec16) ? 5 : 6;
+}
 
 // load one lane's 32 bytes ------------------------------------------------------------------------
 template <int kIn, bool kVec16>
@@ -71,25 +81,30 @@ __device__ __forceinline__ void encode_lane(const u32 (&words)[kLaneWords], floa
       if constexpr (kOp == kDivideFast) t[j] = divide_fast(v, scale, factor);
       if constexpr (kOp == kDivideExact) t[j] = div_rn(v, scale);
     }
-    codes[w] = Output<kOut>::encode2(t[0], t[1]) | (Output<kOut>::encode2(t[2], t[3]) << 16);
+    codes[w] = Output<kOut>::encode4(t);
   }
 }
 
 template <int kIn, int kGroup, int kOut, int kScale, bool kVec16>
-__global__ void __launch_bounds__(kMaxThreads, kMinBlocksPerSM)
+__global__ void __launch_bounds__(kMaxThreads, (min_blocks_per_sm<kIn, kOut, kScale, kVec16>()))
     quantize_groups(const void* __restrict__ x, u8* __restrict__ q, void* __restrict__ scales,
                     u32 rows, u32 grid_rows, u32 batches, int groups_per_row, i64 x_batch_stride,
                     i64 x_row_stride, i64 q_batch_stride, i64 s_batch_stride, i64 s_row_stride,
-                    i64 s_group_stride, int pad_q, int pad_scales, float eps) {
+                    i64 s_group_stride, int pad_q, int pad_scales, float eps, int tile_rows_log2) {
   typedef Input<kIn> In;
   typedef Output<kOut> Out;
   constexpr int kValues = kLaneWords * 4 / In::kBytes;  // 16 (16-bit input) or 8 (float32)
   constexpr int kLanes = kGroup / kValues;              // lanes per group
   static_assert(kLanes >= 2 && kLanes <= 32 && (kLanes & (kLanes - 1)) == 0, "lanes per group");
 
-  const int groups_per_block = blockDim.x / kLanes;
-  const int group = blockIdx.y * groups_per_block + threadIdx.x / kLanes;
-  if (group >= groups_per_row) return;  // whole groups leave together: masks stay complete
+  const int slot = threadIdx.x / kLanes;  // the group slot: rows fastest, then groups
+  const int groups_per_block = blockDim.x / kLanes >> tile_rows_log2;
+  const int group = blockIdx.y * groups_per_block + (slot >> tile_rows_log2);
+  // a slot's first row over all batches, and the distance to its next one
+  const u32 slot_row = (blockIdx.x << tile_rows_log2) + (slot & ((1 << tile_rows_log2) - 1));
+  const u32 row_step = gridDim.x << tile_rows_log2;
+  // whole groups leave together, so the shuffle masks stay complete
+  if (group >= groups_per_row || slot_row >= batches * grid_rows) return;
   const int lane = threadIdx.x % kLanes;
   const i64 k = static_cast<i64>(groups_per_row) * kGroup;
   const i64 value0 = static_cast<i64>(group) * kGroup + lane * kValues;
@@ -108,24 +123,28 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocksPerSM)
     }
   };
 
-  u32 batch = blockIdx.x / grid_rows;
-  u32 row = blockIdx.x - batch * grid_rows;
+  // NOTES: a division here would sit before the first load; rows of the first batch need none
+  u32 batch = 0u, row = slot_row;
+  if (slot_row >= grid_rows) {
+    batch = slot_row / grid_rows;
+    row = slot_row - batch * grid_rows;
+  }
   u32 next[kLaneWords];
   load_row(batch, row, next);
   while (true) {
     u32 words[kLaneWords];
 #pragma unroll
     for (int i = 0; i < kLaneWords; ++i) words[i] = next[i];
-    // the next row of this block, loaded now so that it is in flight while we compute
+    // the next row of this slot, loaded now so that it is in flight while we compute
     u32 next_batch = batch;
-    u32 next_row = row + gridDim.x;
-    if (next_row >= grid_rows) {  // never taken with one batch
-      const u32 carry = next_row / grid_rows;
+    u32 next_row = row + row_step;
+    if (next_row >= grid_rows) {  // with one batch: only past the last row, so leave
+      const u32 carry = batches == 1 ? 1u : next_row / grid_rows;
       next_batch += carry;
       next_row -= carry * grid_rows;
     }
     if (next_batch < batches) load_row(next_batch, next_row, next);
-    const bool real_row = row < rows;  // uniform over the block
+    const bool real_row = row < rows;  // uniform over the group
 
     // the group maximum over finite values ---------------------------------------------------------
     u32 magnitude = group_max<kLanes>(In::max_magnitude(words), mask);
@@ -138,14 +157,17 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocksPerSM)
     float scale;
     u32 exponent = 0u;
     if constexpr (kScale == kFloatScale) {
-      scale = div_rn(amax, Out::kMax);
+      scale = divide_by_max<kOut>(amax);
       if (scale >= kMinFastDivisor) {
-        encode_lane<kIn, kOut, kDivideFast, kValues>(words, scale, div_rn(1.0f, scale), codes);
+        encode_lane<kIn, kOut, kDivideFast, kValues>(words, scale, rcp_rn(scale), codes);
       } else {
         encode_lane<kIn, kOut, kDivideExact, kValues>(words, scale, 0.0f, codes);
       }
     } else {
-      exponent = ue8m0_exponent(div_rn(amax, Out::kMax));
+      // NOTES: no div.rn fallback needed: below amax = 2^-60, where divide_fast may be inexact,
+      // the quotient is under 2^-68 either way and the 1e-10 floor of ue8m0_exponent decides
+      const float inverse_max = __uint_as_float(Out::kInverseMaxBits);
+      exponent = ue8m0_exponent(divide_fast(amax, Out::kMax, inverse_max));
       scale = __uint_as_float(exponent << 23);
       const float inverse = __uint_as_float((254u - exponent) << 23);
       encode_lane<kIn, kOut, kMultiply, kValues>(words, scale, inverse, codes);

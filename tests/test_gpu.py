@@ -151,6 +151,21 @@ def test_every_combination(input_dtype, group_size, dtype, scale, layout):
     check(x, to_device(x, lib), *args)
 
 
+@pytest.mark.parametrize("layout", ["col", "col_tma", "row"])
+@pytest.mark.parametrize(
+    "input_dtype, group_size", [("bfloat16", 32), ("float32", 64), ("float16", 128)]
+)
+def test_row_tiles_over_many_rows_and_batches(input_dtype, group_size, layout):
+    # blocks of several rows (column layouts) walking more tiles than the grid holds, with tiles
+    # that straddle batch boundaries and a partial last tile
+    rng = np.random.default_rng(group_size)
+    lanes = group_size * {"bfloat16": 2, "float16": 2, "float32": 4}[input_dtype] // 32
+    assert layout == "row" or _launch.tile_rows(layout, lanes) > 1
+    for shape in [(4099, 1024), (3, 1501, 512)]:
+        x = activations(rng, shape, input_dtype, specials=True)
+        check(x, to_device(x, "cupy"), "cupy", group_size, "e4m3", "float32", layout)
+
+
 @pytest.mark.parametrize("input_dtype", ["bfloat16", "float16", "float32"])
 @pytest.mark.parametrize("scale", ["float32", "ue8m0"])
 def test_tiny_eps_and_subnormal_groups(input_dtype, scale):

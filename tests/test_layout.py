@@ -131,3 +131,33 @@ def test_dequantize_and_unpack_round_trip(layout):
     error = np.abs(xr - x) / np.maximum(np.abs(x).reshape(9, 8, 128).max(-1).repeat(128, -1), 1e-30)
     assert error.max() <= 2.0**-3  # e4m3 keeps 3 mantissa bits: half-ulp is 1/16, relative to amax
     assert np.median(np.abs(xr - x) / np.abs(x)) < 0.05
+
+
+# the launch grid (kernel-side layout of work) ---------------------------------------------------
+
+
+@pytest.mark.parametrize("layout", ["row", "col", "col_tma", "packed", "packed_row"])
+@pytest.mark.parametrize("lanes", [2, 4, 8, 16, 32])
+def test_block_shape_covers_every_group_with_whole_warps(layout, lanes):
+    from fp8_group_quant import _launch
+
+    rows = _launch.tile_rows(layout, lanes)
+    assert rows & (rows - 1) == 0 and 1 <= rows <= _launch.MAX_TILE_ROWS
+    assert lanes * rows <= _launch.WARP  # a warp never spans two group columns' rows
+    if layout in ("col", "col_tma"):
+        assert rows * 4 >= min(32, _launch.WARP // lanes * 4)  # a warp's scales are one run
+    for groups in [1, 2, 3, 5, 7, 21, 56, 64, 100, 224, 1000, 4097]:
+        threads, blocks = _launch.block_shape(groups, lanes, rows)
+        per_block = threads // (lanes * rows)
+        assert threads <= _launch.MAX_THREADS_PER_BLOCK and threads % _launch.WARP == 0
+        assert per_block * blocks >= groups  # every group has a slot
+        assert per_block * (blocks - 1) < groups  # and no block is empty
+
+
+def test_grid_limit_names_k_for_huge_rows():
+    from fp8_group_quant import _launch
+
+    assert _launch.grid_limits_error(Geometry((4, 128 * 2**20), 128, "row", False), 2) is None
+    too_wide = Geometry((4, 32 * 2**24), 32, "col", False)
+    assert "K=" in _launch.grid_limits_error(too_wide, 2)
+    assert "rows" in _launch.grid_limits_error(Geometry((2**31, 128), 128, "row", False), 2)
