@@ -24,6 +24,7 @@ from ._arrays import (
     device_signature,
     foreign_library,
     from_cupy,
+    pair_allocator,
     pointer,
     stream_getter,
     to_cupy,
@@ -142,7 +143,7 @@ def _quantize_checked(x, group_size, dtype, scale, layout, eps, out, scale_out, 
             )
         return q, scales
 
-    error = _launch.grid_limits_error(geometry)
+    error = _launch.grid_limits_error(geometry, x_info.itemsize)
     if error:
         raise ValueError(error)
     launch = None
@@ -211,6 +212,8 @@ class _Plan:
     """Everything a GPU call of one kind needs: output specs, the launch, the caller's library."""
 
     def __init__(self, x_info: ArrayInfo, geometry: Geometry, fmt, launch):
+        import cupy
+
         if len(_PLANS) >= MAX_PLANS:
             _PLANS.clear()
         # NOTES: no reference to the first input: a cached plan must not pin its memory
@@ -222,10 +225,20 @@ class _Plan:
         self.scale_spec = _scale_spec(geometry)
         self.q_alloc = device_allocator(x_info.kind, x_info.device, *self.q_spec)
         self.scale_alloc = device_allocator(x_info.kind, x_info.device, *self.scale_spec)
+        self.alloc_both = pair_allocator(x_info.kind, x_info.device, self.q_spec, self.scale_spec)
         self.stream = stream_getter(x_info.kind)
+        self._get_device = cupy.cuda.runtime.getDevice
 
     def run(self, x, x_ptr: int, out, scale_out):
+        if self.ready():
+            return self._run(x_ptr, out, scale_out)
         with self.on_device():
+            return self._run(x_ptr, out, scale_out)
+
+    def _run(self, x_ptr: int, out, scale_out):
+        if out is None and scale_out is None:
+            q, q_ptr, scales, scale_ptr = self.alloc_both()
+        else:
             if out is None:
                 q = self.q_alloc()
                 q_ptr = pointer(q, self.kind)
@@ -237,9 +250,15 @@ class _Plan:
             else:
                 scales = scale_out
                 scale_ptr = _output(scale_out, "scale_out", self.x_info, *self.scale_spec)[1].ptr
-            if self.launch is not None:
-                self.launch.launch(x_ptr, q_ptr, scale_ptr, self.stream(self.device))
+        if self.launch is not None:
+            self.launch.launch(x_ptr, q_ptr, scale_ptr, self.stream(self.device))
         return q, scales
+
+    def ready(self) -> bool:
+        """True when the input's device is current and bound to this thread: launch as is."""
+        return self._get_device() == self.device and self.device in _thread_state.__dict__.get(
+            "bound", ()
+        )
 
     def on_device(self):
         """A context making the input's device (and its primary context) current.
@@ -247,14 +266,12 @@ class _Plan:
         NOTES: cuLaunchKernel needs a current context; a thread whose first CUDA call is a
         prepared launch has none until a runtime call binds it, so each thread binds once.
         """
-        import cupy
-
-        device = cupy.cuda.runtime.getDevice()
+        device = self._get_device()
         if device != self.device:
             return _jit.current_device(self.device)
         bound = _thread_state.__dict__.setdefault("bound", set())
         if device not in bound:
-            cupy.cuda.runtime.setDevice(device)
+            _jit.cupy_module().cuda.runtime.setDevice(device)
             bound.add(device)
         return contextlib.nullcontext()
 
@@ -283,11 +300,14 @@ class PreparedQuantize:
                 f"device, 16-byte aligned), got {signature[:6] if signature else type(x)}"
             )
         plan = self._plan
-        if plan.launch is not None:
-            with plan.on_device():
-                plan.launch.launch(
-                    signature[-1], self._q_ptr, self._scale_ptr, plan.stream(plan.device)
-                )
+        launch = plan.launch
+        if launch is not None:
+            if plan.ready():
+                launch.launch(signature[-1], self._q_ptr, self._scale_ptr, plan.stream(plan.device))
+            else:
+                with plan.on_device():  # the stream is read on the input's device
+                    stream = plan.stream(plan.device)
+                    launch.launch(signature[-1], self._q_ptr, self._scale_ptr, stream)
         return self.q, self.scales
 
 
