@@ -19,7 +19,7 @@ MAX_GRID_Y = 65535
 MAX_TILE_ROWS = 8  # eight float scales fill a 32-byte sector
 # Resident waves of blocks the grid holds; each block walks rows with a stride of the grid.
 # 0 launches one block column per row instead. A tuning knob, measured in docs/perf.md.
-WAVES = float(os.environ.get("FP8_GROUP_QUANT_WAVES", "1"))
+WAVES = float(os.environ.get("FP8_GROUP_QUANT_WAVES", "8"))
 
 # template codes, as enums in kernels/common.cuh
 _INPUT_CODE = {"bfloat16": "fgq::kBF16", "float16": "fgq::kF16", "float32": "fgq::kF32"}
