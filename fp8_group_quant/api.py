@@ -291,6 +291,9 @@ class PreparedQuantize:
         self.scales = scales
         self._q_ptr = pointer(q, plan.kind)
         self._scale_ptr = pointer(scales, plan.kind)
+        # bound once: the call below is the eager hot path
+        self._launch = plan.launch.launch if plan.launch is not None else None
+        self._ready, self._stream, self._device = plan.ready, plan.stream, plan.device
 
     def __call__(self, x):
         signature = device_signature(x)
@@ -299,15 +302,13 @@ class PreparedQuantize:
                 f"x: this call was prepared for {self._key[:6]} (library, dtype, shape, strides, "
                 f"device, 16-byte aligned), got {signature[:6] if signature else type(x)}"
             )
-        plan = self._plan
-        launch = plan.launch
+        launch = self._launch
         if launch is not None:
-            if plan.ready():
-                launch.launch(signature[-1], self._q_ptr, self._scale_ptr, plan.stream(plan.device))
+            if self._ready():
+                launch(signature[-1], self._q_ptr, self._scale_ptr, self._stream(self._device))
             else:
-                with plan.on_device():  # the stream is read on the input's device
-                    stream = plan.stream(plan.device)
-                    launch.launch(signature[-1], self._q_ptr, self._scale_ptr, stream)
+                with self._plan.on_device():  # the stream is read on the input's device
+                    launch(signature[-1], self._q_ptr, self._scale_ptr, self._stream(self._device))
         return self.q, self.scales
 
 

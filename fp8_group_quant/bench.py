@@ -12,7 +12,7 @@ plus the scale storage written.
 from __future__ import annotations
 
 import argparse
-import functools
+import gc
 import json
 import math
 import re
@@ -76,18 +76,28 @@ def graph_time_us(cupy, calls, replays: int = 7) -> float:
     return statistics.median(times[1:])
 
 
-def eager_time_us(sync, call, iterations: int = 200) -> float:
-    """Host-inclusive time per call, issuing back to back and synchronising once at the end."""
+def eager_time_us(sync, call, iterations: int = 200, repeats: int = 11) -> float:
+    """Host-inclusive time per call, issuing back to back and synchronising once per repeat.
+
+    NOTES: the garbage collector is paused while timing, as ``timeit`` does: a collection of the
+    whole interpreter's objects landing in one 200-call loop would be charged to these calls.
+    """
     for _ in range(10):
         call()
     sync()
     times = []
-    for _ in range(5):
-        start = time.perf_counter()
-        for _ in range(iterations):
-            call()
-        sync()
-        times.append((time.perf_counter() - start) / iterations * 1e6)
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        for _ in range(repeats):
+            start = time.perf_counter()
+            for _ in range(iterations):
+                call()
+            sync()
+            times.append((time.perf_counter() - start) / iterations * 1e6)
+    finally:
+        if collecting:
+            gc.enable()
     return statistics.median(times)
 
 
@@ -242,16 +252,25 @@ def run_matrix(args) -> list[dict]:
 COLD_START = """
 import time
 start = time.perf_counter()
-import cupy, ml_dtypes, numpy, fp8_group_quant
+import cupy, ml_dtypes, numpy
+cupy.empty(1)  # the CUDA context: every CUDA program pays it before its first kernel
+ready = time.perf_counter()
+import fp8_group_quant
 x = cupy.asarray(numpy.ones((64, 7168), ml_dtypes.bfloat16))
 fp8_group_quant.quantize_packed(x)
 cupy.cuda.runtime.deviceSynchronize()
-print(time.perf_counter() - start)
+end = time.perf_counter()
+print(end - start, end - ready)
 """
 
 
 def cold_start() -> dict:
-    """Seconds for import + first call in a new process: on an empty and on a warm kernel cache."""
+    """Seconds for import + first call in a new process, on an empty and on a warm kernel cache.
+
+    Each is split: numpy, ml_dtypes and cupy imports plus CUDA context creation (paid by any CuPy
+    program), and this package's own share (its import, with the compile or cache load of the
+    default kernel, and the first call).
+    """
     import os
     import subprocess
     import sys
@@ -260,16 +279,20 @@ def cold_start() -> dict:
     result = {}
     with tempfile.TemporaryDirectory() as cache:
         env = dict(os.environ, CUPY_CACHE_DIR=cache)
-        for name in ("fresh_cache_s", "warm_cache_s"):
+        for name in ("fresh_cache", "warm_cache"):
             done = subprocess.run(
                 [sys.executable, "-c", COLD_START], env=env, capture_output=True, text=True
             )
             if done.returncode:
                 raise RuntimeError(f"cold-start run failed:\n{done.stderr}")
-            result[name] = float(done.stdout.split()[-1])
-    fresh, warm = result["fresh_cache_s"], result["warm_cache_s"]
-    print(f"# cold start, import + first call: {fresh:.2f} s on an empty kernel cache (NVRTC")
-    print(f"# included), {warm:.2f} s on a warm one")
+            total, ours = map(float, done.stdout.split()[-2:])
+            result[f"{name}_s"], result[f"{name}_ours_s"] = total, ours
+    print(
+        f"# cold start, import + first call: {result['fresh_cache_s']:.2f} s on an empty kernel "
+        f"cache, NVRTC included ({result['fresh_cache_ours_s']:.2f} s of it this package's), "
+        f"{result['warm_cache_s']:.2f} s on a warm one ({result['warm_cache_ours_s']:.3f} s this "
+        "package's; the rest is importing numpy, ml_dtypes and cupy and creating the CUDA context)"
+    )
     return result
 
 
@@ -335,7 +358,7 @@ def main(argv: list[str]) -> int:
         "--matrix", action="store_true", help="time every supported variant at --m[0] x --k[0]"
     )
     parser.add_argument(
-        "--profile-host", action="store_true", help="profile the host path of one small call"
+        "--profile-host", action="store_true", help="time each host step of one small call"
     )
     args = parser.parse_args(argv)
     import ml_dtypes
@@ -356,33 +379,56 @@ def main(argv: list[str]) -> int:
 
 
 def profile_host(args) -> int:
-    """cProfile of eager calls at M = 1: where the host time of a small call goes."""
-    import cProfile
-    import pstats
-
+    """Where the host time of an eager call at M = 1 goes: each step of the call timed alone."""
     import cupy
-    import torch
 
-    for name, x in (
-        ("cupy", cupy.asarray(np.ones((1, args.k[0]), args.input_dtype_np))),
-        (
-            "torch",
-            torch.ones((1, args.k[0]), dtype=getattr(torch, args.input_dtype), device="cuda"),
-        ),
-    ):
-        call = functools.partial(
-            api.quantize, x, args.group_size, dtype=args.dtype, scale=args.scale, layout=args.layout
-        )
-        for _ in range(100):
-            call()
-        profiler = cProfile.Profile()
-        profiler.enable()
-        for _ in range(2000):
-            call()
-        profiler.disable()
-        print(f"# {name} input, 2000 calls")
-        pstats.Stats(profiler).sort_stats("tottime").print_stats(18)
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    from .__main__ import activation
+
+    host = activation(1, args.k[0], seed=1).astype(args.input_dtype_np)
+    inputs = [("cupy", cupy.asarray(host), cupy.cuda.runtime.deviceSynchronize)]
+    if torch is not None:
+        tensor = torch.from_dlpack(inputs[0][1])
+        inputs.append(("torch", tensor, torch.cuda.synchronize))
+    options = dict(dtype=args.dtype, scale=args.scale, layout=args.layout)
+    print(f"# host time per step of one call, M=1 K={args.k[0]}, us (median of repeats)")
+    for name, x, sync in inputs:
+        print(f"# {name}")
+        for step, (call, step_sync) in _host_steps(x, sync, args, options).items():
+            us = eager_time_us(step_sync or (lambda: None), call, iterations=2000, repeats=5)
+            print(f"{step:<40} {us:7.2f}")
     return 0
+
+
+def _host_steps(x, sync, args, options) -> dict:
+    """The steps of an eager call on ``x``, each as (callable, sync or None)."""
+    from cupy_backends.cuda.api import driver
+
+    from ._arrays import device_signature
+
+    prepared = api.prepare(x, args.group_size, **options)
+    plan, launch = prepared._plan, prepared._plan.launch
+    ptr, stream = device_signature(x)[-1], plan.stream(plan.device)
+    launch_args = (*launch.grid, *launch.block, 0, stream, launch._pointers_address, 0)
+    return {
+        "plain call": (lambda: api.quantize(x, args.group_size, **options), sync),
+        "prepared call": (lambda: prepared(x), sync),
+        "  read the input (device_signature)": (lambda: device_signature(x), None),
+        "  device current and bound (ready)": (plan.ready, None),
+        "  read the stream": (lambda: plan.stream(plan.device), None),
+        "  allocate q and scales (plain only)": (plan.alloc_both, None),
+        "  launch (Launch.launch)": (
+            lambda: launch.launch(ptr, prepared._q_ptr, prepared._scale_ptr, stream),
+            sync,
+        ),
+        "    of which driver.launchKernel": (
+            lambda: driver.launchKernel(launch.handle, *launch_args),
+            sync,
+        ),
+    }
 
 
 def plot(rows: list[dict], path: str) -> None:
