@@ -18,8 +18,10 @@ MAX_GRID_X = 2**31 - 1
 MAX_GRID_Y = 65535
 MAX_TILE_ROWS = 8  # eight float scales fill a 32-byte sector
 # Resident waves of blocks the grid holds; each block walks rows with a stride of the grid.
-# 0 launches one block column per row instead. A tuning knob, measured in docs/perf.md.
-WAVES = float(os.environ.get("FP8_GROUP_QUANT_WAVES", "8"))
+# Unset: waves_for() picks by occupancy. 0 launches one block column per row tile. A tuning knob,
+# measured in docs/perf.md.
+_WAVES_ENV = os.environ.get("FP8_GROUP_QUANT_WAVES")
+WAVES = float(_WAVES_ENV) if _WAVES_ENV else None
 
 # template codes, as enums in kernels/common.cuh
 _INPUT_CODE = {"bfloat16": "fgq::kBF16", "float16": "fgq::kF16", "float32": "fgq::kF32"}
@@ -115,26 +117,39 @@ def grid_limits_error(geometry: Geometry, itemsize: int) -> str | None:
     return None
 
 
-_resident: dict[tuple[int, str, int], int] = {}
+_resident: dict[tuple[int, str, int], tuple[int, int]] = {}
 
 
-def resident_blocks(handle: int, name: str, threads: int, device: int) -> int:
-    """Blocks of ``threads`` threads of the kernel ``handle`` that fit on the whole GPU at once.
+def resident_blocks(handle: int, name: str, threads: int, device: int) -> tuple[int, int]:
+    """(blocks per SM, SMs): how many blocks of ``threads`` threads of the kernel ``handle`` fit.
 
     NOTES: the driver's occupancy calculator, which knows that a block's warps are spread over
     the SM's four sub-partitions (a 7-warp block fits 5 times, not the 6 a plain register count
     suggests); a one-wave grid sized from the plain count ran 1.2 waves and 25% slower.
     """
     key = (device, name, threads)
-    blocks = _resident.get(key)
-    if blocks is None:
+    fit = _resident.get(key)
+    if fit is None:
         import cupy
         from cupy_backends.cuda.api import driver
 
         sms = cupy.cuda.runtime.getDeviceProperties(device)["multiProcessorCount"]
         per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(handle, threads, 0)
-        blocks = _resident[key] = max(1, per_sm) * sms
-    return blocks
+        fit = _resident[key] = (max(1, per_sm), sms)
+    return fit
+
+
+def waves_for(blocks_per_sm: int) -> float:
+    """Resident waves of blocks a launch's grid holds (FP8_GROUP_QUANT_WAVES overrides).
+
+    NOTES: measured on the H200 (docs/perf.md, runs 5-9), K = 7168: kernels that fit six blocks
+    per SM run best with eight waves of short-lived blocks (M = 16384: 85.7 us against 94.0 with
+    one wave, whose fixed share of 41 rows per block ended unevenly); kernels that fit five (the
+    48-register instantiations) run best with one (M = 8192: 45.0 us against 46.9 with eight).
+    """
+    if WAVES is not None:
+        return WAVES
+    return 8.0 if blocks_per_sm >= 6 else 1.0
 
 
 class Launch:
@@ -193,12 +208,14 @@ def prepare(
     threads, blocks_per_row = block_shape(geometry.groups, key.lanes_per_group, rows)
     function = _jit.get_function(SOURCE, key.name_expression, device)
     tiles = -(-geometry.batches * geometry.grid_rows // rows)
-    # NOTES: one wave of resident blocks; each walks its share of the tiles, prefetching the next
+    # NOTES: a few waves of resident blocks (waves_for); each walks tiles, prefetching the next
     row_blocks = min(tiles, MAX_GRID_X)
     with _jit.current_device(device):  # RawKernel.kernel is the function of the current device
         handle = function.kernel.ptr
-        if WAVES > 0:
-            capacity = int(WAVES * resident_blocks(handle, key.name_expression, threads, device))
+        per_sm, sms = resident_blocks(handle, key.name_expression, threads, device)
+        waves = waves_for(per_sm)
+        if waves > 0:
+            capacity = int(waves * per_sm * sms)
             row_blocks = min(tiles, max(1, capacity // blocks_per_row))
     s_batch, s_row, s_column = geometry.scale_kernel_strides
     values = (
