@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import re
 import threading
 from functools import cache
 from pathlib import Path
@@ -72,14 +73,43 @@ def _fingerprint(directory: Path) -> str:
 
 @cache
 def source_text(filename: str) -> str:
-    """The source of ``filename`` with a fingerprint of every file in ``kernels/`` on line 1.
+    """The source of ``filename``, its ``kernels/`` includes inlined, with a fingerprint of every
+    file in ``kernels/`` on line 1.
 
-    NOTES: CuPy's disk cache keys on the source string and options only, not on included files;
-    the fingerprint line makes an edited header produce a new cache entry.
+    NOTES: NVRTC looks for a quoted include beside the program first, and a program compiled
+    from a string sits in the process's working directory: a stray ``common.cuh`` there was
+    compiled instead of ours (seen in CI, run from /tmp). Inlining the includes, with ``#line``
+    marks so that errors still name the header, makes the text self-contained. CuPy's disk cache
+    keys on the source string and options only; the fingerprint line keeps that key honest too.
     """
     directory = kernel_dir()
-    text = (directory / filename).read_text()
-    return f"// fp8_group_quant kernels fingerprint {_fingerprint(directory)}\n{text}"
+    text = _inline_includes(directory, filename, set())
+    return (
+        f"// fp8_group_quant kernels fingerprint {_fingerprint(directory)}\n"
+        f'#line 1 "{filename}"\n{text}'
+    )
+
+
+_QUOTED_INCLUDE = re.compile(r'\s*#\s*include\s*"([^"]+)"')
+
+
+def _inline_includes(directory: Path, filename: str, seen: set[str]) -> str:
+    """``filename`` with each quoted include of a file in ``directory`` replaced by its text
+    (once per file, as ``#pragma once`` would), numbered with ``#line`` marks."""
+    lines = []
+    for number, line in enumerate((directory / filename).read_text().splitlines(), 1):
+        include = _QUOTED_INCLUDE.fullmatch(line)
+        if include and (directory / include.group(1)).is_file():
+            name = include.group(1)
+            if name not in seen:
+                seen.add(name)
+                lines += [f'#line 1 "{name}"', _inline_includes(directory, name, seen)]
+            lines.append(f'#line {number + 1} "{filename}"')
+        elif line.strip() == "#pragma once":
+            lines.append("")  # the inlining does its work; keeps the line numbers
+        else:
+            lines.append(line)
+    return "\n".join(lines)
 
 
 def nvrtc_options() -> tuple[str, ...]:

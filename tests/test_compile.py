@@ -60,6 +60,29 @@ def test_jit_layer_compiles_a_toy_kernel(tmp_path, monkeypatch):
         _jit._fingerprint.cache_clear()
 
 
+def test_a_header_in_the_working_directory_cannot_replace_ours(tmp_path, monkeypatch):
+    # NVRTC resolves a quoted include beside the program, i.e. in the working directory, first
+    (tmp_path / "common.cuh").write_text('#error "the working directory\'s common.cuh"\n')
+    monkeypatch.chdir(tmp_path)
+    source = _jit.source_text(_launch.SOURCE)
+    assert "#include" not in source  # self-contained: nothing left for NVRTC to look up
+    _jit.compile_offline(_launch.SOURCE, [_launch.DEFAULT_KEY.name_expression], "sm_90")
+
+
+def test_compile_errors_name_the_header_and_line(tmp_path, monkeypatch):
+    (tmp_path / "main.cu").write_text('#include "part.cuh"\n__global__ void k() {}\n')
+    (tmp_path / "part.cuh").write_text("#pragma once\n\nint broken = ;\n")
+    monkeypatch.setenv(_jit.KERNEL_DIR_ENV, str(tmp_path))
+    _jit.source_text.cache_clear()
+    _jit._fingerprint.cache_clear()
+    try:
+        with pytest.raises(_jit.CompileError, match=r"part\.cuh\(3\)"):
+            _jit.compile_offline("main.cu", ["k"], "sm_90")
+    finally:
+        _jit.source_text.cache_clear()
+        _jit._fingerprint.cache_clear()
+
+
 def test_the_jit_layer_does_not_import_quantization_code():
     import ast
     import inspect
