@@ -151,6 +151,7 @@ def test_every_combination(input_dtype, group_size, dtype, scale, layout):
     check(x, to_device(x, lib), *args)
 
 
+# tiles of 8, 4 and 4 rows (2, 8 and 8 lanes per group), and the row layout's single rows
 @pytest.mark.parametrize("layout", ["col", "col_tma", "row"])
 @pytest.mark.parametrize(
     "input_dtype, group_size", [("bfloat16", 32), ("float32", 64), ("float16", 128)]

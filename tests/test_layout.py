@@ -136,6 +136,7 @@ def test_dequantize_and_unpack_round_trip(layout):
 # the launch grid (kernel-side layout of work) ---------------------------------------------------
 
 
+# every layout (tiles differ by layout) x every lane count a group can have (G * itemsize / 32)
 @pytest.mark.parametrize("layout", ["row", "col", "col_tma", "packed", "packed_row"])
 @pytest.mark.parametrize("lanes", [2, 4, 8, 16, 32])
 def test_block_shape_covers_every_group_with_whole_warps(layout, lanes):
