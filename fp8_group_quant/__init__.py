@@ -9,6 +9,7 @@ from .api import (
     quantize,
     quantize_packed,
     unpack_scales,
+    warmup,
 )
 
 __all__ = [
@@ -21,5 +22,6 @@ __all__ = [
     "quantize",
     "quantize_packed",
     "unpack_scales",
+    "warmup",
 ]
 __version__ = "0.1.0"

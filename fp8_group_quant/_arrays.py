@@ -16,18 +16,6 @@ NUMPY = "numpy"
 CUPY = "cupy"
 TORCH = "torch"
 
-# dtype names as this library spells them, per library's own dtype objects
-_TORCH_NAMES = {
-    "torch.bfloat16": "bfloat16",
-    "torch.float16": "float16",
-    "torch.float32": "float32",
-    "torch.float8_e4m3fn": "float8_e4m3fn",
-    "torch.float8_e5m2": "float8_e5m2",
-    "torch.uint8": "uint8",
-    "torch.int8": "int8",
-    "torch.int32": "int32",
-}
-
 
 @dataclass(frozen=True)
 class ArrayInfo:
@@ -49,7 +37,7 @@ def describe(array, name: str) -> ArrayInfo:
     """Read what the launch layer needs from ``array``; ``name`` is used in errors."""
     torch = _torch()
     if torch is not None and isinstance(array, torch.Tensor):
-        dtype = _TORCH_NAMES.get(str(array.dtype), str(array.dtype))
+        dtype = str(array.dtype).removeprefix("torch.")  # torch.bfloat16 -> bfloat16
         if array.device.type != "cuda":
             raise TypeError(
                 f"{name}: torch tensors must be on a CUDA device, got device {array.device}"
@@ -147,8 +135,9 @@ def _c_strides(shape) -> tuple[int, ...]:
 def device_allocator(kind: str, device: int, shape, strides, storage: int, dtype: str):
     """A function allocating a ``shape``/``strides`` array over ``storage`` elements.
 
-    ``dtype`` is this library's name ("float8_e4m3fn", "int8", "int32", "float32"); cupy has no
-    float8 type, so float8 outputs are uint8 there. Runs on the current device.
+    ``dtype`` is the dtype's name in the caller's library ("float8_e4m3fn", "int8", "int32",
+    "float32"; cupy has no float8 type, so its callers pass the uint8 container). Runs on the
+    current device.
     """
     shape, strides = tuple(shape), tuple(strides)
     contiguous = storage == math.prod(shape) and strides == _c_strides(shape)
@@ -207,8 +196,8 @@ def pair_allocator(kind: str, device: int, first, second):
 
 
 def _cupy_spec(shape, strides, storage: int, dtype: str):
-    """(shape, byte strides, storage, numpy dtype) of a cupy array; float8 codes are uint8."""
-    np_dtype = np.dtype("uint8" if dtype.startswith("float8") else dtype)
+    """(shape, byte strides, storage, numpy dtype) of a cupy array."""
+    np_dtype = np.dtype(dtype)
     return tuple(shape), tuple(s * np_dtype.itemsize for s in strides), storage, np_dtype
 
 

@@ -1,17 +1,24 @@
-"""Find ``kernels/``, fingerprint it, compile with NVRTC and cache the result per device.
+"""Find ``kernels/``, fingerprint it, compile with NVRTC, cache binaries on disk, load per device.
 
-This module knows nothing about quantization: it turns (source file, template name expression)
-into a loaded CuPy function. ``compile_offline`` runs NVRTC without a GPU for a given
-architecture, which is how CI proves that every instantiation compiles for sm_90, sm_100 and
-sm_120.
+This module knows nothing about quantization: it turns (source file, template name expressions)
+into loaded CuPy functions. Compiling needs no CUDA context: NVRTC is called directly for the
+architecture a context-free driver query reports, and the binary is cached on disk under a key
+of the source text (every file in ``kernels/`` fingerprinted), the options, the architecture and
+the NVRTC version. Loading (``cupy.RawModule(path=...)``) happens on first use on each device.
+``compile_offline`` is the same compile without the cache, which is how CI proves that every
+instantiation compiles for sm_90, sm_100 and sm_120 on a machine without a GPU.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import hashlib
+import json
+import logging
 import os
 import re
+import tempfile
 import threading
 from functools import cache
 from pathlib import Path
@@ -19,19 +26,27 @@ from pathlib import Path
 __all__ = [
     "CompileError",
     "GpuUnavailableError",
+    "cache_dir",
+    "compile_cached",
     "compile_offline",
+    "compute_capability",
     "current_device",
+    "device_count",
     "get_function",
-    "preload",
     "kernel_dir",
     "nvrtc_options",
+    "precompile",
+    "preload",
     "source_text",
 ]
 
+log = logging.getLogger("fp8_group_quant")
+
 KERNEL_DIR_ENV = "FP8_GROUP_QUANT_KERNEL_DIR"
+CACHE_DIR_ENV = "FP8_GROUP_QUANT_CACHE_DIR"
 KERNEL_SUFFIXES = (".cu", ".cuh")
-# Options CuPy's RawModule adds on its own (cupy/cuda/compiler.py); compile_offline adds them
-# too, so the offline check compiles exactly what a GPU machine compiles.
+# Options CuPy's RawModule adds on its own (cupy/cuda/compiler.py); we pass them too, so the
+# binaries equal those CuPy compiled for earlier versions (and their measured speed).
 CUPY_ADDED_OPTIONS = ("--device-as-default-execution-space", "-ftz=true")
 
 
@@ -113,12 +128,13 @@ def _inline_includes(directory: Path, filename: str, seen: set[str]) -> str:
 
 
 def nvrtc_options() -> tuple[str, ...]:
-    """NVRTC options we pass (CuPy adds the architecture and ``CUPY_ADDED_OPTIONS``)."""
-    return ("--std=c++17", f"-I{kernel_dir()}")
+    """NVRTC options of every compile, but the architecture."""
+    return ("--std=c++17", *CUPY_ADDED_OPTIONS)
 
 
 _functions: dict[tuple[int, str, str], object] = {}
-_lock = threading.Lock()
+_modules: list = []  # loaded modules stay alive with the functions taken from them
+_lock = threading.RLock()
 
 
 def cupy_module():
@@ -145,6 +161,189 @@ def _raise_if_nvrtc_missing(error: BaseException) -> None:
         raise GpuUnavailableError(f"{NVRTC_HINT} ({error})") from error
 
 
+# devices, without a CUDA context ----------------------------------------------------------------
+
+_CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75
+_CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76
+
+
+@cache
+def _driver():
+    """The CUDA driver library, initialised, or None where there is none.
+
+    NOTES: cuInit, cuDeviceGetCount and cuDeviceGetAttribute create no context and select no
+    device, unlike the runtime calls CuPy makes to compile: importing the package must not
+    allocate on GPU 0 in a serving worker that has not chosen its device yet.
+    """
+    for name in ("libcuda.so.1", "libcuda.so", "nvcuda.dll"):
+        try:
+            library = ctypes.CDLL(name)
+        except OSError:
+            continue
+        return library if library.cuInit(0) == 0 else None
+    return None
+
+
+def device_count() -> int:
+    """CUDA devices visible to this process (0 without a driver); creates no context."""
+    driver = _driver()
+    count = ctypes.c_int(0)
+    if driver is None or driver.cuDeviceGetCount(ctypes.byref(count)) != 0:
+        return 0
+    return count.value
+
+
+def compute_capability(device: int) -> tuple[int, int]:
+    """(major, minor) of ``device``; creates no context."""
+    driver = _driver()
+    if driver is None:
+        raise GpuUnavailableError("no CUDA driver: the CUDA kernels need an NVIDIA GPU and driver")
+    handle, major, minor = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
+    status = driver.cuDeviceGet(ctypes.byref(handle), device)
+    status = status or driver.cuDeviceGetAttribute(
+        ctypes.byref(major), _CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, handle
+    )
+    status = status or driver.cuDeviceGetAttribute(
+        ctypes.byref(minor), _CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, handle
+    )
+    if status:
+        raise GpuUnavailableError(f"device {device}: the CUDA driver answered error {status}")
+    return major.value, minor.value
+
+
+def _nvrtc():
+    try:
+        from cupy_backends.cuda.libs import nvrtc
+    except ImportError as error:
+        cupy_module()  # the install hint when CuPy itself is missing
+        _raise_if_nvrtc_missing(error)
+        raise
+    return nvrtc
+
+
+def target_for(capability: tuple[int, int]) -> str:
+    """The NVRTC target of a device: ``sm_XY`` when NVRTC knows it, else PTX of the newest
+    architecture it knows (``compute_XY``), which the driver compiles for the device."""
+    wanted = capability[0] * 10 + capability[1]
+    try:
+        supported = [int(a) for a in _nvrtc().getSupportedArchs()]
+    except (ImportError, OSError, RuntimeError) as error:
+        _raise_if_nvrtc_missing(error)
+        raise
+    if wanted in supported:
+        return f"sm_{wanted}"
+    older = [a for a in supported if a <= wanted]
+    if not older:
+        raise CompileError(f"NVRTC supports none of the architectures up to sm_{wanted}")
+    return f"compute_{max(older)}"
+
+
+# compiling ----------------------------------------------------------------------------------------
+
+
+def _nvrtc_compile(filename: str, name_expressions, target: str, extra=()):
+    """(binary, lowered names, log) of ``name_expressions`` from ``filename`` for ``target``."""
+    nvrtc = _nvrtc()
+    try:
+        program = nvrtc.createProgram(source_text(filename), filename, [], [])
+    except (OSError, RuntimeError) as error:
+        _raise_if_nvrtc_missing(error)
+        raise
+    try:
+        for expression in name_expressions:
+            nvrtc.addNameExpression(program, expression)
+        try:
+            nvrtc.compileProgram(program, [*nvrtc_options(), f"-arch={target}", *extra])
+        except nvrtc.NVRTCError as error:
+            raise CompileError(
+                f"NVRTC failed to compile {filename} for {target}:\n{nvrtc.getProgramLog(program)}"
+            ) from error
+        ptx = target.startswith("compute_")
+        binary = nvrtc.getPTX(program) if ptx else nvrtc.getCUBIN(program)
+        if not binary:
+            raise CompileError(f"NVRTC produced no {'PTX' if ptx else 'cubin'} for {target}")
+        lowered = {e: nvrtc.getLoweredName(program, e) for e in name_expressions}
+        return binary, lowered, nvrtc.getProgramLog(program)
+    finally:
+        nvrtc.destroyProgram(program)
+
+
+def cache_dir() -> Path:
+    """``$FP8_GROUP_QUANT_CACHE_DIR``, else ``$XDG_CACHE_HOME/fp8_group_quant``, else
+    ``~/.cache/fp8_group_quant``."""
+    override = os.environ.get(CACHE_DIR_ENV)
+    if override:
+        return Path(override)
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "fp8_group_quant"
+
+
+def compile_cached(filename: str, name_expressions, target: str) -> tuple[Path, dict[str, str]]:
+    """(path of the binary, lowered name of each expression), compiled once per key.
+
+    The key hashes the source text (which carries the fingerprint of every file in
+    ``kernels/``), the options, the target, the expressions and the NVRTC version. Files are
+    written to a temporary name and renamed, so concurrent processes never read half a binary.
+    """
+    name_expressions = tuple(name_expressions)
+    key = hashlib.sha256(
+        json.dumps(
+            [source_text(filename), nvrtc_options(), target, name_expressions, nvrtc_version()]
+        ).encode()
+    ).hexdigest()[:32]
+    directory = cache_dir()
+    stem = f"{Path(filename).stem}-{target}-{key}"
+    binary_path = directory / (stem + (".ptx" if target.startswith("compute_") else ".cubin"))
+    names_path = directory / (stem + ".json")
+    try:
+        lowered = json.loads(names_path.read_text())
+        if binary_path.is_file() and set(lowered) == set(name_expressions):
+            return binary_path, lowered
+    except (OSError, ValueError):
+        pass
+    binary, lowered, _ = _nvrtc_compile(filename, name_expressions, target)
+    directory.mkdir(parents=True, exist_ok=True)
+    _write_atomically(binary_path, binary if isinstance(binary, bytes) else binary.encode())
+    _write_atomically(names_path, json.dumps(lowered).encode())
+    return binary_path, lowered
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    try:
+        with os.fdopen(handle, "wb") as file:
+            file.write(data)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+
+
+def precompile(filename: str, name_expressions) -> dict[str, BaseException]:
+    """Compile ``name_expressions`` for every architecture among the visible devices into the
+    disk cache, creating no CUDA context. Returns the failures by target, each also logged with
+    its NVRTC log; the first call that needs the kernel raises it again."""
+    failures: dict[str, BaseException] = {}
+    targets = set()
+    for device in range(device_count()):
+        try:
+            targets.add(target_for(compute_capability(device)))
+        except Exception as error:  # the driver or NVRTC is unusable: say so, do not hide it
+            failures[f"device {device}"] = error
+    for target in sorted(targets):
+        try:
+            compile_cached(filename, name_expressions, target)
+        except Exception as error:
+            failures[target] = error
+    for where, error in failures.items():
+        log.warning("fp8_group_quant: could not compile %s for %s: %s", filename, where, error)
+    return failures
+
+
+# loading, once per device -------------------------------------------------------------------------
+
+
 @contextlib.contextmanager
 def current_device(device: int):
     """Make ``device`` current, binding its primary context to this thread, then restore.
@@ -163,92 +362,62 @@ def current_device(device: int):
             runtime.setDevice(previous)
 
 
-def get_function(filename: str, name_expression: str, device: int):
-    """Compile (or load from CuPy's cache) one instantiation and return it for ``device``.
+def _load(filename: str, name_expressions, device: int) -> None:
+    """Compile (or take from the disk cache) and load ``name_expressions`` on ``device``."""
+    cupy = cupy_module()
+    path, lowered = compile_cached(
+        filename, name_expressions, target_for(compute_capability(device))
+    )
+    with current_device(device):
+        module = cupy.RawModule(path=str(path))
+        for expression in name_expressions:
+            function = module.get_function(lowered[expression])
+            _ = function.kernel  # load the module on this device now, not at the first launch
+            _functions[(device, filename, expression)] = function
+        _modules.append(module)
 
-    Memoised per (device, file, name expression); thread safe.
+
+def get_function(filename: str, name_expression: str, device: int):
+    """One instantiation as a CuPy ``RawKernel`` loaded on ``device``.
+
+    Memoised per (device, file, name expression); thread safe: sixteen threads asking at once
+    compile and load it once.
     """
     key = (device, filename, name_expression)
     function = _functions.get(key)
-    if function is not None:
-        return function
-    cupy = cupy_module()
-    with _lock:
-        function = _functions.get(key)
-        if function is None:
-            with current_device(device):
-                module = cupy.RawModule(
-                    code=source_text(filename),
-                    options=nvrtc_options(),
-                    name_expressions=(name_expression,),
-                )
-                try:
-                    function = module.get_function(name_expression)
-                except cupy.cuda.compiler.CompileException as error:
-                    raise CompileError(
-                        f"NVRTC failed to compile {name_expression} from {filename}:\n"
-                        f"{error.get_message()}"
-                    ) from error
-                except (ImportError, OSError, RuntimeError) as error:
-                    _raise_if_nvrtc_missing(error)
-                    raise
-            _functions[key] = function
+    if function is None:
+        with _lock:
+            if key not in _functions:
+                _load(filename, (name_expression,), device)
+            function = _functions[key]
     return function
 
 
-def preload(filename: str, name_expressions: list[str], device: int) -> None:
-    """Compile many instantiations in one NVRTC call (far faster than one call each)."""
-    cupy = cupy_module()
-    missing = [e for e in name_expressions if (device, filename, e) not in _functions]
-    if not missing:
-        return
-    with _lock, current_device(device):
-        module = cupy.RawModule(
-            code=source_text(filename), options=nvrtc_options(), name_expressions=tuple(missing)
-        )
-        try:
-            for expression in missing:
-                _functions[(device, filename, expression)] = module.get_function(expression)
-        except cupy.cuda.compiler.CompileException as error:
-            raise CompileError(
-                f"NVRTC failed to compile {filename}:\n{error.get_message()}"
-            ) from error
+def preload(filename: str, name_expressions, device: int) -> None:
+    """Compile many instantiations in one NVRTC call (far faster than one call each) and load
+    them on ``device``."""
+    with _lock:
+        missing = [e for e in name_expressions if (device, filename, e) not in _functions]
+        if missing:
+            _load(filename, missing, device)
 
 
 def compile_offline(
     filename: str, name_expressions: list[str], arch: str, report: list | None = None
 ) -> dict[str, str]:
-    """Compile instantiations with NVRTC for ``arch`` (e.g. ``"sm_90"``) without a GPU.
+    """Compile instantiations with NVRTC for ``arch`` (e.g. ``"sm_90"``) without a GPU or the
+    cache.
 
     Returns the lowered (mangled) name of each expression; raises CompileError with the log.
     Given a ``report`` list, also asks ptxas for its resource usage (registers, spills) and
     appends the log lines to it.
     """
-    from cupy_backends.cuda.libs import nvrtc
-
-    program = nvrtc.createProgram(source_text(filename), filename, [], [])
-    try:
-        for expression in name_expressions:
-            nvrtc.addNameExpression(program, expression)
-        options = [*nvrtc_options(), *CUPY_ADDED_OPTIONS, f"-arch={arch}"]
-        if report is not None:
-            options.append("--ptxas-options=-v")
-        try:
-            nvrtc.compileProgram(program, options)
-        except nvrtc.NVRTCError as error:
-            raise CompileError(
-                f"NVRTC failed to compile {filename} for {arch}:\n{nvrtc.getProgramLog(program)}"
-            ) from error
-        if not nvrtc.getCUBIN(program):
-            raise CompileError(f"NVRTC produced no cubin for {arch}")
-        if report is not None:
-            report.extend(nvrtc.getProgramLog(program).splitlines())
-        return {e: nvrtc.getLoweredName(program, e) for e in name_expressions}
-    finally:
-        nvrtc.destroyProgram(program)
+    extra = ("--ptxas-options=-v",) if report is not None else ()
+    _, lowered, log_text = _nvrtc_compile(filename, name_expressions, arch, extra)
+    if report is not None:
+        report.extend(log_text.splitlines())
+    return lowered
 
 
 def nvrtc_version() -> tuple[int, int]:
-    from cupy_backends.cuda.libs import nvrtc
-
-    return tuple(nvrtc.getVersion())
+    return tuple(_nvrtc().getVersion())

@@ -1,18 +1,19 @@
-"""Kernel key, grid and block arithmetic, argument packing for kernels/quantize.cu."""
+"""Kernel key, grid and block arithmetic, and the Params struct of kernels/quantize.cu."""
 
 from __future__ import annotations
 
 import ctypes
 import os
+import re
 import threading
 from dataclasses import dataclass
+from functools import cache
 
 from . import _jit
-from ._layout import COLUMN_LAYOUTS, PACKED_LAYOUTS, TMA_LAYOUTS, Geometry
+from ._layout import SCALE_LAYOUTS, Geometry
+from ._spec import GROUP_SIZES, INPUT_TYPES, OUTPUT_FORMATS, SCALE_FORMATS, UE8M0_FLOOR
 
 SOURCE = "quantize.cu"
-LANE_BYTES = 32  # input bytes held by one lane: two 16-byte loads
-MAX_THREADS_PER_BLOCK = 256  # kMaxThreads in kernels/quantize.cu
 WARP = 32
 MAX_GRID_X = 2**31 - 1
 MAX_GRID_Y = 65535
@@ -23,69 +24,113 @@ MAX_TILE_ROWS = 8  # eight float scales fill a 32-byte sector
 _WAVES_ENV = os.environ.get("FP8_GROUP_QUANT_WAVES")
 WAVES = float(_WAVES_ENV) if _WAVES_ENV else None
 
-# template codes, as enums in kernels/common.cuh
-_INPUT_CODE = {"bfloat16": "fgq::kBF16", "float16": "fgq::kF16", "float32": "fgq::kF32"}
-_INPUT_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
-_OUTPUT_CODE = {"e4m3": "fgq::kE4M3", "e5m2": "fgq::kE5M2", "int8": "fgq::kInt8"}
-_SCALE_CODE = {
-    "float32": "fgq::kFloatScale",
-    "ue8m0": "fgq::kPow2Scale",
-    "packed": "fgq::kPackedUE8M0",
+
+# facts the kernel sources define, read from them -----------------------------------------------
+
+
+@cache
+def cpp_constant(name: str) -> int:
+    """The value of ``constexpr int name = value;`` in the kernel sources."""
+    pattern = re.compile(rf"^\s*constexpr int {name} = (\d+);", re.MULTILINE)
+    for path in sorted(_jit.kernel_dir().glob("*.cu*")):
+        match = pattern.search(path.read_text())
+        if match:
+            return int(match.group(1))
+    raise LookupError(f"constexpr int {name} is not defined in {_jit.kernel_dir()}")
+
+
+def lane_bytes() -> int:
+    """Input bytes one lane holds (kLaneWords 32-bit words)."""
+    return 4 * cpp_constant("kLaneWords")
+
+
+def max_threads_per_block() -> int:
+    return cpp_constant("kMaxThreads")
+
+
+_CTYPES = {
+    "const void*": ctypes.c_uint64,
+    "u8*": ctypes.c_uint64,
+    "i64": ctypes.c_int64,
+    "u32": ctypes.c_uint32,
+    "int": ctypes.c_int32,
+    "float": ctypes.c_float,
 }
+_FIELD = re.compile(r"^\s*(const void\*|u8\*|i64|u32|int|float)\s+(\w+);", re.MULTILINE)
+
+
+@cache
+def params_type() -> type[ctypes.Structure]:
+    """The ctypes mirror of ``struct Params`` in kernels/params.cuh, read from that file."""
+    text = (_jit.kernel_dir() / "params.cuh").read_text()
+    body = re.search(r"struct Params \{(.*?)\n\};", text, re.DOTALL)
+    if body is None:
+        raise LookupError("struct Params not found in params.cuh")
+    fields = [(name, _CTYPES[kind]) for kind, name in _FIELD.findall(body.group(1))]
+    return type("Params", (ctypes.Structure,), {"_fields_": fields})
+
+
+# the kernel key ---------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class KernelKey:
     """Everything that changes the binary. Shapes are launch arguments, not part of the key."""
 
-    input_dtype: str  # bfloat16 | float16 | float32
+    input_dtype: str  # a key of _spec.INPUT_TYPES
     group_size: int
-    output: str  # e4m3 | e5m2 | int8
-    scale_kind: str  # float32 | ue8m0 (power-of-two floats) | packed (UE8M0 bytes in int32)
+    output: str  # a key of _spec.OUTPUT_FORMATS
+    scale: str  # a key of _spec.SCALE_FORMATS
+    layout_trait: str  # a ScaleLayout.kernel_trait: the address function
     vec16: bool  # input base and strides 16-byte aligned: vector loads
 
     @property
     def lanes_per_group(self) -> int:
-        return self.group_size * _INPUT_BYTES[self.input_dtype] // LANE_BYTES
-
-    @property
-    def values_per_lane(self) -> int:
-        return LANE_BYTES // _INPUT_BYTES[self.input_dtype]
+        return self.group_size * INPUT_TYPES[self.input_dtype].itemsize // lane_bytes()
 
     @property
     def name_expression(self) -> str:
         return (
-            f"fgq::quantize_groups<{_INPUT_CODE[self.input_dtype]}, {self.group_size}, "
-            f"{_OUTPUT_CODE[self.output]}, {_SCALE_CODE[self.scale_kind]}, "
+            f"fgq::quantize_groups<{INPUT_TYPES[self.input_dtype].kernel_trait}, "
+            f"{self.group_size}, {OUTPUT_FORMATS[self.output].kernel_trait}, "
+            f"{SCALE_FORMATS[self.scale].kernel_trait}, {self.layout_trait}, "
             f"{'true' if self.vec16 else 'false'}>"
         )
 
 
-def scale_kind(scale: str, layout: str) -> str:
-    return "packed" if layout in PACKED_LAYOUTS else scale
-
-
 def all_kernel_keys() -> list[KernelKey]:
     """Every instantiation the library can launch."""
+    traits = {}  # the layouts' address functions, each with whether it needs UE8M0
+    for layout in SCALE_LAYOUTS.values():
+        traits[layout.kernel_trait] = layout.needs_ue8m0
     return [
-        KernelKey(i, g, o, s, v)
-        for i in _INPUT_CODE
-        for g in (32, 64, 128, 256)
-        for o in _OUTPUT_CODE
-        for s in _SCALE_CODE
+        KernelKey(i, g, o, s, trait, v)
+        for i in INPUT_TYPES
+        for g in GROUP_SIZES
+        for o in OUTPUT_FORMATS
+        for s, scale in SCALE_FORMATS.items()
+        for trait, needs_ue8m0 in traits.items()
+        if scale.power_of_two or not needs_ue8m0
         for v in (True, False)
     ]
 
 
-def tile_rows(layout: str, lanes: int) -> int:
-    """Consecutive rows a block covers: one, or for the column-major float layouts enough that
-    a warp stores a contiguous run of scales (eight: one 32-byte sector) rather than one
+DEFAULT_KEY = KernelKey("bfloat16", 128, "e4m3", "ue8m0", "fgq::kPackedExponents", True)
+
+
+# grid and block ---------------------------------------------------------------------------------
+
+
+def tile_rows(layout, lanes: int) -> int:
+    """Consecutive rows a block covers: one, or for the MN-major float layouts enough that a
+    warp stores a contiguous run of scales (eight: one 32-byte sector) rather than one
     scattered word per group. A power of two; a warp never spans more than one group column.
 
     NOTES: run 6 had G = 32 col / col_tma at 1.24-1.46x the baseline's time per byte against
     1.01-1.03x for the row layouts: four times the groups, each a separate 4-byte store.
     """
-    if layout not in COLUMN_LAYOUTS:
+    layout = SCALE_LAYOUTS[layout] if isinstance(layout, str) else layout
+    if not layout.mn_major or layout.scales_per_word > 1:
         return 1
     return max(1, min(MAX_TILE_ROWS, WARP // lanes))
 
@@ -93,11 +138,11 @@ def tile_rows(layout: str, lanes: int) -> int:
 def block_shape(groups: int, lanes: int, rows: int = 1) -> tuple[int, int]:
     """(threads per block, blocks per row tile) for tiles of ``rows`` rows of ``groups`` groups.
 
-    NOTES: a row tile is split into the fewest blocks of at most MAX_THREADS_PER_BLOCK threads,
-    groups spread evenly (ceil division) and rounded up to whole warps; the kernel drops the
-    surplus groups of the last block by a bounds check.
+    NOTES: a row tile is split into the fewest blocks of at most kMaxThreads threads, groups
+    spread evenly (ceil division) and rounded up to whole warps; the kernel drops the surplus
+    groups of the last block by a bounds check.
     """
-    blocks = -(-groups * lanes * rows // MAX_THREADS_PER_BLOCK)
+    blocks = -(-groups * lanes * rows // max_threads_per_block())
     groups_per_block = -(-groups // blocks)
     groups_per_warp = max(1, WARP // (lanes * rows))
     groups_per_block = -(-groups_per_block // groups_per_warp) * groups_per_warp
@@ -109,7 +154,7 @@ def grid_limits_error(geometry: Geometry, itemsize: int) -> str | None:
     total_rows = geometry.batches * geometry.grid_rows
     if total_rows >= 2**31:
         return f"x: {total_rows} rows (batches included) exceed the 2**31 - 1 the kernel indexes"
-    lanes = geometry.group_size * itemsize // LANE_BYTES
+    lanes = geometry.group_size * itemsize // lane_bytes()
     rows = tile_rows(geometry.layout, lanes)
     threads, blocks_per_row = block_shape(geometry.groups, lanes, rows)
     if blocks_per_row > MAX_GRID_Y:
@@ -152,58 +197,70 @@ def waves_for(blocks_per_sm: int) -> float:
     return 8.0 if blocks_per_sm >= 6 else 1.0
 
 
-class Launch:
-    """One instantiation with its grid and packed arguments, for a fixed geometry.
+# the launch -------------------------------------------------------------------------------------
 
-    Only the three pointers change between calls; ``launch`` writes them into the prepacked
-    argument block and calls cuLaunchKernel directly, skipping CuPy's per-call argument packing.
+
+class Launch:
+    """One instantiation with its grid and its Params, for a fixed geometry.
+
+    Only the three pointers change between calls; ``launch`` writes them into the prepared
+    Params and calls cuLaunchKernel directly, skipping CuPy's per-call argument packing.
     """
 
-    # argument types, in the order of quantize_groups' parameters
-    _ARG_TYPES = (
-        ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint64,  # x, q, scales
-        ctypes.c_uint32, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_int32,  # rows .. groups
-        ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,  # x batch, x row, q batch strides
-        ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,  # scale strides
-        ctypes.c_int32, ctypes.c_int32, ctypes.c_float,  # pad_q, pad_scales, eps
-        ctypes.c_int32,  # tile_rows_log2
-    )  # fmt: skip
-
-    def __init__(self, handle: int, grid, block, values):
+    def __init__(self, handle: int, grid, block, params: ctypes.Structure):
         from cupy_backends.cuda.api import driver
 
         self.handle = handle
         self.grid = grid
         self.block = block
-        # the three pointers share one array, written per call; the rest are fixed
-        self._pointer_block = (ctypes.c_uint64 * 3)()
-        self._args = [
-            kind(value) for kind, value in zip(self._ARG_TYPES[3:], values[3:], strict=True)
-        ]
-        base = ctypes.addressof(self._pointer_block)
-        addresses = [base, base + 8, base + 16] + [ctypes.addressof(a) for a in self._args]
-        self._pointers = (ctypes.c_void_p * len(addresses))(*addresses)
+        self.params = params
+        # cuLaunchKernel's kernelParams: one pointer, to the struct passed by value
+        self._pointers = (ctypes.c_void_p * 1)(ctypes.addressof(params))
         self._launch_args = (handle, *grid, *block, 0)
         self._pointers_address = ctypes.addressof(self._pointers)
         self._launch_kernel = driver.launchKernel
         self._lock = threading.Lock()
 
     def launch(self, x_ptr: int, q_ptr: int, scale_ptr: int, stream: int) -> None:
-        block = self._pointer_block
-        with self._lock:  # the argument block is shared: fill and launch atomically
-            block[0], block[1], block[2] = x_ptr, q_ptr, scale_ptr
+        params = self.params
+        with self._lock:  # the Params are shared: fill and launch atomically
+            params.x, params.q, params.scales = x_ptr, q_ptr, scale_ptr
             self._launch_kernel(*self._launch_args, stream, self._pointers_address, 0)
 
 
-def prepare(
-    key: KernelKey,
-    geometry: Geometry,
-    device: int,
-    x_batch_stride: int,
-    x_row_stride: int,
-    eps: float,
-) -> Launch:
-    """The launch of ``key`` over ``geometry`` on ``device``; pointers are given per call."""
+def make_params(request, **pointers) -> ctypes.Structure:
+    """The Params of ``request`` (a ``_request.Request``); pointers default to zero."""
+    geometry = request.output
+    fmt = request.fmt
+    s_batch, s_row, s_word = geometry.scale_byte_strides
+    rows = tile_rows(geometry.layout, request.kernel_key().lanes_per_group)
+    return params_type()(
+        x_batch_stride=request.x_batch_stride,
+        x_row_stride=request.x_row_stride,
+        q_batch_stride=geometry.q_rows * geometry.k,
+        s_batch_stride=s_batch,
+        s_row_stride=s_row,
+        s_word_stride=s_word,
+        rows=geometry.rows,
+        grid_rows=geometry.grid_rows,
+        q_rows=geometry.q_rows,
+        scale_rows=geometry.scale_rows,
+        batches=geometry.batches,
+        groups_per_row=geometry.groups,
+        tile_rows_log2=rows.bit_length() - 1,
+        eps=request.eps,
+        fmax=fmt.fmax,
+        inverse_fmax=fmt.inverse_fmax,
+        ue8m0_floor=UE8M0_FLOOR,
+        nonfinite_codes=fmt.nonfinite_word,
+        **pointers,
+    )
+
+
+def prepare(request, device: int) -> Launch:
+    """The launch of ``request`` on ``device``; pointers are given per call."""
+    key = request.kernel_key()
+    geometry = request.output
     rows = tile_rows(geometry.layout, key.lanes_per_group)
     threads, blocks_per_row = block_shape(geometry.groups, key.lanes_per_group, rows)
     function = _jit.get_function(SOURCE, key.name_expression, device)
@@ -213,19 +270,9 @@ def prepare(
     with _jit.current_device(device):  # RawKernel.kernel is the function of the current device
         handle = function.kernel.ptr
         per_sm, sms = resident_blocks(handle, key.name_expression, threads, device)
-        waves = waves_for(per_sm)
-        if waves > 0:
-            capacity = int(waves * per_sm * sms)
-            row_blocks = min(tiles, max(1, capacity // blocks_per_row))
-    s_batch, s_row, s_column = geometry.scale_kernel_strides
-    values = (
-        0, 0, 0,
-        geometry.rows, geometry.grid_rows, geometry.batches, geometry.groups,
-        x_batch_stride, x_row_stride, geometry.q_rows * geometry.k,
-        s_batch, s_row, s_column,
-        int(geometry.pad_rows), int(geometry.layout in TMA_LAYOUTS), eps, rows.bit_length() - 1,
-    )  # fmt: skip
-    return Launch(handle, (row_blocks, blocks_per_row, 1), (threads, 1, 1), values)
-
-
-DEFAULT_KEY = KernelKey("bfloat16", 128, "e4m3", "packed", True)
+    waves = waves_for(per_sm)
+    if waves > 0:
+        capacity = int(waves * per_sm * sms)
+        row_blocks = min(tiles, max(1, capacity // blocks_per_row))
+    grid = (row_blocks, blocks_per_row, 1)
+    return Launch(handle, grid, (threads, 1, 1), make_params(request))

@@ -1,7 +1,11 @@
-"""Shapes, strides and padding of ``q`` and of every scale layout (SPEC section 4).
+"""Scale layouts as descriptors, and the shapes, strides and padding of one call's outputs.
 
-Shared by the NumPy backend and the CUDA launch layer, so both write the same storage. All
-strides are in elements of the array they describe.
+A layout is one ``ScaleLayout`` row: its storage dtype, how many scales share a word, its row
+alignment, its order, and its address map ``(batch, row, group) -> byte offset``. The NumPy
+backend writes through ``scale_byte_offsets``, the kernel through the C++ address function the
+row names (kernels/layouts.cuh) with the byte strides of ``Geometry.scale_byte_strides``, and a
+caller's ``scale_out`` is checked against the same strides. All strides of arrays are in elements
+of the array they describe.
 """
 
 from __future__ import annotations
@@ -9,18 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-ROW = "row"
-COL = "col"
-COL_TMA = "col_tma"
-PACKED = "packed"
-PACKED_ROW = "packed_row"
-LAYOUTS = (ROW, COL, COL_TMA, PACKED, PACKED_ROW)
-PACKED_LAYOUTS = (PACKED, PACKED_ROW)  # int32 words holding four UE8M0 bytes
-TMA_LAYOUTS = (COL_TMA, PACKED)  # rows padded to a multiple of TMA_ROW_ALIGN per batch
-COLUMN_LAYOUTS = (COL, COL_TMA)  # float scales, MN-major: consecutive rows are adjacent
-
-TMA_ROW_ALIGN = 4  # a TMA box reads 16 bytes: four float32 or int32 scales
-GROUPS_PER_WORD = 4  # UE8M0 bytes in one packed int32 word
+import numpy as np
 
 
 def align(value: int, multiple: int) -> int:
@@ -28,18 +21,88 @@ def align(value: int, multiple: int) -> int:
 
 
 @dataclass(frozen=True)
+class ScaleLayout:
+    name: str
+    dtype: str  # the storage word: "float32", or "int32" holding UE8M0 exponent bytes
+    scales_per_word: int  # 1, or 4 UE8M0 bytes per int32 word (group g is byte g % 4)
+    row_align: int  # storage rows per batch are padded to a multiple of this (a TMA box: 4)
+    mn_major: bool  # consecutive rows of one word column are adjacent in storage
+    kernel_trait: str  # the address function in kernels/layouts.cuh
+    read_by: str
+
+    @property
+    def word_bytes(self) -> int:
+        return 4
+
+    @property
+    def scale_bytes(self) -> int:
+        """Bytes one scale occupies in its word."""
+        return self.word_bytes // self.scales_per_word
+
+    @property
+    def needs_ue8m0(self) -> bool:
+        """A word packing several scales holds exponent bytes only."""
+        return self.scales_per_word > 1
+
+    def words(self, groups: int) -> int:
+        return -(-groups // self.scales_per_word)
+
+    def storage_rows(self, rows: int) -> int:
+        return align(rows, self.row_align)
+
+    def word_strides(self, rows: int, groups: int) -> tuple[int, int, int]:
+        """(batch, row, word) strides in words of a batch of ``rows`` rows of ``groups`` groups."""
+        storage_rows, words = self.storage_rows(rows), self.words(groups)
+        if self.mn_major:
+            return storage_rows * words, 1, storage_rows
+        return storage_rows * words, words, 1
+
+
+TMA_ROW_ALIGN = 4  # a TMA box reads 16 bytes: four float32 or int32 scales
+ROW, COL, COL_TMA, PACKED, PACKED_ROW = "row", "col", "col_tma", "packed", "packed_row"
+SCALE_LAYOUTS = {
+    layout.name: layout
+    for layout in (
+        ScaleLayout(ROW, "float32", 1, 1, False, "fgq::kFloatWords",
+                    "Triton/CUTLASS paths, dequantization"),
+        ScaleLayout(COL, "float32", 1, 1, True, "fgq::kFloatWords", "MN-major consumers"),
+        ScaleLayout(COL_TMA, "float32", 1, TMA_ROW_ALIGN, True, "fgq::kFloatWords",
+                    "DeepGEMM on Hopper (SM90)"),
+        ScaleLayout(PACKED, "int32", 4, TMA_ROW_ALIGN, True, "fgq::kPackedExponents",
+                    "DeepGEMM on Blackwell (SM100)"),
+        ScaleLayout(PACKED_ROW, "int32", 4, 1, False, "fgq::kPackedExponents",
+                    "row-major packed consumers"),
+    )
+}  # fmt: skip
+LAYOUTS = tuple(SCALE_LAYOUTS)
+
+
+def scale_layout(layout) -> ScaleLayout:
+    if isinstance(layout, ScaleLayout):
+        return layout
+    if not isinstance(layout, str) or layout not in SCALE_LAYOUTS:
+        raise ValueError(f"layout: expected one of {', '.join(LAYOUTS)}, got {layout!r}")
+    return SCALE_LAYOUTS[layout]
+
+
+@dataclass(frozen=True)
 class Geometry:
     """Where every output element of one call lives.
 
-    ``x`` of shape ``[..., K]``: two or fewer dimensions are one batch of ``rows`` tokens; three or
-    more are ``[B, ...]`` with ``B = shape[0]`` batches of ``rows = prod(shape[1:-1])`` tokens
-    each, every batch with its own TMA padding.
+    ``shape`` is the shape of ``q``, ``[..., K]``: two or fewer dimensions are one batch of
+    ``rows`` tokens; three or more are ``[B, ...]`` with ``B = shape[0]`` batches of
+    ``rows = prod(shape[1:-1])`` tokens each, every batch with its own padding. ``layout`` is a
+    ``ScaleLayout`` or its name.
     """
 
     shape: tuple[int, ...]
     group_size: int
-    layout: str
+    layout: ScaleLayout
     pad_rows: bool
+
+    def __post_init__(self):
+        object.__setattr__(self, "shape", tuple(self.shape))
+        object.__setattr__(self, "layout", scale_layout(self.layout))
 
     @property
     def lead_shape(self) -> tuple[int, ...]:
@@ -68,10 +131,6 @@ class Geometry:
         return self.k // self.group_size
 
     @property
-    def packed_words(self) -> int:
-        return -(-self.groups // GROUPS_PER_WORD)
-
-    @property
     def tma_rows(self) -> int:
         return align(self.rows, TMA_ROW_ALIGN)
 
@@ -98,7 +157,8 @@ class Geometry:
 
     @property
     def scale_columns(self) -> int:
-        return self.packed_words if self.layout in PACKED_LAYOUTS else self.groups
+        """Words per row: groups, or packed words."""
+        return self.layout.words(self.groups)
 
     @property
     def scale_shape(self) -> tuple[int, ...]:
@@ -107,33 +167,50 @@ class Geometry:
     @property
     def scale_rows(self) -> int:
         """Rows of scale storage per batch."""
-        return self.tma_rows if self.layout in TMA_LAYOUTS else self.rows
+        return self.layout.storage_rows(self.rows)
 
     @property
     def scale_storage(self) -> int:
         return self.batches * self.scale_rows * self.scale_columns
 
     @property
-    def scale_kernel_strides(self) -> tuple[int, int, int]:
-        """(batch, row, column) strides of the scale storage."""
-        per_batch = self.scale_rows * self.scale_columns
-        if self.layout in (ROW, PACKED_ROW):
-            return per_batch, self.scale_columns, 1
-        return per_batch, 1, self.scale_rows  # col, col_tma, packed: MN-major
+    def scale_word_strides(self) -> tuple[int, int, int]:
+        """(batch, row, word) strides of the scale storage, in words."""
+        return self.layout.word_strides(self.rows, self.groups)
+
+    @property
+    def scale_byte_strides(self) -> tuple[int, int, int]:
+        """(batch, row, word) strides in bytes: the kernel's address function reads these."""
+        return tuple(s * self.layout.word_bytes for s in self.scale_word_strides)
 
     @property
     def scale_strides(self) -> tuple[int, ...]:
-        batch, row, column = self.scale_kernel_strides
-        return self._lead_strides(row, batch) + (column,)
+        batch, row, word = self.scale_word_strides
+        return self._lead_strides(row, batch) + (word,)
+
+    def scale_byte_offsets(self) -> np.ndarray:
+        """Byte offset of the first byte of every scale, ``[batches, rows, groups]``: the
+        layout's address map, as the kernel's address function computes it."""
+        batch, row, word = self.scale_byte_strides
+        groups = np.arange(self.groups)
+        per_word = self.layout.scales_per_word
+        column = (groups // per_word) * word + (groups % per_word) * self.layout.scale_bytes
+        return (
+            np.arange(self.batches)[:, None, None] * batch
+            + np.arange(self.rows)[None, :, None] * row
+            + column[None, None, :]
+        )
 
     # the kernel grid ------------------------------------------------------------------------------
 
     @property
     def grid_rows(self) -> int:
         """Rows per batch the kernel visits: real rows plus any padding rows it must zero."""
-        if self.pad_rows or self.layout in TMA_LAYOUTS:
-            return self.tma_rows
-        return self.rows
+        return max(self.q_rows, self.scale_rows)
+
+    @property
+    def pads_scales(self) -> bool:
+        return self.scale_rows > self.rows
 
     def _lead_strides(self, row_stride: int, batch_stride: int) -> tuple[int, ...]:
         inner = self.lead_shape[1:] if self.batched else self.lead_shape

@@ -1,51 +1,145 @@
-"""The supported matrix of SPEC sections 2 and 3, as data: one place for names and limits."""
+"""The supported matrix as data: input types, output formats and scale formats.
+
+Each row is the one definition of its facts. Validation, the NumPy backend, the allocators and
+the launch layer read these rows; the kernel gets the numbers through its Params struct and
+selects its instructions by the C++ trait a row names. docs/spec.md is the contract.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 
 import ml_dtypes
 import numpy as np
 
-from ._layout import LAYOUTS, PACKED_LAYOUTS
-
 GROUP_SIZES = (32, 64, 128, 256)
-INPUT_DTYPES = ("bfloat16", "float16", "float32")
-SCALE_FORMATS = ("float32", "ue8m0")
 DEFAULT_EPS = 1e-10
-UE8M0_FLOOR = np.float32(1e-10)  # SPEC 3.3: y = max(amax / fmax, 1e-10)
+UE8M0_FLOOR = np.float32(1e-10)  # the floor of amax / fmax before the power-of-two ceiling
+
+
+def _numpy_dtype(name: str) -> np.dtype:
+    """numpy dtype of a name, the float8 and bfloat16 types from ml_dtypes."""
+    return np.dtype(getattr(ml_dtypes, name, None) or name)
+
+
+@dataclass(frozen=True)
+class InputType:
+    name: str  # the dtype's name in numpy (ml_dtypes), torch and cupy alike
+    kernel_trait: str  # Input<> specialisation in kernels/common.cuh
+
+    @cached_property
+    def numpy_dtype(self) -> np.dtype:
+        return _numpy_dtype(self.name)
+
+    @property
+    def itemsize(self) -> int:
+        return self.numpy_dtype.itemsize
+
+
+INPUT_TYPES = {
+    t.name: t
+    for t in (
+        InputType("bfloat16", "fgq::kBF16"),
+        InputType("float16", "fgq::kF16"),
+        InputType("float32", "fgq::kF32"),
+    )
+}
 
 
 @dataclass(frozen=True)
 class OutputFormat:
+    """One output format: its names, dtypes, clamp and the codes of non-finite inputs."""
+
     name: str
-    fmax: float
-    numpy_dtype: np.dtype  # the host dtype of q
-    nan_code: int  # code of a NaN input, before its sign bit
-    keeps_inf: bool  # +-Inf inputs stay +-Inf rather than saturating
+    aliases: tuple[str, ...]
+    dtype_name: str  # the dtype's attribute name in ml_dtypes / numpy, torch and jax.numpy
+    fmax: float  # the clamp: |v / s| is saturated here
+    nan_code: int  # the code of a NaN input, before its sign bit
+    signed_nan: bool  # a NaN's code carries the input's sign bit
+    keeps_inf: bool  # +-Inf inputs stay +-Inf (inf_code) rather than saturating to +-fmax
     inf_code: int
-    signed_nan: bool
+    kernel_trait: str  # Output<> specialisation in kernels/common.cuh: the encoding instructions
+    notes: str = field(default="", compare=False)
 
     @property
     def is_float8(self) -> bool:
-        return self.name != "int8"
+        return not np.issubdtype(self.numpy_dtype, np.integer)
+
+    @cached_property
+    def numpy_dtype(self) -> np.dtype:
+        """The host dtype of q."""
+        return _numpy_dtype(self.dtype_name)
+
+    @property
+    def container(self) -> str:
+        """The dtype holding the codes where the library has no such type (cupy: no float8)."""
+        return "uint8" if self.is_float8 else self.dtype_name
+
+    @cached_property
+    def saturated_codes(self) -> tuple[int, int]:
+        """Codes of +fmax and -fmax."""
+        values = np.array([self.fmax, -self.fmax], np.float32)
+        if not self.is_float8:
+            return tuple(int(c) for c in np.rint(values).astype(np.int8).view(np.uint8))
+        return tuple(int(c) for c in values.astype(self.numpy_dtype).view(np.uint8))
+
+    @cached_property
+    def nonfinite_codes(self) -> tuple[int, int, int, int]:
+        """Codes of +NaN, -NaN, +Inf and -Inf inputs."""
+        sign = 0x80 if self.signed_nan else 0
+        nan = (self.nan_code, self.nan_code | sign)
+        inf = (self.inf_code, self.inf_code | 0x80) if self.keeps_inf else self.saturated_codes
+        return (*nan, *inf)
+
+    @cached_property
+    def nonfinite_word(self) -> int:
+        """``nonfinite_codes`` one byte each, lowest first: the kernel's Params.nonfinite_codes."""
+        return sum(code << (8 * i) for i, code in enumerate(self.nonfinite_codes))
+
+    @cached_property
+    def inverse_fmax(self) -> np.float32:
+        """RN(1 / fmax) in float32."""
+        return np.float32(1) / np.float32(self.fmax)
 
 
 OUTPUT_FORMATS = {
-    "e4m3": OutputFormat("e4m3", 448.0, np.dtype(ml_dtypes.float8_e4m3fn), 0x7F, False, 0, True),
-    "e5m2": OutputFormat("e5m2", 57344.0, np.dtype(ml_dtypes.float8_e5m2), 0x7E, True, 0x7C, True),
-    "int8": OutputFormat("int8", 127.0, np.dtype(np.int8), 0x00, False, 0, False),
+    f.name: f
+    for f in (
+        OutputFormat(
+            "e4m3", ("float8_e4m3fn", "fp8_e4m3"), "float8_e4m3fn", 448.0,
+            nan_code=0x7F, signed_nan=True, keeps_inf=False, inf_code=0,
+            kernel_trait="fgq::kE4M3", notes="the default; NVIDIA GPUs",
+        ),
+        OutputFormat(
+            "e5m2", ("float8_e5m2", "fp8_e5m2"), "float8_e5m2", 57344.0,
+            nan_code=0x7E, signed_nan=True, keeps_inf=True, inf_code=0x7C,
+            kernel_trait="fgq::kE5M2",
+        ),
+        OutputFormat(
+            "int8", (), "int8", 127.0,
+            nan_code=0x00, signed_nan=False, keeps_inf=False, inf_code=0,
+            kernel_trait="fgq::kInt8", notes="rounds half to even; NaN has no code and becomes 0",
+        ),
+        OutputFormat(
+            "e4m3fnuz", ("float8_e4m3fnuz", "fp8_e4m3fnuz"), "float8_e4m3fnuz", 224.0,
+            nan_code=0x80, signed_nan=False, keeps_inf=False, inf_code=0,
+            kernel_trait="fgq::kE4M3FNUZ",
+            notes="AMD MI300; clamped at 224 as vLLM and SGLang do on ROCm (the format reaches "
+            "240); 0x80 is its NaN, so there is no -0",
+        ),
+    )
+}  # fmt: skip
+_FORMAT_NAMES = {
+    name: fmt.name for fmt in OUTPUT_FORMATS.values() for name in (fmt.name, *fmt.aliases)
 }
-OUTPUT_ALIASES = {
-    "float8_e4m3fn": "e4m3",
-    "fp8_e4m3": "e4m3",
-    "float8_e5m2": "e5m2",
-    "fp8_e5m2": "e5m2",
-}
+FORMATS_BY_DTYPE = {fmt.dtype_name: fmt for fmt in OUTPUT_FORMATS.values()}
 
 
 def output_format(dtype) -> OutputFormat:
-    """Accepts "e4m3" / "e5m2" / "int8", their numpy/ml_dtypes/torch dtypes, and aliases."""
+    """The format named by ``dtype``: a name, an alias, or a numpy / ml_dtypes / torch dtype."""
+    if isinstance(dtype, OutputFormat):
+        return dtype
     name = getattr(dtype, "name", None)
     if name is None and isinstance(dtype, type):  # a scalar type such as ml_dtypes.float8_e5m2
         try:
@@ -53,32 +147,53 @@ def output_format(dtype) -> OutputFormat:
         except TypeError:
             name = None
     name = (name or str(dtype)).removeprefix("torch.")
-    name = OUTPUT_ALIASES.get(name, name)
-    if name not in OUTPUT_FORMATS:
+    if name not in _FORMAT_NAMES:
         raise ValueError(
             f"dtype: expected one of {', '.join(OUTPUT_FORMATS)} "
-            f"(or float8_e4m3fn / float8_e5m2), got {dtype!r}"
+            f"(or {', '.join(f.dtype_name for f in OUTPUT_FORMATS.values() if f.is_float8)}), "
+            f"got {dtype!r}"
         )
-    return OUTPUT_FORMATS[name]
+    return OUTPUT_FORMATS[_FORMAT_NAMES[name]]
 
 
-def check_options(group_size, scale, layout, eps) -> float:
-    """Validate the scalar options; returns eps as a float. Raises ValueError/TypeError."""
+@dataclass(frozen=True)
+class ScaleFormat:
+    name: str
+    power_of_two: bool  # UE8M0: the scale is 2^(e - 127), e the exponent byte
+    kernel_trait: str  # the ScaleFormat code in kernels/common.cuh
+
+
+SCALE_FORMATS = {
+    s.name: s
+    for s in (
+        ScaleFormat("float32", False, "fgq::kFloat32Scale"),
+        ScaleFormat("ue8m0", True, "fgq::kUE8M0Scale"),
+    )
+}
+
+
+def scale_format(scale) -> ScaleFormat:
+    if isinstance(scale, ScaleFormat):
+        return scale
+    if not isinstance(scale, str) or scale not in SCALE_FORMATS:
+        raise ValueError(
+            f"scale: expected one of {', '.join(map(repr, SCALE_FORMATS))}, got {scale!r}"
+        )
+    return SCALE_FORMATS[scale]
+
+
+def check_group_size(group_size) -> int:
     if isinstance(group_size, bool) or not isinstance(group_size, (int, np.integer)):
         raise TypeError(f"group_size: expected an int, got {type(group_size).__name__}")
     if int(group_size) not in GROUP_SIZES:
         raise ValueError(
             f"group_size: expected one of {', '.join(map(str, GROUP_SIZES))}, got {group_size}"
         )
-    if scale not in SCALE_FORMATS:
-        raise ValueError(f"scale: expected 'float32' or 'ue8m0', got {scale!r}")
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout: expected one of {', '.join(LAYOUTS)}, got {layout!r}")
-    if layout in PACKED_LAYOUTS and scale != "ue8m0":
-        raise ValueError(
-            f"layout={layout!r} packs UE8M0 exponent bytes into int32 words; it needs "
-            f"scale='ue8m0', got scale={scale!r}"
-        )
+    return int(group_size)
+
+
+def check_eps(eps) -> float:
+    """eps as a float32 value: positive, finite and normal."""
     if isinstance(eps, bool) or not isinstance(eps, (int, float, np.floating, np.integer)):
         raise TypeError(f"eps: expected a float, got {type(eps).__name__}")
     tiny = np.finfo(np.float32).tiny
@@ -89,3 +204,9 @@ def check_options(group_size, scale, layout, eps) -> float:
             f"eps: expected a positive, finite, normal float32 value (>= {tiny:.3g}), got {eps!r}"
         )
     return float(eps32)
+
+
+def check_flag(value, name: str) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name}: expected a bool, got {type(value).__name__}")
+    return bool(value)

@@ -1,4 +1,4 @@
-"""Entry points: validate, pick the backend (NumPy reference or CUDA kernel), call it."""
+"""Entry points: validate once into a Request, pick the backend (NumPy or CUDA), call it."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import dataclasses
 import os
 import sys
 import threading
-import warnings
+from collections import OrderedDict
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -29,8 +30,9 @@ from ._arrays import (
     stream_getter,
     to_cupy,
 )
-from ._layout import PACKED, PACKED_LAYOUTS, Geometry, row_strides
-from ._spec import DEFAULT_EPS, INPUT_DTYPES, OUTPUT_FORMATS, check_options, output_format
+from ._layout import PACKED
+from ._request import VECTOR_ALIGNMENT, Request, check_options, make_request
+from ._spec import DEFAULT_EPS, FORMATS_BY_DTYPE, OUTPUT_FORMATS, output_format
 
 __all__ = [
     "PreparedQuantize",
@@ -40,9 +42,8 @@ __all__ = [
     "quantize",
     "quantize_packed",
     "unpack_scales",
+    "warmup",
 ]
-
-Q_ALIGNMENT = 16  # q is written with 16-byte (8-byte for float32 input) stores
 
 
 def quantize(
@@ -62,7 +63,8 @@ def quantize(
     For each group ``v`` of ``group_size`` consecutive values of a row:
     ``amax = max(eps, max|v_i| over finite v_i)``, ``s = amax / fmax`` (``scale="float32"``) or
     the next power of two of ``max(amax / fmax, 1e-10)`` (``scale="ue8m0"``), and
-    ``q_i = round_to_nearest_even(clamp(v_i / s, -fmax, fmax))``.
+    ``q_i = round_to_nearest_even(clamp(v_i / s, -fmax, fmax))``. The contract, bit for bit, is
+    ``docs/spec.md``.
 
     Parameters
     ----------
@@ -71,10 +73,12 @@ def quantize(
         The leading dimensions must collapse into one row stride, which may exceed ``K``.
         Three or more dimensions are batches ``[B, ..., K]`` with per-batch TMA padding.
         Numpy input runs the NumPy reference; GPU input runs the CUDA kernel on the caller's
-        current stream (torch's for tensors, CuPy's for cupy arrays).
+        current stream (torch's for tensors, CuPy's for cupy arrays). JAX, numba and other
+        DLPack / CUDA-array-interface arrays run through zero-copy CuPy views.
     group_size : {32, 64, 128, 256}
-    dtype : {"e4m3", "e5m2", "int8"}
-        Output format: float8_e4m3fn (fmax 448), float8_e5m2 (57344) or int8 (127).
+    dtype : {"e4m3", "e5m2", "int8", "e4m3fnuz"}
+        Output format: float8_e4m3fn (fmax 448), float8_e5m2 (57344), int8 (127) or
+        float8_e4m3fnuz (AMD; clamped at 224 as vLLM and SGLang do on ROCm).
     scale : {"float32", "ue8m0"}
         Float scales, or power-of-two scales (as float32 in float layouts, as exponent bytes in
         the packed layouts).
@@ -99,137 +103,220 @@ def quantize(
     Returns
     -------
     q : array of ``x``'s library, shape ``x.shape``
-        numpy: ``ml_dtypes.float8_e4m3fn`` / ``float8_e5m2`` / ``int8``; torch: ``torch.float8_*``
-        / ``torch.int8``; cupy: ``uint8`` holding the float8 bytes (see ``as_float8``) / ``int8``.
+        numpy: ``ml_dtypes.float8_*`` / ``int8``; torch: ``torch.float8_*`` / ``torch.int8``;
+        cupy: ``uint8`` holding the float8 bytes (see ``as_float8``) / ``int8``.
     scales : array of ``x``'s library, shape ``x.shape[:-1] + (ng or kp,)``, strides as above.
     """
-    if type(group_size) is int and (pad_rows is False or pad_rows is True):
-        signature = device_signature(x)
-        if signature is not None:
-            key = (*signature[:-1], group_size, dtype, scale, layout, eps, pad_rows)
-            try:
-                plan = _PLANS.get(key)
-            except TypeError:  # an unhashable option: validation below names it
-                plan = None
-            if plan is not None:
-                return plan.run(x, signature[-1], out, scale_out)
-    return _quantize_checked(x, group_size, dtype, scale, layout, eps, out, scale_out, pad_rows)
-
-
-def _quantize_checked(x, group_size, dtype, scale, layout, eps, out, scale_out, pad_rows):
-    """The first call of a kind: validate everything, then run (and remember the plan)."""
-    library = foreign_library(x)
-    if library is not None:
-        return _quantize_foreign(
-            library, x, group_size, dtype, scale, layout, eps, out, scale_out, pad_rows
-        )
-    options_key = (group_size, dtype, scale, layout, eps, pad_rows)  # as given: quantize's key
-    eps = check_options(group_size, scale, layout, eps)
-    fmt = output_format(dtype)
-    x_info = describe(x, "x")
-    geometry, x_batch_stride, x_row_stride = _check_input(x_info, int(group_size), layout, pad_rows)
-    if x_info.kind == NUMPY:
-        q, q_info = _output(out, "out", x_info, *_q_spec(geometry, fmt))
-        scales, s_info = _output(scale_out, "scale_out", x_info, *_scale_spec(geometry))
-        if not geometry.empty:
-            reference.quantize_into(
-                x,
-                geometry,
-                fmt,
-                scale == "ue8m0",
-                eps,
-                _flat_storage(q_info, geometry.q_storage).view(np.uint8),
-                _flat_storage(s_info, geometry.scale_storage),
-            )
-        return q, scales
-
-    error = _launch.grid_limits_error(geometry, x_info.itemsize)
-    if error:
-        raise ValueError(error)
-    launch = None
-    if not geometry.empty:
-        vec16 = (
-            x_info.ptr % 16 == 0
-            and (geometry.rows <= 1 or x_row_stride * x_info.itemsize % 16 == 0)
-            and (geometry.batches <= 1 or x_batch_stride * x_info.itemsize % 16 == 0)
-        )
-        key = _launch.KernelKey(
-            x_info.dtype, int(group_size), fmt.name, _launch.scale_kind(scale, layout), vec16
-        )
-        launch = _launch.prepare(key, geometry, x_info.device, x_batch_stride, x_row_stride, eps)
-    plan = _Plan(x_info, geometry, fmt, launch)
     signature = device_signature(x)
-    if signature is not None and isinstance(group_size, int):
-        try:
-            _PLANS[(*signature[:-1], *options_key)] = plan
-        except TypeError:
-            pass
-    return plan.run(x, x_info.ptr, out, scale_out)
-
-
-def _quantize_foreign(library, x, group_size, dtype, scale, layout, eps, out, scale_out, pad_rows):
-    """JAX, numba and other DLPack / CUDA-array-interface inputs, through zero-copy cupy views.
-
-    Runs on CuPy's current stream (DLPack and the array interface synchronise the producer with
-    it). Results come back in the caller's library: numba device arrays as views, JAX arrays
-    through DLPack with float8 codes reinterpreted as JAX's float8 types.
-    """
+    if signature is not None:
+        plan = _PLANS.get((*signature[:-1], group_size, dtype, scale, layout, eps, pad_rows))
+        if plan is not None:
+            return plan.run(signature[-1], out, scale_out)
+        return _quantize_new(x, group_size, dtype, scale, layout, eps, out, scale_out, pad_rows)
+    library = foreign_library(x)
+    if library is None:  # numpy, or something we cannot read: describe() names it
+        return _quantize_new(x, group_size, dtype, scale, layout, eps, out, scale_out, pad_rows)
+    # JAX, numba, DLPack: converted up front to zero-copy cupy views, and back at the end
     if library == JAX and (out is not None or scale_out is not None):
         raise TypeError("out: JAX arrays are immutable; call without out= / scale_out=")
-    if out is not None and foreign_library(out) is None:
-        raise TypeError(f"out: expected an array of x's library, got {type(out).__name__}")
-    if scale_out is not None and foreign_library(scale_out) is None:
-        raise TypeError(f"scale_out: expected an array of x's library, got {type(scale_out)}")
-    q, scales = quantize(
-        to_cupy(x), group_size, dtype=dtype, scale=scale, layout=layout, eps=eps,
-        out=None if out is None else to_cupy(out),
-        scale_out=None if scale_out is None else to_cupy(scale_out), pad_rows=pad_rows,
-    )  # fmt: skip
+    for given, name in ((out, "out"), (scale_out, "scale_out")):
+        if given is not None and foreign_library(given) is None:
+            raise TypeError(f"{name}: expected an array of x's library, got {type(given).__name__}")
     fmt = output_format(dtype)
-    float8 = f"float8_{'e4m3fn' if fmt.name == 'e4m3' else 'e5m2'}" if fmt.is_float8 else None
-    q = out if out is not None else from_cupy(q, library, float8)
+    x_view = to_cupy(x)
+    q, scales = _quantize_new(
+        x_view, group_size, dtype, scale, layout, eps,
+        None if out is None else to_cupy(out),
+        None if scale_out is None else to_cupy(scale_out), pad_rows,
+    )  # fmt: skip
+    q = out if out is not None else from_cupy(q, library, fmt.dtype_name if fmt.is_float8 else None)
     scales = scale_out if scale_out is not None else from_cupy(scales, library, None)
     return q, scales
 
 
-def _q_spec(geometry: Geometry, fmt) -> tuple:
-    """(shape, strides, storage, dtype name) of q."""
-    name = "int8" if not fmt.is_float8 else f"float8_{'e4m3fn' if fmt.name == 'e4m3' else 'e5m2'}"
-    return geometry.shape, geometry.q_strides, geometry.q_storage, name
+def _quantize_new(x, group_size, dtype, scale, layout, eps, out, scale_out, pad_rows):
+    """A call of a kind not seen before: validate into a Request, then run (and remember the
+    plan of a GPU call)."""
+    info = describe(x, "x")
+    request = make_request(info, group_size, dtype, scale, layout, eps, pad_rows)
+    if info.kind == NUMPY:
+        return _quantize_host(x, info, request, out, scale_out)
+    plan = _plan(info, request, (group_size, dtype, scale, layout, eps, pad_rows))
+    return plan.run(info.ptr, out, scale_out)
 
 
-def _scale_spec(geometry: Geometry) -> tuple:
-    name = "int32" if geometry.layout in PACKED_LAYOUTS else "float32"
-    return geometry.scale_shape, geometry.scale_strides, geometry.scale_storage, name
+def _quantize_host(x, info: ArrayInfo, request: Request, out, scale_out):
+    q_spec, scale_spec = _output_specs(request)
+    q, q_info = _output(out, "out", info, q_spec)
+    scales, s_info = _output(scale_out, "scale_out", info, scale_spec)
+    geometry = request.output
+    if not geometry.empty:
+        reference.quantize_into(
+            x,
+            geometry,
+            request.fmt,
+            request.scale,
+            request.eps,
+            _flat_storage(q_info, geometry.q_storage).view(np.uint8),
+            _flat_storage(s_info, geometry.scale_storage),
+        )
+    return q, scales
 
 
-_PLANS: dict[tuple, _Plan] = {}
-_thread_state = threading.local()
+# outputs ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OutputSpec:
+    """An output array: shape, strides (elements), storage owned (elements), dtype."""
+
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    storage: int
+    dtype: str  # the library's dtype name: float8_e4m3fn, int8, int32, float32, ...
+    container: str  # the dtype that holds it where the library lacks it (cupy: uint8 for float8)
+
+    @property
+    def numpy_dtype(self) -> np.dtype:
+        fmt = FORMATS_BY_DTYPE.get(self.dtype)
+        return fmt.numpy_dtype if fmt is not None else np.dtype(self.dtype)
+
+    def allocation(self, kind: str) -> tuple:
+        """(shape, strides, storage, dtype name) as the allocators in _arrays take them."""
+        return (
+            self.shape,
+            self.strides,
+            self.storage,
+            self.container if kind == CUPY else self.dtype,
+        )
+
+
+def _output_specs(request: Request) -> tuple[OutputSpec, OutputSpec]:
+    g, fmt, layout = request.output, request.fmt, request.layout
+    return (
+        OutputSpec(g.shape, g.q_strides, g.q_storage, fmt.dtype_name, fmt.container),
+        OutputSpec(g.scale_shape, g.scale_strides, g.scale_storage, layout.dtype, layout.dtype),
+    )
+
+
+def _same_strides(shape, got, expected) -> bool:
+    return all(n <= 1 or g == e for n, g, e in zip(shape, got, expected))
+
+
+def _output(given, name: str, x_info: ArrayInfo, spec: OutputSpec):
+    """Allocate a host output, or validate the caller's. Returns (array, info)."""
+    if given is None:  # host arrays only: device outputs come from _Plan's allocators
+        array = _host_strided(np.empty(spec.storage, spec.numpy_dtype), spec.shape, spec.strides)
+        return array, describe(array, name)
+
+    info = describe(given, name)
+    if info.kind != x_info.kind:
+        raise TypeError(f"{name}: expected a {x_info.kind} array like x, got a {info.kind} one")
+    if info.device != x_info.device:
+        raise ValueError(
+            f"{name}: expected device {x_info.device} like x, got device {info.device}"
+        )
+    allowed = tuple(dict.fromkeys((spec.dtype, spec.container)))
+    if info.dtype not in allowed:
+        raise TypeError(f"{name}: expected dtype {' or '.join(allowed)}, got {info.dtype}")
+    if tuple(info.shape) != tuple(spec.shape):
+        raise ValueError(f"{name}: expected shape {tuple(spec.shape)}, got {tuple(info.shape)}")
+    if not _same_strides(spec.shape, info.strides, spec.strides):
+        raise ValueError(
+            f"{name}: expected strides {tuple(spec.strides)}, got {tuple(info.strides)}"
+        )
+    if name == "out" and info.ptr % VECTOR_ALIGNMENT:
+        raise ValueError(
+            f"{name}: expected a {VECTOR_ALIGNMENT}-byte aligned pointer, got {info.ptr:#x}"
+        )
+    if info.ptr % info.itemsize:
+        raise ValueError(f"{name}: pointer {info.ptr:#x} is not aligned to its item size")
+    need = spec.storage * info.itemsize
+    have = available_bytes(info)
+    if spec.storage and (have is None or have < need):
+        raise ValueError(
+            f"{name}: the layout owns {need} bytes of storage (padding included) from the first "
+            f"element, but the allocation holds {have if have is not None else 'an unknown'} bytes"
+        )
+    return given, info
+
+
+# GPU plans -------------------------------------------------------------------------------------
+
+
+class PlanCache:
+    """Plans by (input signature, options as given): bounded, thread-safe, never cleared.
+
+    NOTES: a full cache drops its oldest entry, one at a time, under the lock; a caller holding
+    a plan keeps it whatever happens to the cache. Reads take no lock (a dict read is atomic).
+    """
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self._plans: OrderedDict[tuple, _Plan] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple):
+        try:
+            return self._plans.get(key)
+        except TypeError:  # an unhashable option: validation names it
+            return None
+
+    def put(self, key: tuple, plan: _Plan) -> None:
+        try:
+            hash(key)
+        except TypeError:
+            return
+        with self._lock:
+            while len(self._plans) >= self.capacity:
+                self._plans.popitem(last=False)
+            self._plans[key] = plan
+
+    def __len__(self) -> int:
+        return len(self._plans)
+
+
 MAX_PLANS = 4096  # distinct (array layout, options) combinations remembered
+_PLANS = PlanCache(MAX_PLANS)
+_thread_state = threading.local()
+
+
+def _plan(info: ArrayInfo, request: Request, options: tuple) -> _Plan:
+    """The plan of a GPU call, remembered under the input's signature and ``options``."""
+    launch = None
+    if not request.output.empty:
+        launch = _launch.prepare(request, info.device)
+    plan = _Plan(info, request, launch)
+    signature = device_signature(info.obj)
+    _PLANS.put((*signature[:-1], *options), plan)
+    return plan
 
 
 class _Plan:
     """Everything a GPU call of one kind needs: output specs, the launch, the caller's library."""
 
-    def __init__(self, x_info: ArrayInfo, geometry: Geometry, fmt, launch):
+    def __init__(self, x_info: ArrayInfo, request: Request, launch):
         import cupy
 
-        if len(_PLANS) >= MAX_PLANS:
-            _PLANS.clear()
         # NOTES: no reference to the first input: a cached plan must not pin its memory
         self.x_info = dataclasses.replace(x_info, obj=None, ptr=0)
+        self.request = request
         self.kind = x_info.kind
         self.device = x_info.device
         self.launch = launch
-        self.q_spec = _q_spec(geometry, fmt)
-        self.scale_spec = _scale_spec(geometry)
-        self.q_alloc = device_allocator(x_info.kind, x_info.device, *self.q_spec)
-        self.scale_alloc = device_allocator(x_info.kind, x_info.device, *self.scale_spec)
-        self.alloc_both = pair_allocator(x_info.kind, x_info.device, self.q_spec, self.scale_spec)
+        self.q_spec, self.scale_spec = _output_specs(request)
+        kind, device = x_info.kind, x_info.device
+        q_allocation, scale_allocation = (
+            self.q_spec.allocation(kind),
+            self.scale_spec.allocation(kind),
+        )
+        self.q_alloc = device_allocator(kind, device, *q_allocation)
+        self.scale_alloc = device_allocator(kind, device, *scale_allocation)
+        self.alloc_both = pair_allocator(kind, device, q_allocation, scale_allocation)
         self.stream = stream_getter(x_info.kind)
         self._get_device = cupy.cuda.runtime.getDevice
 
-    def run(self, x, x_ptr: int, out, scale_out):
+    def run(self, x_ptr: int, out, scale_out):
         if self.ready():
             return self._run(x_ptr, out, scale_out)
         with self.on_device():
@@ -243,13 +330,13 @@ class _Plan:
                 q = self.q_alloc()
                 q_ptr = pointer(q, self.kind)
             else:
-                q, q_ptr = out, _output(out, "out", self.x_info, *self.q_spec)[1].ptr
+                q, q_ptr = out, _output(out, "out", self.x_info, self.q_spec)[1].ptr
             if scale_out is None:
                 scales = self.scale_alloc()
                 scale_ptr = pointer(scales, self.kind)
             else:
                 scales = scale_out
-                scale_ptr = _output(scale_out, "scale_out", self.x_info, *self.scale_spec)[1].ptr
+                scale_ptr = _output(scale_out, "scale_out", self.x_info, self.scale_spec)[1].ptr
         if self.launch is not None:
             self.launch.launch(x_ptr, q_ptr, scale_ptr, self.stream(self.device))
         return q, scales
@@ -333,17 +420,10 @@ def prepare(
     signature = device_signature(x)
     if signature is None:
         raise TypeError(f"x: prepare needs a cupy array or torch CUDA tensor, got {type(x)}")
-    check_options(group_size, scale, layout, eps)
-    if not isinstance(pad_rows, (bool, np.bool_)):
-        raise TypeError(f"pad_rows: expected a bool, got {type(pad_rows).__name__}")
-    group_size, pad_rows = int(group_size), bool(pad_rows)  # the plan cache's spelling
-    q, scales = quantize(
-        x, group_size, dtype=dtype, scale=scale, layout=layout, eps=eps,
-        out=out, scale_out=scale_out, pad_rows=pad_rows,
-    )  # fmt: skip
-    plan = _PLANS.get((*signature[:-1], group_size, dtype, scale, layout, eps, pad_rows))
-    if plan is None:
-        raise TypeError(f"dtype: {dtype!r} cannot key a prepared call; pass its name")
+    info = describe(x, "x")
+    request = make_request(info, group_size, dtype, scale, layout, eps, pad_rows)
+    plan = _plan(info, request, (group_size, dtype, scale, layout, eps, pad_rows))
+    q, scales = plan.run(info.ptr, out, scale_out)
     return PreparedQuantize(plan, signature[:-1], q, scales)
 
 
@@ -369,80 +449,48 @@ def quantize_packed(
     )
 
 
-# validation ------------------------------------------------------------------------------------
+def warmup(device: int | None = None, variants=None) -> list[str]:
+    """Compile (or read from the disk cache) and load kernels on ``device`` before serving.
+
+    ``device``: a CUDA ordinal (default: the current device). ``variants``: None for the default
+    kernel (bfloat16, G = 128, e4m3, packed UE8M0 scales), ``"all"`` for every instantiation, or
+    an iterable of dicts of ``quantize`` options plus ``input_dtype`` (default ``"bfloat16"``),
+    e.g. ``[{"input_dtype": "float16", "scale": "ue8m0", "layout": "col_tma"}]``. Kernels for
+    16-byte aligned inputs are loaded; the unaligned fallback loads on first use. Returns the
+    name expressions now loaded.
+    """
+    if device is None:
+        device = _jit.cupy_module().cuda.runtime.getDevice()
+    if variants is None:
+        keys = [_launch.DEFAULT_KEY]
+    elif isinstance(variants, str) and variants == "all":
+        keys = _launch.all_kernel_keys()
+    elif isinstance(variants, (str, dict)):
+        raise TypeError(f"variants: expected None, 'all' or an iterable of dicts, got {variants!r}")
+    else:
+        keys = [_warmup_key(dict(v)) for v in variants]
+    expressions = list(dict.fromkeys(k.name_expression for k in keys))
+    _jit.preload(_launch.SOURCE, expressions, int(device))
+    return expressions
 
 
-def _check_input(info: ArrayInfo, group_size: int, layout: str, pad_rows) -> tuple:
-    if info.dtype not in INPUT_DTYPES:
-        raise TypeError(f"x: expected bfloat16, float16 or float32, got {info.dtype}")
-    if len(info.shape) == 0:
-        raise ValueError("x: expected at least one dimension [..., K], got a scalar")
-    k = info.shape[-1]
-    if k % group_size:
-        raise ValueError(
-            f"x: the last dimension K={k} is not a multiple of group_size={group_size}"
-        )
-    if not isinstance(pad_rows, (bool, np.bool_)):
-        raise TypeError(f"pad_rows: expected a bool, got {type(pad_rows).__name__}")
-    geometry = Geometry(tuple(info.shape), group_size, layout, bool(pad_rows))
-    if geometry.empty:
-        return geometry, 0, k
-    if k > 1 and info.strides[-1] != 1:
-        raise ValueError(
-            f"x: the last dimension must be contiguous (stride 1), got strides {info.strides}"
-        )
-    strides = row_strides(info.shape, info.strides)
-    if strides is None:
-        raise ValueError(
-            f"x: the dimensions between the batch and K must collapse into one row stride; "
-            f"got shape {info.shape} with strides {info.strides} (make it contiguous first)"
-        )
-    return (geometry, *strides)
+def _warmup_key(options: dict) -> _launch.KernelKey:
+    input_dtype = options.pop("input_dtype", "bfloat16")
+    unknown = set(options) - {"group_size", "dtype", "scale", "layout", "eps", "pad_rows"}
+    if unknown:
+        raise TypeError(f"variants: unknown option(s) {', '.join(sorted(unknown))}")
+    group_size, fmt, scale, layout, *_ = check_options(
+        options.get("group_size", 128), options.get("dtype", "e4m3"),
+        options.get("scale", "float32"), options.get("layout", "row"),
+        options.get("eps", DEFAULT_EPS), options.get("pad_rows", False),
+    )  # fmt: skip
+    from ._spec import INPUT_TYPES
 
-
-def _same_strides(shape, got, expected) -> bool:
-    return all(n <= 1 or g == e for n, g, e in zip(shape, got, expected))
-
-
-def _output(given, name, x_info, shape, strides, storage, dtype):
-    """Allocate a host output, or validate the caller's. Returns (array, info)."""
-    if given is None:  # host arrays only: device outputs come from _Plan's allocators
-        np_dtype = (
-            OUTPUT_FORMATS["e4m3" if "e4m3" in dtype else "e5m2"].numpy_dtype
-            if dtype.startswith("float8")
-            else np.dtype(dtype)
-        )
-        array = _host_strided(np.empty(storage, np_dtype), shape, strides)
-        return array, describe(array, name)
-
-    info = describe(given, name)
-    if info.kind != x_info.kind:
-        raise TypeError(f"{name}: expected a {x_info.kind} array like x, got a {info.kind} one")
-    if info.device != x_info.device:
-        raise ValueError(
-            f"{name}: expected device {x_info.device} like x, got device {info.device}"
-        )
-    allowed = (dtype, "uint8") if dtype.startswith("float8") else (dtype,)
-    if info.dtype not in allowed:
-        raise TypeError(f"{name}: expected dtype {' or '.join(allowed)}, got {info.dtype}")
-    if tuple(info.shape) != tuple(shape):
-        raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(info.shape)}")
-    if not _same_strides(shape, info.strides, strides):
-        raise ValueError(f"{name}: expected strides {tuple(strides)}, got {tuple(info.strides)}")
-    if name == "out" and info.ptr % Q_ALIGNMENT:
-        raise ValueError(
-            f"{name}: expected a {Q_ALIGNMENT}-byte aligned pointer, got {info.ptr:#x}"
-        )
-    if info.ptr % info.itemsize:
-        raise ValueError(f"{name}: pointer {info.ptr:#x} is not aligned to its item size")
-    need = storage * info.itemsize
-    have = available_bytes(info)
-    if storage and (have is None or have < need):
-        raise ValueError(
-            f"{name}: the layout owns {need} bytes of storage (padding included) from the first "
-            f"element, but the allocation holds {have if have is not None else 'an unknown'} bytes"
-        )
-    return given, info
+    if input_dtype not in INPUT_TYPES:
+        raise ValueError(f"variants: input_dtype must be one of {', '.join(INPUT_TYPES)}")
+    return _launch.KernelKey(
+        input_dtype, group_size, fmt.name, scale.name, layout.kernel_trait, True
+    )
 
 
 def _host_strided(array: np.ndarray, shape, strides) -> np.ndarray:
@@ -474,12 +522,16 @@ def _decode_table(fmt_name: str) -> np.ndarray:
 
 
 def _format_of(info: ArrayInfo, dtype) -> str:
+    """The format of codes ``info``: ``dtype`` if given, else their own dtype (uint8: e4m3)."""
     if dtype is not None:
         return output_format(dtype).name
-    names = {"float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2", "int8": "int8", "uint8": "e4m3"}
-    if info.dtype not in names:
-        raise TypeError(f"q: expected float8, int8 or uint8 codes, got {info.dtype}")
-    return names[info.dtype]
+    if info.dtype == "uint8":
+        return "e4m3"
+    if info.dtype not in FORMATS_BY_DTYPE:
+        raise TypeError(
+            f"q: expected codes of {', '.join(FORMATS_BY_DTYPE)} or uint8, got {info.dtype}"
+        )
+    return FORMATS_BY_DTYPE[info.dtype].name
 
 
 def unpack_scales(packed, groups: int):
@@ -561,9 +613,8 @@ def as_float8(q, dtype="e4m3"):
     if not fmt.is_float8:
         raise ValueError(f"dtype: expected a float8 format, got {dtype!r}")
     info = describe(q, "q")
-    if info.dtype not in ("uint8", f"float8_{'e4m3fn' if fmt.name == 'e4m3' else 'e5m2'}"):
+    if info.dtype not in ("uint8", fmt.dtype_name):
         raise TypeError(f"q: expected uint8 codes, got {info.dtype}")
-    torch_name = "float8_e4m3fn" if fmt.name == "e4m3" else "float8_e5m2"
     if info.kind == NUMPY:
         return q.view(fmt.numpy_dtype)
     if info.kind == CUPY:
@@ -575,7 +626,7 @@ def as_float8(q, dtype="e4m3"):
                 "as_float8(cupy.asnumpy(q)) for a host copy"
             ) from error
         q = torch.from_dlpack(q)
-    return q.view(getattr(sys.modules["torch"], torch_name))
+    return q.view(getattr(sys.modules["torch"], fmt.dtype_name))
 
 
 def _namespace(info: ArrayInfo):
@@ -590,22 +641,11 @@ def _namespace(info: ArrayInfo):
 
 
 def _compile_on_import() -> None:
+    """NVRTC into the disk cache for the visible devices' architectures; no CUDA context is
+    created and no device selected (modules load at first use, or through ``warmup``)."""
     if os.environ.get("FP8_GROUP_QUANT_COMPILE_ON_IMPORT", "1") == "0":
         return
-    try:
-        import cupy
-
-        if cupy.cuda.runtime.getDeviceCount() == 0:
-            return
-        device = cupy.cuda.runtime.getDevice()
-    except Exception:  # no CuPy, no driver or no device: the NumPy backend still works
-        return
-    try:
-        _jit.get_function(_launch.SOURCE, _launch.DEFAULT_KEY.name_expression, device)
-    except Exception as error:  # the call that needs it raises again, with the full log
-        warnings.warn(
-            f"fp8_group_quant: could not compile the default kernel: {error}", stacklevel=2
-        )
+    _jit.precompile(_launch.SOURCE, [_launch.DEFAULT_KEY.name_expression])
 
 
 _compile_on_import()

@@ -1,24 +1,26 @@
-"""The NumPy backend: SPEC sections 3 and 4, vectorised, in float32.
+"""The NumPy backend: docs/spec.md sections 3 to 6, vectorised, in float32.
 
 This is the oracle for every test and benchmark and the backend for NumPy inputs. Every CUDA
-kernel matches it bit for bit.
+kernel matches it bit for bit. Formats come from ``_spec.OUTPUT_FORMATS`` and scale layouts
+write through their address map (``Geometry.scale_byte_offsets``), as the kernel does.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ._layout import GROUPS_PER_WORD, PACKED_LAYOUTS, Geometry
-from ._spec import UE8M0_FLOOR, OutputFormat
+from ._layout import Geometry
+from ._spec import UE8M0_FLOOR, OutputFormat, ScaleFormat, output_format, scale_format
 
 __all__ = ["quantize_groups", "encode", "ue8m0_exponents", "quantize_into"]
 
 _ABS_MASK = np.uint32(0x7FFFFFFF)
 _INF_BITS = np.uint32(0x7F800000)
+_SIGN_BITS = np.uint32(0x80000000)
 
 
 def ue8m0_exponents(y: np.ndarray) -> np.ndarray:
-    """Exponent byte of the smallest power of two >= max(y, 1e-10) (SPEC 3.3), as uint32."""
+    """Exponent byte of the smallest power of two >= max(y, 1e-10), as uint32."""
     bits = np.maximum(y, UE8M0_FLOOR).astype(np.float32).view(np.uint32)
     return (bits >> 23) + ((bits & 0x7FFFFF) != 0)
 
@@ -28,30 +30,32 @@ def encode(t: np.ndarray, values: np.ndarray, fmt: OutputFormat) -> np.ndarray:
     with np.errstate(invalid="ignore"):
         clamped = np.clip(t, -fmt.fmax, fmt.fmax)
         if fmt.is_float8:
+            # ml_dtypes rounds to nearest even; formats without -0 (fnuz) give +0 for it
             codes = clamped.astype(fmt.numpy_dtype).view(np.uint8)
         else:
             codes = np.rint(np.nan_to_num(clamped, nan=0.0)).astype(np.int8).view(np.uint8)
     bits = values.view(np.uint32)
     magnitude = bits & _ABS_MASK
-    sign = ((bits >> 24) & 0x80).astype(np.uint8) if fmt.signed_nan else np.uint8(0)
-    codes = np.where(magnitude > _INF_BITS, np.uint8(fmt.nan_code) | sign, codes)
-    if fmt.keeps_inf:
-        codes = np.where(magnitude == _INF_BITS, np.uint8(fmt.inf_code) | sign, codes)
-    return codes.astype(np.uint8)
+    # +NaN, -NaN, +Inf, -Inf: the same table the kernel reads (Params.nonfinite_codes)
+    which = np.where(magnitude == _INF_BITS, 2, 0) + ((bits & _SIGN_BITS) != 0)
+    table = np.array(fmt.nonfinite_codes, np.uint8)
+    return np.where(magnitude >= _INF_BITS, table[which], codes).astype(np.uint8)
 
 
-def quantize_groups(values: np.ndarray, fmt: OutputFormat, ue8m0: bool, eps: float):
+def quantize_groups(values: np.ndarray, fmt, scale, eps: float):
     """Quantize groups along the last axis of float32 ``values`` [..., G].
 
-    Returns ``(codes uint8 [..., G], scales float32 [...], exponents uint32 [...] or None)``.
+    ``fmt`` and ``scale`` are formats or their names. Returns ``(codes uint8 [..., G], scales
+    float32 [...], exponents uint32 [...] or None)``.
     """
+    fmt, scale = output_format(fmt), scale_format(scale)
     values = np.ascontiguousarray(values, dtype=np.float32)
     magnitude = values.view(np.uint32) & _ABS_MASK
     finite = np.where(magnitude < _INF_BITS, magnitude, np.uint32(0)).view(np.float32)
     amax = np.maximum(finite.max(axis=-1, initial=np.float32(0)), np.float32(eps))
     y = (amax / np.float32(fmt.fmax)).astype(np.float32)
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        if ue8m0:
+        if scale.power_of_two:
             exponents = ue8m0_exponents(y)
             scales = (exponents << 23).view(np.float32)
             inverse = ((np.uint32(254) - exponents) << 23).view(np.float32)
@@ -66,37 +70,32 @@ def quantize_groups(values: np.ndarray, fmt: OutputFormat, ue8m0: bool, eps: flo
 def quantize_into(
     x: np.ndarray,
     geometry: Geometry,
-    fmt: OutputFormat,
-    ue8m0: bool,
+    fmt: OutputFormat | str,
+    scale: ScaleFormat | str,
     eps: float,
     q_storage: np.ndarray,
     scale_storage: np.ndarray,
 ) -> None:
     """Quantize host ``x`` into flat storages laid out by ``geometry``, padding included.
 
-    ``q_storage`` is uint8 of ``geometry.q_storage`` bytes; ``scale_storage`` is float32 or int32
-    of ``geometry.scale_storage`` elements. Padding is written as zero.
+    ``q_storage`` is uint8 of ``geometry.q_storage`` bytes; ``scale_storage`` holds
+    ``geometry.scale_storage`` words (float32 or int32). Padding is written as zero.
     """
     b, m, ng, g = geometry.batches, geometry.rows, geometry.groups, geometry.group_size
     values = np.asarray(x).astype(np.float32).reshape(b, m, ng, g)
-    codes, scales, exponents = quantize_groups(values, fmt, ue8m0, eps)
+    codes, scales, exponents = quantize_groups(values, fmt, scale, eps)
 
     q = q_storage.reshape(b, geometry.q_rows, geometry.k)
     q[:, :m] = codes.reshape(b, m, geometry.k)
     q[:, m:] = 0
 
-    if geometry.layout in PACKED_LAYOUTS:
-        data = np.zeros((b, m, geometry.packed_words * GROUPS_PER_WORD), np.uint8)
-        data[..., :ng] = exponents
-        data = data.view("<i4").astype(np.int32)  # byte g % 4 of word g // 4, little end first
+    # each scale's bytes, little end first, written at the layout's byte offsets
+    width = geometry.layout.scale_bytes
+    if width == 4:
+        scale_bytes = scales.astype("<f4").view(np.uint8).reshape(b, m, ng, 4)
     else:
-        data = scales
-    scale_storage[...] = 0
-    batch, row, column = geometry.scale_kernel_strides
-    itemsize = scale_storage.itemsize
-    view = np.lib.stride_tricks.as_strided(
-        scale_storage,
-        shape=(b, m, geometry.scale_columns),
-        strides=(batch * itemsize, row * itemsize, column * itemsize),
-    )
-    view[...] = data
+        scale_bytes = exponents.astype(np.uint8).reshape(b, m, ng, 1)
+    storage = scale_storage.view(np.uint8)
+    storage[...] = 0
+    offsets = geometry.scale_byte_offsets()[..., None] + np.arange(width)
+    storage[offsets] = scale_bytes

@@ -15,10 +15,10 @@ typedef unsigned short u16;
 typedef unsigned int u32;
 typedef long long i64;
 
-// Template codes; _launch.py spells the same names in its name expressions.
+// Template codes; the Python registries (_spec.py, _layout.py) name them in their rows.
 enum InputType : int { kBF16 = 0, kF16 = 1, kF32 = 2 };
-enum OutputType : int { kE4M3 = 0, kE5M2 = 1, kInt8 = 2 };
-enum ScaleKind : int { kFloatScale = 0, kPow2Scale = 1, kPackedUE8M0 = 2 };
+enum OutputType : int { kE4M3 = 0, kE5M2 = 1, kInt8 = 2, kE4M3FNUZ = 3 };
+enum ScaleFormat : int { kFloat32Scale = 0, kUE8M0Scale = 1 };
 
 constexpr int kLaneWords = 8;  // 32 bytes of input per lane
 
@@ -161,26 +161,23 @@ __device__ __forceinline__ u32 max_finite_magnitude(const u32 (&w)[kLaneWords]) 
 }
 
 // output encodings -------------------------------------------------------------------------------
-// encode4(t) returns the codes of four scaled values t = v / s, t[j] in bits 8j to 8j + 7.
+// A format's trait holds its instructions only: encode4(t) returns the codes of four scaled values
+// t = v / s, t[j] in bits 8j to 8j + 7, for finite inputs. Its numbers (fmax, the codes of NaN and
+// Inf) live in one Python table, _spec.OUTPUT_FORMATS, and reach the kernel through Params.
+// kLean: the format's encoding fits the 40-register budget of six resident blocks per SM.
 
 template <int kOut> struct Output;
 
 // float8 formats: one cvt rounds and saturates two values at a time
 template <int kOut>
 struct Float8Output {
+  static constexpr bool kLean = true;
   __device__ static __forceinline__ u32 encode4(const float (&t)[4]) {
     return Output<kOut>::encode2(t[0], t[1]) | (Output<kOut>::encode2(t[2], t[3]) << 16);
   }
 };
 
 template <> struct Output<kE4M3> : Float8Output<kE4M3> {
-  static constexpr float kMax = 448.0f;
-  static constexpr u32 kInverseMaxBits = 0x3b124925u;  // RN(1 / 448)
-  static constexpr u32 kNaN = 0x7f;  // ml_dtypes' NaN; the sign bit is carried over
-  static constexpr bool kKeepsInf = false;
-  static constexpr u32 kInf = 0;
-  static constexpr bool kSigned = true;  // NaN codes carry the input's sign
-  __device__ static __forceinline__ u32 saturated(bool negative) { return negative ? 0xfe : 0x7e; }
   __device__ static __forceinline__ u32 encode2(float lo, float hi) {
     // NOTES: .satfinite rounds to nearest even and then clamps to +-448, which equals the spec's
     // clamp-then-round; non-finite inputs are patched afterwards.
@@ -191,13 +188,6 @@ template <> struct Output<kE4M3> : Float8Output<kE4M3> {
 };
 
 template <> struct Output<kE5M2> : Float8Output<kE5M2> {
-  static constexpr float kMax = 57344.0f;
-  static constexpr u32 kInverseMaxBits = 0x37924925u;  // RN(1 / 57344)
-  static constexpr u32 kNaN = 0x7e;
-  static constexpr bool kKeepsInf = true;
-  static constexpr u32 kInf = 0x7c;
-  static constexpr bool kSigned = true;
-  __device__ static __forceinline__ u32 saturated(bool negative) { return negative ? 0xfb : 0x7b; }
   __device__ static __forceinline__ u32 encode2(float lo, float hi) {
     u16 r;
     asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
@@ -205,14 +195,20 @@ template <> struct Output<kE5M2> : Float8Output<kE5M2> {
   }
 };
 
+// float8_e4m3fnuz (AMD): bias 8, so the code of t is the e4m3fn code of 2t (an exact multiply);
+// the clamp at +-224 is e4m3fn's +-448 halved. The format has no -0: 0x80 is its only NaN.
+template <> struct Output<kE4M3FNUZ> {
+  static constexpr bool kLean = true;
+  __device__ static __forceinline__ u32 encode4(const float (&t)[4]) {
+    const u32 codes = Output<kE4M3>::encode4({mul_rn(t[0], 2.0f), mul_rn(t[1], 2.0f),
+                                              mul_rn(t[2], 2.0f), mul_rn(t[3], 2.0f)});
+    // a byte of zero magnitude (+0 or -0) becomes +0
+    return codes & __vcmpne4(codes & 0x7f7f7f7fu, 0u);
+  }
+};
+
 template <> struct Output<kInt8> {
-  static constexpr float kMax = 127.0f;
-  static constexpr u32 kInverseMaxBits = 0x3c010204u;  // RN(1 / 127)
-  static constexpr u32 kNaN = 0;  // NaN has no int8 code: it becomes 0
-  static constexpr bool kKeepsInf = false;
-  static constexpr u32 kInf = 0;
-  static constexpr bool kSigned = false;
-  __device__ static __forceinline__ u32 saturated(bool negative) { return negative ? 0x81 : 0x7f; }
+  static constexpr bool kLean = false;
   __device__ static __forceinline__ u32 encode4(const float (&t)[4]) {
     // NOTES: the spec's clamp to +-127 never binds for a finite input: |v| <= amax and
     // s >= RN(amax / 127) (a power of two at least that for UE8M0), so |v / s| <= 127.002 even
@@ -227,39 +223,35 @@ template <> struct Output<kInt8> {
   }
 };
 
-// the code of a non-finite input, or `code` unchanged for a finite one
+// the code of a non-finite input (from `codes`: +NaN, -NaN, +Inf, -Inf, a byte each), or `code`
+// unchanged for a finite one
 // NOTES: set explicitly rather than trusting the arithmetic: Inf / s through the reciprocal path
 // of divide_fast gives NaN, and cvt's NaN has no sign.
-template <int kIn, int kOut>
-__device__ __forceinline__ u32 patch_nonfinite(u32 code, u32 raw) {
+template <int kIn>
+__device__ __forceinline__ u32 patch_nonfinite(u32 code, u32 raw, u32 codes) {
   typedef Input<kIn> In;
-  typedef Output<kOut> Out;
   const u32 magnitude = raw & (In::kSign - 1u);
-  const bool negative = (raw & In::kSign) != 0u;
-  const u32 sign = Out::kSigned && negative ? 0x80u : 0u;
-  if (magnitude > In::kInf) return Out::kNaN | sign;
-  if (magnitude == In::kInf) return Out::kKeepsInf ? Out::kInf | sign : Out::saturated(negative);
-  return code;
+  if (magnitude < In::kInf) return code;
+  const u32 which = (magnitude == In::kInf ? 2u : 0u) + ((raw & In::kSign) != 0u ? 1u : 0u);
+  return (codes >> (8u * which)) & 0xffu;
 }
 
-// RN(amax / fmax) for amax >= eps (positive, finite, normal)
-// NOTES: Markstein's division with the precomputed RN(1 / fmax) is exact while the quotient and the
+// RN(amax / fmax) for amax >= eps (positive, finite, normal); inverse_fmax = RN(1 / fmax)
+// NOTES: Markstein's division with the precomputed reciprocal is exact while the quotient and the
 // residual stay normal; amax >= 2^-60 keeps both far from the subnormal range (the default eps,
 // 1e-10, always takes this path). Smaller maxima, reachable only with a tiny eps, take div.rn.
-template <int kOut>
-__device__ __forceinline__ float divide_by_max(float amax) {
-  typedef Output<kOut> Out;
+__device__ __forceinline__ float divide_by_max(float amax, float fmax, float inverse_fmax) {
   if (amax >= 8.673617379884035e-19f) {  // 2^-60
-    return divide_fast(amax, Out::kMax, __uint_as_float(Out::kInverseMaxBits));
+    return divide_fast(amax, fmax, inverse_fmax);
   }
-  return div_rn(amax, Out::kMax);
+  return div_rn(amax, fmax);
 }
 
 // UE8M0 scales -----------------------------------------------------------------------------------
-// Exponent byte of the smallest power of two >= max(y, 1e-10): the biased exponent, plus one if
+// Exponent byte of the smallest power of two >= max(y, floor): the biased exponent, plus one if
 // any mantissa bit is set. y is positive and finite here.
-__device__ __forceinline__ u32 ue8m0_exponent(float y) {
-  const u32 bits = __float_as_uint(fmaxf(y, 1e-10f));
+__device__ __forceinline__ u32 ue8m0_exponent(float y, float floor) {
+  const u32 bits = __float_as_uint(fmaxf(y, floor));
   return (bits >> 23) + ((bits & 0x7fffffu) != 0u);
 }
 

@@ -14,13 +14,15 @@
 // of gridDim.x tiles, so M is not bounded by a grid dimension. Each lane loads its next row
 // before it quantizes the current one, keeping loads in flight while it computes.
 // Rows in [rows, grid_rows) of each batch are padding rows: the kernel writes zeros there (to q
-// when pad_q, to the scales when pad_scales), so callers may allocate with empty and no memset
+// below q_rows, to the scales below scale_rows), so callers may allocate with empty and no memset
 // is launched.
 #include "common.cuh"
+#include "layouts.cuh"
+#include "params.cuh"
 
 namespace fgq {
 
-constexpr int kMaxThreads = 256;  // _launch.MAX_THREADS_PER_BLOCK
+constexpr int kMaxThreads = 256;  // _launch.py reads this line
 // NOTES: six resident blocks of 256 threads cap a kernel at 40 registers, five at 48. The lean
 // instantiations (16-bit input to float8 with power-of-two scales, vector loads) fit 40 with no
 // spill and keep six blocks; int8 output, exact float scales, float32 input and the element-wise
@@ -28,7 +30,7 @@ constexpr int kMaxThreads = 256;  // _launch.MAX_THREADS_PER_BLOCK
 // instantiation spills (tests/test_compile.py checks it for sm_90).
 template <int kIn, int kOut, int kScale, bool kVec16>
 constexpr int min_blocks_per_sm() {
-  return (kIn == kF32 || kOut == kInt8 || kScale == kFloatScale || !kVec16) ? 5 : 6;
+  return (kIn == kF32 || !Output<kOut>::kLean || kScale == kFloat32Scale || !kVec16) ? 5 : 6;
 }
 
 // load one lane's 32 bytes ------------------------------------------------------------------------
@@ -85,38 +87,38 @@ __device__ __forceinline__ void encode_lane(const u32 (&words)[kLaneWords], floa
   }
 }
 
-template <int kIn, int kGroup, int kOut, int kScale, bool kVec16>
+template <int kIn, int kGroup, int kOut, int kScale, int kLayout, bool kVec16>
 __global__ void __launch_bounds__(kMaxThreads, (min_blocks_per_sm<kIn, kOut, kScale, kVec16>()))
-    quantize_groups(const void* __restrict__ x, u8* __restrict__ q, void* __restrict__ scales,
-                    u32 rows, u32 grid_rows, u32 batches, int groups_per_row, i64 x_batch_stride,
-                    i64 x_row_stride, i64 q_batch_stride, i64 s_batch_stride, i64 s_row_stride,
-                    i64 s_group_stride, int pad_q, int pad_scales, float eps, int tile_rows_log2) {
+    quantize_groups(const __grid_constant__ Params p) {
   typedef Input<kIn> In;
-  typedef Output<kOut> Out;
   constexpr int kValues = kLaneWords * 4 / In::kBytes;  // 16 (16-bit input) or 8 (float32)
   constexpr int kLanes = kGroup / kValues;              // lanes per group
   static_assert(kLanes >= 2 && kLanes <= 32 && (kLanes & (kLanes - 1)) == 0, "lanes per group");
+  static_assert(kLayout != kPackedExponents || kScale == kUE8M0Scale,
+                "a packed word holds UE8M0 exponent bytes only");
 
   const int slot = threadIdx.x / kLanes;  // the group slot: rows fastest, then groups
+  const int tile_rows_log2 = p.tile_rows_log2;
   const int groups_per_block = blockDim.x / kLanes >> tile_rows_log2;
   const int group = blockIdx.y * groups_per_block + (slot >> tile_rows_log2);
   // a slot's first row over all batches, and the distance to its next one
   const u32 slot_row = (blockIdx.x << tile_rows_log2) + (slot & ((1 << tile_rows_log2) - 1));
   const u32 row_step = gridDim.x << tile_rows_log2;
+  const u32 rows = p.rows, grid_rows = p.grid_rows, batches = p.batches;
   // whole groups leave together, so the shuffle masks stay complete
-  if (group >= groups_per_row || slot_row >= batches * grid_rows) return;
+  if (group >= p.groups_per_row || slot_row >= batches * grid_rows) return;
   const int lane = threadIdx.x % kLanes;
-  const i64 k = static_cast<i64>(groups_per_row) * kGroup;
+  const i64 k = static_cast<i64>(p.groups_per_row) * kGroup;
   const i64 value0 = static_cast<i64>(group) * kGroup + lane * kValues;
   const u32 warp_lane = threadIdx.x & 31u;
   const u32 mask = kLanes == 32 ? 0xffffffffu
                                 : ((1u << kLanes) - 1u) << (warp_lane & ~static_cast<u32>(kLanes - 1));
-  const typename In::Storage* x_lane = static_cast<const typename In::Storage*>(x) + value0;
+  const typename In::Storage* x_lane = static_cast<const typename In::Storage*>(p.x) + value0;
 
   // a padding row reads nothing and quantizes zeros
   auto load_row = [&](u32 batch, u32 row, u32(&words)[kLaneWords]) {
     if (row < rows) {
-      load_lane<kIn, kVec16>(x_lane + batch * x_batch_stride + row * x_row_stride, words);
+      load_lane<kIn, kVec16>(x_lane + batch * p.x_batch_stride + row * p.x_row_stride, words);
     } else {
 #pragma unroll
       for (int i = 0; i < kLaneWords; ++i) words[i] = 0u;
@@ -150,14 +152,14 @@ __global__ void __launch_bounds__(kMaxThreads, (min_blocks_per_sm<kIn, kOut, kSc
     u32 magnitude = group_max<kLanes>(In::max_magnitude(words), mask);
     const bool nonfinite = magnitude >= In::kInf;  // uniform over the group
     if (nonfinite) magnitude = group_max<kLanes>(max_finite_magnitude<kIn>(words), mask);
-    const float amax = fmaxf(In::magnitude_to_f32(magnitude), eps);
+    const float amax = fmaxf(In::magnitude_to_f32(magnitude), p.eps);
 
     // scale and quantize in registers ----------------------------------------------------------------
     u32 codes[kValues / 4];
     float scale;
     u32 exponent = 0u;
-    if constexpr (kScale == kFloatScale) {
-      scale = divide_by_max<kOut>(amax);
+    if constexpr (kScale == kFloat32Scale) {
+      scale = divide_by_max(amax, p.fmax, p.inverse_fmax);
       if (scale >= kMinFastDivisor) {
         encode_lane<kIn, kOut, kDivideFast, kValues>(words, scale, rcp_rn(scale), codes);
       } else {
@@ -166,8 +168,7 @@ __global__ void __launch_bounds__(kMaxThreads, (min_blocks_per_sm<kIn, kOut, kSc
     } else {
       // NOTES: no div.rn fallback needed: below amax = 2^-60, where divide_fast may be inexact,
       // the quotient is under 2^-68 either way and the 1e-10 floor of ue8m0_exponent decides
-      const float inverse_max = __uint_as_float(Out::kInverseMaxBits);
-      exponent = ue8m0_exponent(divide_fast(amax, Out::kMax, inverse_max));
+      exponent = ue8m0_exponent(divide_fast(amax, p.fmax, p.inverse_fmax), p.ue8m0_floor);
       scale = __uint_as_float(exponent << 23);
       const float inverse = __uint_as_float((254u - exponent) << 23);
       encode_lane<kIn, kOut, kMultiply, kValues>(words, scale, inverse, codes);
@@ -176,14 +177,15 @@ __global__ void __launch_bounds__(kMaxThreads, (min_blocks_per_sm<kIn, kOut, kSc
 #pragma unroll
       for (int i = 0; i < kValues; ++i) {
         const int shift = 8 * (i % 4);
-        const u32 code = patch_nonfinite<kIn, kOut>((codes[i / 4] >> shift) & 0xffu, In::raw(words, i));
+        const u32 code =
+            patch_nonfinite<kIn>((codes[i / 4] >> shift) & 0xffu, In::raw(words, i), p.nonfinite_codes);
         codes[i / 4] = (codes[i / 4] & ~(0xffu << shift)) | (code << shift);
       }
     }
 
     // store the codes --------------------------------------------------------------------------------
-    if (real_row || pad_q) {
-      u8* dst = q + batch * q_batch_stride + row * k + value0;
+    if (row < p.q_rows) {
+      u8* dst = p.q + batch * p.q_batch_stride + row * k + value0;
       if constexpr (kValues == 16) {
         *reinterpret_cast<uint4*>(dst) = make_uint4(codes[0], codes[1], codes[2], codes[3]);
       } else {
@@ -192,21 +194,8 @@ __global__ void __launch_bounds__(kMaxThreads, (min_blocks_per_sm<kIn, kOut, kSc
     }
 
     // store the scale (one lane per group) -----------------------------------------------------------
-    if (lane == 0 && (real_row || pad_scales)) {
-      if constexpr (kScale == kPackedUE8M0) {
-        // NOTES: four groups share one int32 word (group g is byte g % 4). Each group's lane 0
-        // writes its own byte; the last group of a row also zeroes the unused bytes of its word,
-        // so the padding is owned by the kernel without atomics.
-        u8* word = reinterpret_cast<u8*>(static_cast<u32*>(scales) + batch * s_batch_stride +
-                                         row * s_row_stride + (group / 4) * s_group_stride);
-        word[group % 4] = real_row ? static_cast<u8>(exponent) : 0;
-        if (group == groups_per_row - 1) {
-          for (int b = group % 4 + 1; b < 4; ++b) word[b] = 0;
-        }
-      } else {
-        static_cast<float*>(scales)[batch * s_batch_stride + row * s_row_stride +
-                                    group * s_group_stride] = real_row ? scale : 0.0f;
-      }
+    if (lane == 0 && row < p.scale_rows) {
+      ScaleLayout<kLayout>::store(p, batch, row, group, scale, exponent, real_row);
     }
 
     if (next_batch >= batches) break;

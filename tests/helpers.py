@@ -6,7 +6,7 @@ import ml_dtypes
 import numpy as np
 
 from fp8_group_quant import reference
-from fp8_group_quant._layout import PACKED_LAYOUTS, Geometry
+from fp8_group_quant._layout import Geometry
 from fp8_group_quant._spec import output_format
 
 NP_INPUT = {
@@ -49,9 +49,9 @@ def reference_storage(x: np.ndarray, geometry: Geometry, dtype: str, scale: str,
     """(q bytes, scale bytes) of the whole storage the NumPy backend writes, padding included."""
     fmt = output_format(dtype)
     q = np.full(geometry.q_storage, 0xAB, np.uint8)
-    scale_dtype = np.int32 if geometry.layout in PACKED_LAYOUTS else np.float32
+    scale_dtype = np.dtype(geometry.layout.dtype)
     scales = np.full(geometry.scale_storage, -1, scale_dtype)
-    reference.quantize_into(np.asarray(x), geometry, fmt, scale == "ue8m0", eps, q, scales)
+    reference.quantize_into(np.asarray(x), geometry, fmt, scale, eps, q, scales)
     return q, scales.view(np.uint8)
 
 

@@ -130,7 +130,7 @@ def test_dequantize_checks():
         fgq.dequantize(q, np.zeros((2, 3), np.float32))
     with pytest.raises(TypeError, match="scales: expected float32"):
         fgq.dequantize(q, np.zeros((2, 2), np.float64))
-    with pytest.raises(TypeError, match="q: expected float8"):
+    with pytest.raises(TypeError, match="q: expected codes of float8_e4m3fn"):
         fgq.dequantize(np.zeros((2, 256), np.float32), np.zeros((2, 2), np.float32))
     with pytest.raises(ValueError, match="groups"):
         fgq.unpack_scales(np.zeros((2, 1), np.int32), 5)
@@ -143,16 +143,53 @@ def test_a_cached_plan_does_not_keep_its_first_input_alive():
     pytest.importorskip("cupy", reason="plans are built for CuPy and torch arrays")
     from fp8_group_quant import api
     from fp8_group_quant._arrays import CUPY, ArrayInfo
-    from fp8_group_quant._layout import Geometry
-    from fp8_group_quant._spec import output_format
+    from fp8_group_quant._request import make_request
 
     class Input:  # stands in for a device array: plans never read it after they are built
         pass
 
     first = Input()
     info = ArrayInfo(CUPY, first, 4096, (4, 256), (256, 1), "bfloat16", 2, 0)
-    plan = api._Plan(info, Geometry((4, 256), 128, "packed", False), output_format("e4m3"), None)
+    request = make_request(info, 128, "e4m3", "ue8m0", "packed", 1e-10, False)
+    plan = api._Plan(info, request, None)
     alive = weakref.ref(first)
     del first, info
     gc.collect()
     assert alive() is None and plan.x_info.obj is None and plan.device == 0
+
+
+def test_the_plan_cache_is_bounded_and_keeps_its_newest():
+    from fp8_group_quant.api import PlanCache
+
+    cache = PlanCache(3)
+    for i in range(5):
+        cache.put(("key", i), f"plan {i}")
+    assert len(cache) == 3
+    assert cache.get(("key", 0)) is None and cache.get(("key", 4)) == "plan 4"
+    assert cache.get(("key", [1])) is None  # an unhashable option is no key
+    cache.put(("key", [1]), "never stored")
+    assert len(cache) == 3
+
+
+def test_the_plan_cache_is_safe_under_threads():
+    import threading
+
+    from fp8_group_quant.api import PlanCache
+
+    cache = PlanCache(64)
+    errors = []
+
+    def work(start):
+        try:
+            for i in range(2000):
+                cache.put((start, i), i)
+                cache.get((start, i - 1))
+        except Exception as error:  # pragma: no cover - the assertion below reports it
+            errors.append(error)
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors and len(cache) == 64

@@ -49,8 +49,11 @@ def test_vllm_per_token_group_quant_fp8(x, kwargs, layout, scale, strides):
 
 def test_vllm_three_dimensional_tma_scales_are_per_batch():
     x = activations(np.random.default_rng(1), (2, 5, 1024), "float16")
-    _, s = per_token_group_quant_fp8(x, 128, column_major_scales=True, tma_aligned_scales=True)
+    q, s = per_token_group_quant_fp8(x, 128, column_major_scales=True, tma_aligned_scales=True)
     assert s.shape == (2, 5, 8) and elements(s.strides) == (8 * 8, 1, 8)  # vLLM: (tma*ng, 1, tma)
+    q_ref, s_ref = fgq.quantize(x, 128, layout="col_tma")
+    np.testing.assert_array_equal(np.asarray(q).view(np.uint8), np.asarray(q_ref).view(np.uint8))
+    np.testing.assert_array_equal(s, s_ref)
 
 
 def test_vllm_dtype_and_out_q(x):
@@ -75,22 +78,27 @@ def test_vllm_packed_for_deepgemm_flattens_tokens():
 
 
 SGLANG_CASES = [
-    ({}, (8, 1), np.float32),
-    ({"column_major_scales": True}, (1, 5), np.float32),
-    ({"column_major_scales": True, "scale_tma_aligned": True}, (1, 8), np.float32),
+    ({}, (8, 1), np.float32, "row"),
+    ({"column_major_scales": True}, (1, 5), np.float32, "col"),
+    ({"column_major_scales": True, "scale_tma_aligned": True}, (1, 8), np.float32, "col_tma"),
     (
         {"column_major_scales": True, "scale_tma_aligned": True, "scale_ue8m0": True},
         (1, 8),
         np.int32,
+        "packed",
     ),
 ]  # fmt: skip  every branch of SGLang's scale allocation
 
 
-@pytest.mark.parametrize("kwargs, strides, dtype", SGLANG_CASES)
-def test_sglang_per_token_group_quant_fp8(x, kwargs, strides, dtype):
+@pytest.mark.parametrize("kwargs, strides, dtype, layout", SGLANG_CASES)
+def test_sglang_per_token_group_quant_fp8(x, kwargs, strides, dtype, layout):
     q, s = sglang_per_token_group_quant_fp8(x, 128, **kwargs)
     assert q.dtype == ml_dtypes.float8_e4m3fn and s.dtype == dtype
     assert elements(s.strides) == strides
+    scale = "ue8m0" if dtype == np.int32 else "float32"
+    q_ref, s_ref = fgq.quantize(x, 128, scale=scale, layout=layout)
+    np.testing.assert_array_equal(np.asarray(q).view(np.uint8), np.asarray(q_ref).view(np.uint8))
+    np.testing.assert_array_equal(s, s_ref)
     if dtype == np.int32:
         assert s.shape == (5, 2)
         np.testing.assert_array_equal(s, fgq.quantize_packed(x)[1])
@@ -99,16 +107,16 @@ def test_sglang_per_token_group_quant_fp8(x, kwargs, strides, dtype):
 
 
 @pytest.mark.parametrize(
-    "kwargs, error",
+    "kwargs, error, message",
     [
-        ({"fuse_silu_and_mul": True}, NotImplementedError),
-        ({"masked_m": np.array([3], np.int32)}, NotImplementedError),
-        ({"scale_ue8m0": True}, ValueError),
-        ({"scale_ue8m0": True, "column_major_scales": True}, ValueError),
+        ({"fuse_silu_and_mul": True}, NotImplementedError, "fuse_silu_and_mul"),
+        ({"masked_m": np.array([3], np.int32)}, NotImplementedError, "masked_m"),
+        ({"scale_ue8m0": True}, ValueError, "scale_ue8m0: packed UE8M0"),
+        ({"scale_ue8m0": True, "column_major_scales": True}, ValueError, "scale_tma_aligned=True"),
     ],
 )  # the two pending features, and SGLang's own precondition for packed scales
-def test_sglang_rejections(x, kwargs, error):
-    with pytest.raises(error):
+def test_sglang_rejections(x, kwargs, error, message):
+    with pytest.raises(error, match=message):
         sglang_per_token_group_quant_fp8(x, 128, **kwargs)
 
 

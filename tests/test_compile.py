@@ -12,7 +12,8 @@ nvrtc = pytest.importorskip("cupy_backends.cuda.libs.nvrtc", reason="CuPy is not
 @pytest.mark.parametrize("arch", ARCHS)
 def test_every_instantiation_compiles(arch):
     keys = _launch.all_kernel_keys()
-    assert len(keys) == 3 * 4 * 3 * 3 * 2
+    # inputs x group sizes x formats x (float scales, ue8m0 in float words, packed) x alignment
+    assert len(keys) == 3 * 4 * 4 * 3 * 2
     report = []
     lowered = _jit.compile_offline(_launch.SOURCE, [k.name_expression for k in keys], arch, report)
     assert len(set(lowered.values())) == len(keys)  # one distinct kernel per key
@@ -108,3 +109,119 @@ def test_missing_cupy_or_nvrtc_gives_an_install_hint(monkeypatch):
     with pytest.raises(_jit.GpuUnavailableError, match="NVRTC was not found"):
         _jit._raise_if_nvrtc_missing(OSError("CuPy failed to load libnvrtc.so.12"))
     _jit._raise_if_nvrtc_missing(OSError("some other failure"))  # unrelated errors pass through
+
+
+# the Params struct: one definition in kernels/params.cuh, its ctypes mirror read from it ---------
+
+
+def _params_layout(tmp_path, monkeypatch, size: int) -> dict[str, int]:
+    """The offset NVRTC gives each field of ``fgq::Params``, read from the PTX of one probe
+    kernel per field, after a static_assert that the struct has ``size`` bytes.
+
+    NOTES: NVRTC has no offsetof (no <cstddef>, no __builtin_offsetof), so the offsets come
+    from the code it generates: each probe loads one field, as ld.param [probe_param_0+offset].
+    """
+    import re
+    import shutil
+
+    monkeypatch.delenv(_jit.KERNEL_DIR_ENV, raising=False)
+    sources = _jit.kernel_dir()
+    tmp_path = tmp_path / f"size{size}"
+    tmp_path.mkdir()
+    for path in sources.iterdir():
+        shutil.copy(path, tmp_path / path.name)
+    fields = [name for name, _ in _launch.params_type()._fields_]
+    probes = [
+        f'extern "C" __global__ void probe_{name}(const __grid_constant__ fgq::Params p, '
+        f"decltype(p.{name})* out) {{ *out = p.{name}; }}"
+        for name in fields
+    ]
+    (tmp_path / "probe.cu").write_text(
+        '#include "params.cuh"\n'
+        f'static_assert(sizeof(fgq::Params) == {size}, "the size of Params");\n'
+        + "\n".join(probes)
+        + "\n"
+    )
+    monkeypatch.setenv(_jit.KERNEL_DIR_ENV, str(tmp_path))
+    _jit.source_text.cache_clear()
+    _jit._fingerprint.cache_clear()
+    try:
+        ptx, _, _ = _jit._nvrtc_compile("probe.cu", [], "compute_90")
+    finally:
+        _jit.source_text.cache_clear()
+        _jit._fingerprint.cache_clear()
+    ptx = ptx.decode() if isinstance(ptx, bytes) else ptx
+    layout = {}
+    for name in fields:
+        loads = re.findall(rf"ld\.param\.\w+\s+[^,]+,\s*\[probe_{name}_param_0(?:\+(\d+))?\]", ptx)
+        assert len(loads) == 1, (name, loads)
+        layout[name] = int(loads[0] or 0)
+    return layout
+
+
+def test_params_mirror_matches_the_struct(tmp_path, monkeypatch):
+    import ctypes
+
+    mirror = _launch.params_type()
+    fields = [name for name, _ in mirror._fields_]
+    assert fields[:3] == ["x", "q", "scales"] and "nonfinite_codes" in fields
+    expected = {name: getattr(mirror, name).offset for name in fields}
+    assert _params_layout(tmp_path, monkeypatch, ctypes.sizeof(mirror)) == expected
+    # the size check can fail: a struct of another size does not compile
+    with pytest.raises(_jit.CompileError, match="the size of Params"):
+        _params_layout(tmp_path, monkeypatch, ctypes.sizeof(mirror) + 8)
+
+
+def test_facts_of_the_kernel_are_read_from_its_sources():
+    assert _launch.lane_bytes() == 32 and _launch.max_threads_per_block() == 256
+    with pytest.raises(LookupError, match="kNoSuchConstant"):
+        _launch.cpp_constant("kNoSuchConstant")
+
+
+# the disk cache and the compile at import -------------------------------------------------------
+
+
+def test_compiled_binaries_are_cached_on_disk(tmp_path, monkeypatch):
+    monkeypatch.setenv(_jit.CACHE_DIR_ENV, str(tmp_path))
+    expression = _launch.DEFAULT_KEY.name_expression
+    path, lowered = _jit.compile_cached(_launch.SOURCE, [expression], "sm_90")
+    assert path.parent == tmp_path and path.suffix == ".cubin" and path.stat().st_size > 0
+    assert lowered[expression].startswith("_ZN3fgq15quantize_groups")
+
+    def no_compile(*args, **kwargs):
+        raise AssertionError("a cached binary was compiled again")
+
+    monkeypatch.setattr(_jit, "_nvrtc_compile", no_compile)
+    assert _jit.compile_cached(_launch.SOURCE, [expression], "sm_90") == (path, lowered)
+    with pytest.raises(AssertionError, match="compiled again"):  # another target is a new key
+        _jit.compile_cached(_launch.SOURCE, [expression], "sm_100")
+    assert not list(tmp_path.glob("*.tmp"))  # written through a temporary name and renamed
+
+
+def test_precompile_needs_no_device_and_logs_failures(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv(_jit.CACHE_DIR_ENV, str(tmp_path))
+    expression = _launch.DEFAULT_KEY.name_expression
+    monkeypatch.setattr(_jit, "device_count", lambda: 0)
+    assert _jit.precompile(_launch.SOURCE, [expression]) == {}
+    assert not list(tmp_path.iterdir())  # no device, nothing compiled
+
+    # one Hopper device, seen through the context-free query only
+    monkeypatch.setattr(_jit, "device_count", lambda: 1)
+    monkeypatch.setattr(_jit, "compute_capability", lambda device: (9, 0))
+    assert _jit.precompile(_launch.SOURCE, [expression]) == {}
+    assert len(list(tmp_path.glob("quantize-sm_90-*.cubin"))) == 1
+
+    def broken(*args, **kwargs):
+        raise _jit.CompileError("NVRTC failed: the log says why")
+
+    monkeypatch.setattr(_jit, "compile_cached", broken)
+    with caplog.at_level("WARNING", logger="fp8_group_quant"):
+        failures = _jit.precompile(_launch.SOURCE, [expression])
+    assert list(failures) == ["sm_90"] and "the log says why" in caplog.text
+
+
+def test_targets_follow_nvrtc(monkeypatch):
+    assert _jit.target_for((9, 0)) == "sm_90"
+    newest = max(int(a) for a in _jit._nvrtc().getSupportedArchs())
+    # a device newer than NVRTC knows gets PTX of the newest architecture it knows
+    assert _jit.target_for((newest // 10 + 1, 0)) == f"compute_{newest}"

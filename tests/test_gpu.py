@@ -1,6 +1,7 @@
 """CUDA kernels against the NumPy backend, bit for bit, with poisoned outputs (cupy and torch)."""
 
 import itertools
+import os
 
 import numpy as np
 import pytest
@@ -8,7 +9,8 @@ from helpers import activations, assert_same_bytes, reference_storage
 
 import fp8_group_quant as fgq
 from fp8_group_quant import _jit, _launch
-from fp8_group_quant._layout import LAYOUTS, PACKED_LAYOUTS, Geometry
+from fp8_group_quant._layout import SCALE_LAYOUTS, Geometry
+from fp8_group_quant._spec import GROUP_SIZES, INPUT_TYPES, OUTPUT_FORMATS, SCALE_FORMATS
 
 pytestmark = pytest.mark.gpu
 
@@ -59,14 +61,14 @@ def wider_rows(x: np.ndarray, extra: int, lib: str, offset: int):
 
 def poisoned_outputs(geometry: Geometry, lib: str, fmt: str):
     """(q view, scale view, q storage, scale storage): views in the layout over poisoned storage."""
-    packed = geometry.layout in PACKED_LAYOUTS
+    fmt = OUTPUT_FORMATS[fmt]
     if lib == "cupy":
         import cupy
 
         q_buf = cupy.full(geometry.q_storage, Q_POISON, cupy.uint8)
         s_buf = cupy.full(geometry.scale_storage * 4, SCALE_POISON, cupy.uint8)
-        s_buf = s_buf.view(cupy.int32 if packed else cupy.float32)
-        q_view = q_buf if fmt != "int8" else q_buf.view(cupy.int8)
+        s_buf = s_buf.view(geometry.layout.dtype)
+        q_view = q_buf.view(fmt.container)
 
         def strided(buffer, shape, strides):
             return cupy.lib.stride_tricks.as_strided(
@@ -80,10 +82,8 @@ def poisoned_outputs(geometry: Geometry, lib: str, fmt: str):
         s_buf = torch.full(
             (geometry.scale_storage * 4,), SCALE_POISON, dtype=torch.uint8, device="cuda"
         )
-        s_buf = s_buf.view(torch.int32 if packed else torch.float32)
-        q_view = q_buf.view(
-            {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2, "int8": torch.int8}[fmt]
-        )
+        s_buf = s_buf.view(getattr(torch, geometry.layout.dtype))
+        q_view = q_buf.view(getattr(torch, fmt.dtype_name))
 
         def strided(buffer, shape, strides):
             return buffer.as_strided(shape, strides)
@@ -117,14 +117,14 @@ def check(x_host, x_device, lib, group_size, dtype, scale, layout, pad_rows=Fals
 
 # every supported combination ----------------------------------------------------------------------
 
+# every row of every registry: a new format or layout is tested here without a new line
 COMBINATIONS = [
     (i, g, o, s, layout)
     for i, g, o, s, layout in itertools.product(
-        ("bfloat16", "float16", "float32"), (32, 64, 128, 256), ("e4m3", "e5m2", "int8"),
-        ("float32", "ue8m0"), LAYOUTS,
+        INPUT_TYPES, GROUP_SIZES, OUTPUT_FORMATS, SCALE_FORMATS, SCALE_LAYOUTS
     )
-    if s == "ue8m0" or layout not in PACKED_LAYOUTS
-]  # fmt: skip
+    if SCALE_FORMATS[s].power_of_two or not SCALE_LAYOUTS[layout].needs_ue8m0
+]
 
 
 @pytest.mark.parametrize("input_dtype, group_size, dtype, scale, layout", COMBINATIONS)
@@ -160,7 +160,7 @@ def test_row_tiles_over_many_rows_and_batches(input_dtype, group_size, layout):
     # blocks of several rows (column layouts) walking more tiles than the grid holds, with tiles
     # that straddle batch boundaries and a partial last tile
     rng = np.random.default_rng(group_size)
-    lanes = group_size * {"bfloat16": 2, "float16": 2, "float32": 4}[input_dtype] // 32
+    lanes = group_size * INPUT_TYPES[input_dtype].itemsize // _launch.lane_bytes()
     assert layout == "row" or _launch.tile_rows(layout, lanes) > 1
     for shape in [(4099, 1024), (3, 1501, 512)]:
         x = activations(rng, shape, input_dtype, specials=True)
@@ -377,7 +377,7 @@ def test_repeated_calls_take_the_cached_plan(lib, monkeypatch):
     def validate_again(*args, **kwargs):
         raise AssertionError("a repeated call of the same kind was validated and planned again")
 
-    monkeypatch.setattr(api, "_quantize_checked", validate_again)
+    monkeypatch.setattr(api, "_quantize_new", validate_again)
     q, s = fgq.quantize(to_device(hosts[1], lib), 64, dtype="e5m2", layout="col_tma")
     assert_same_bytes(to_host_bytes(q), np.asarray(q_ref).view(np.uint8), "q")
     assert_same_bytes(to_host_bytes(s), np.ascontiguousarray(s_ref), "scales")
@@ -408,3 +408,59 @@ def test_prepared_call_from_a_fresh_thread():
     assert not errors, errors
     q_ref, s_ref = fgq.quantize_packed(data)
     assert_same_bytes(to_host_bytes(prepared.q), np.asarray(q_ref).view(np.uint8), "q")
+
+
+# import and warm-up: no context until the first call or warmup -----------------------------------
+
+CONTEXT_PROBE = """
+import ctypes, sys
+import fp8_group_quant
+from fp8_group_quant import _jit
+cuda = ctypes.CDLL("libcuda.so.1")
+count = ctypes.c_int()
+assert cuda.cuDeviceGetCount(ctypes.byref(count)) == 0
+active = []
+for ordinal in range(count.value):
+    device, flags, state = ctypes.c_int(), ctypes.c_uint(), ctypes.c_int()
+    cuda.cuDeviceGet(ctypes.byref(device), ordinal)
+    cuda.cuDevicePrimaryCtxGetState(device, ctypes.byref(flags), ctypes.byref(state))
+    active.append(state.value)
+current = ctypes.c_void_p()
+cuda.cuCtxGetCurrent(ctypes.byref(current))
+print("active", active, "current", current.value, "modules", len(_jit._functions))
+assert "cupy" not in sys.modules or not any(active)
+"""
+
+
+def test_import_compiles_but_creates_no_cuda_context(tmp_path):
+    import subprocess
+    import sys
+
+    env = dict(os.environ, FP8_GROUP_QUANT_CACHE_DIR=str(tmp_path))
+    done = subprocess.run(
+        [sys.executable, "-c", CONTEXT_PROBE], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert "current None" in done.stdout and "modules 0" in done.stdout, done.stdout
+    assert "active [0" in done.stdout and " 1" not in done.stdout.split("current")[0]
+    # the default kernel was compiled into the disk cache at import, for this device's target
+    assert len(list(tmp_path.glob("quantize-*.cubin"))) == 1
+
+
+def test_warmup_loads_the_variants_asked_for():
+    import cupy
+
+    from fp8_group_quant import _jit
+
+    device = cupy.cuda.runtime.getDevice()
+    loaded = fgq.warmup(device, [{"input_dtype": "float16", "dtype": "e4m3fnuz", "layout": "col"}])
+    assert loaded == [
+        "fgq::quantize_groups<fgq::kF16, 128, fgq::kE4M3FNUZ, fgq::kFloat32Scale, "
+        "fgq::kFloatWords, true>"
+    ]
+    assert (device, _launch.SOURCE, loaded[0]) in _jit._functions
+    assert fgq.warmup(device) == [_launch.DEFAULT_KEY.name_expression]
+    with pytest.raises(TypeError, match="variants: unknown option"):
+        fgq.warmup(device, [{"colour": "red"}])
+    with pytest.raises(ValueError, match="layout=.packed. packs UE8M0"):
+        fgq.warmup(device, [{"layout": "packed"}])

@@ -7,7 +7,6 @@ from helpers import activations
 import fp8_group_quant as fgq
 from fp8_group_quant import reference
 from fp8_group_quant._layout import Geometry
-from fp8_group_quant._spec import OUTPUT_FORMATS
 
 # the shapes: one row, odd rows, K that is and is not a multiple of 4 groups, TMA padding
 SHAPES = [
@@ -29,11 +28,11 @@ def test_packed_layout_and_padding(shape):
     geometry = Geometry(shape, 128, "packed", False)
     storage = np.full(geometry.scale_storage, 0x7F7F7F7F, np.int32)  # poisoned
     q_storage = np.full(geometry.q_storage, 0xFF, np.uint8)
-    reference.quantize_into(x, geometry, OUTPUT_FORMATS["e4m3"], True, 1e-10, q_storage, storage)
+    reference.quantize_into(x, geometry, "e4m3", "ue8m0", 1e-10, q_storage, storage)
     assert storage.size == tma * kp
     data = storage.view(np.uint8)
     _, _, exponents = reference.quantize_groups(
-        x.astype(np.float32).reshape(m, ng, 128), OUTPUT_FORMATS["e4m3"], True, 1e-10
+        x.astype(np.float32).reshape(m, ng, 128), "e4m3", "ue8m0", 1e-10
     )
     written = np.zeros(data.size, bool)
     for row in range(m):
@@ -150,7 +149,7 @@ def test_block_shape_covers_every_group_with_whole_warps(layout, lanes):
     for groups in [1, 2, 3, 5, 7, 21, 56, 64, 100, 224, 1000, 4097]:
         threads, blocks = _launch.block_shape(groups, lanes, rows)
         per_block = threads // (lanes * rows)
-        assert threads <= _launch.MAX_THREADS_PER_BLOCK and threads % _launch.WARP == 0
+        assert threads <= _launch.max_threads_per_block() and threads % _launch.WARP == 0
         assert per_block * blocks >= groups  # every group has a slot
         assert per_block * (blocks - 1) < groups  # and no block is empty
 

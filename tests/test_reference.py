@@ -12,7 +12,7 @@ import fp8_group_quant as fgq
 from fp8_group_quant import reference
 from fp8_group_quant._spec import OUTPUT_FORMATS
 
-FORMATS = ("e4m3", "e5m2", "int8")
+FORMATS = tuple(OUTPUT_FORMATS)  # every registered format
 
 
 def codes(q):
@@ -63,6 +63,7 @@ def test_non_finite_values_do_not_touch_their_neighbours(fmt):
         "e4m3": [0x7F, 0xFF, 0x7E, 0xFE],
         "e5m2": [0x7E, 0xFE, 0x7C, 0xFC],
         "int8": [0x00, 0x00, 0x7F, 0x81],
+        "e4m3fnuz": [0x80, 0x80, 0x7E, 0xFE],  # one unsigned NaN; Inf saturates to +-224
     }[fmt]
     assert list(got[:4]) == expected
 
@@ -71,6 +72,25 @@ def test_all_non_finite_group_uses_eps():
     q, s = fgq.quantize(group([np.nan] * 128), scale="ue8m0", layout="packed")
     assert int(s[0, 0]) == 0x5E
     assert set(codes(q)[0]) == {0x7F}
+
+
+def test_e4m3fnuz_clamps_at_224_and_has_no_negative_zero():
+    # amax 224 makes the float scale 0.5 (codes are v / 0.5); fnuz reaches 240 (0x7F), but the
+    # clamp is 224 (0x7E) as on ROCm; negative values that round to zero give 0x00, never 0x80
+    values = [224.0, -224.0, -1e-30, -0.0, 0.0, 1.0, -1.0]
+    q, s = fgq.quantize(group(values), dtype="e4m3fnuz")
+    assert q.dtype == ml_dtypes.float8_e4m3fnuz and s[0, 0] == np.float32(224.0 / 224.0)
+    got = codes(q)[0]
+    assert list(got[:5]) == [0x7E, 0xFE, 0x00, 0x00, 0x00]
+    assert 0x80 not in got  # the NaN code appears only for NaN input
+    np.testing.assert_array_equal(np.asarray(q)[0, 5:7].astype(np.float32), [1.0, -1.0])
+    # UE8M0: 672 / 224 = 3 -> scale 4 (byte 0x81); 672 / 4 = 168 lies between 160 and 176,
+    # a tie that rounds to the even mantissa, 160
+    q, s = fgq.quantize(
+        np.full((1, 128), 672.0, np.float32), dtype="e4m3fnuz", scale="ue8m0", layout="packed"
+    )
+    assert int(s[0, 0]) == 0x81
+    assert set(np.asarray(q).astype(np.float32).ravel()) == {160.0}
 
 
 def test_int8_rounds_half_to_even():
@@ -150,7 +170,7 @@ def scalar_group(values, fmt, ue8m0, eps):
     out = []
     for v, t in zip(values, scaled):
         if math.isnan(v):
-            sign = 0x80 if math.copysign(1.0, v) < 0 and fmt != "int8" else 0
+            sign = 0x80 if math.copysign(1.0, v) < 0 and spec.signed_nan else 0
             out.append(spec.nan_code | sign)
         elif math.isinf(v) and spec.keeps_inf:
             out.append(spec.inf_code | (0x80 if v < 0 else 0))
@@ -170,7 +190,8 @@ def test_reference_matches_scalar_model(fmt, ue8m0, input_dtype):
     rng = np.random.default_rng([FORMATS.index(fmt), ue8m0, len(input_dtype)])
     x = activations(rng, (6, 256), input_dtype, specials=True)
     values = x.astype(np.float32).reshape(-1, 32)
-    got_codes, got_scales, _ = reference.quantize_groups(values, OUTPUT_FORMATS[fmt], ue8m0, 1e-10)
+    scale = "ue8m0" if ue8m0 else "float32"
+    got_codes, got_scales, _ = reference.quantize_groups(values, fmt, scale, 1e-10)
     for row in range(values.shape[0]):
         expected, scale = scalar_group([float(v) for v in values[row]], fmt, ue8m0, 1e-10)
         assert list(got_codes[row]) == expected, (row, values[row])

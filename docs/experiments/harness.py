@@ -2,6 +2,10 @@
 
 Each experiment times kernels by graph replay over rotating buffers, as `bench` does, so its
 figures compare with the benchmark's. Run from the repository root with PYTHONPATH=.
+
+NOTES: the experiments that edit the kernel's text (latency_stages.py, prefetch_depth.py) were
+written against the kernel of commit 1c70942, which their logs in docs/logs/ measured; to repeat
+them, check that commit out. The harness itself follows the current launch layer.
 """
 
 import cupy
@@ -9,7 +13,8 @@ import ml_dtypes
 import numpy as np
 
 from fp8_group_quant import _jit, _launch, api, bench
-from fp8_group_quant._layout import Geometry
+from fp8_group_quant._arrays import describe
+from fp8_group_quant._request import make_request
 
 ROTATE_BYTES = 256 * 2**20  # input bytes rotated through, several times the 50 MB L2
 CALLS = 32  # launches per graph (at least one per buffer)
@@ -48,17 +53,19 @@ def time_roofline(roofline, inputs, outputs) -> float:
     return bench.graph_time_us(cupy, [call(i) for i in range(max(len(inputs), CALLS))], 9)
 
 
-def default_launch(m: int, k: int) -> tuple[_launch.Launch, tuple]:
-    """The library's launch of the default kernel at (m, k), and its argument values."""
-    geometry = Geometry((m, k), 128, "packed", False)
-    device = cupy.cuda.runtime.getDevice()
-    launch = _launch.prepare(_launch.DEFAULT_KEY, geometry, device, k, k, 1e-10)
-    return launch, (0, 0, 0) + tuple(a.value for a in launch._args)
+def default_launch(m: int, k: int) -> tuple[_launch.Launch, object]:
+    """The library's launch of the default kernel at (m, k), and its Params."""
+    x = cupy.empty((m, k), dtype=ml_dtypes.bfloat16)
+    request = make_request(describe(x, "x"), 128, "e4m3", "ue8m0", "packed", 1e-10, False)
+    launch = _launch.prepare(request, cupy.cuda.runtime.getDevice())
+    return launch, launch.params
 
 
-def variant_launch(function, grid, block, values) -> _launch.Launch:
+def variant_launch(function, grid, block, params) -> _launch.Launch:
+    """A launch of a variant kernel taking the same Params (a copy: launches fill in pointers)."""
+    copy = type(params).from_buffer_copy(params)
     with _jit.current_device(cupy.cuda.runtime.getDevice()):
-        return _launch.Launch(function.kernel.ptr, grid, block, values)
+        return _launch.Launch(function.kernel.ptr, grid, block, copy)
 
 
 def run_launch(launch, x, outputs) -> None:

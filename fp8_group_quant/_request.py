@@ -1,0 +1,135 @@
+"""Validate a call once, into a frozen ``Request`` that every backend reads.
+
+The plan cache, the NumPy backend and the launch layer all take a ``Request``; nothing below
+this module checks an argument again. Input geometry (dtype, shape, strides) and output geometry
+(``Geometry``: q and the scales) are separate, so an input mode whose output shape differs from
+its input (a fused SiLU-and-multiply halves K) changes ``output_shape`` alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+from ._arrays import NUMPY, ArrayInfo
+from ._launch import KernelKey, grid_limits_error
+from ._layout import Geometry, ScaleLayout, row_strides, scale_layout
+from ._spec import (
+    INPUT_TYPES,
+    OutputFormat,
+    ScaleFormat,
+    check_eps,
+    check_flag,
+    check_group_size,
+    output_format,
+    scale_format,
+)
+
+VECTOR_ALIGNMENT = 16  # bytes: the kernel's vector loads and q's 16-byte stores
+MODES = ("quantize",)  # input modes: how the kernel reads a group's values from x
+
+
+@dataclass(frozen=True)
+class Request:
+    """One validated call: what to read, what to compute, where to write."""
+
+    input_dtype: str  # a key of INPUT_TYPES
+    input_shape: tuple[int, ...]
+    x_batch_stride: int  # elements
+    x_row_stride: int  # elements
+    x_aligned: bool  # base and strides allow 16-byte vector loads
+    fmt: OutputFormat
+    scale: ScaleFormat
+    layout: ScaleLayout
+    mode: str
+    group_size: int
+    eps: float
+    pad_rows: bool
+
+    @cached_property
+    def output(self) -> Geometry:
+        return Geometry(output_shape(self.mode, self.input_shape), self.group_size, self.layout,
+                        self.pad_rows)  # fmt: skip
+
+    def kernel_key(self) -> KernelKey:
+        return KernelKey(
+            self.input_dtype,
+            self.group_size,
+            self.fmt.name,
+            self.scale.name,
+            self.layout.kernel_trait,
+            self.x_aligned,
+        )
+
+
+def output_shape(mode: str, input_shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape of q for an input of ``input_shape`` in ``mode``."""
+    return tuple(input_shape)
+
+
+def check_options(group_size, dtype, scale, layout, eps, pad_rows, mode="quantize"):
+    """(group size, format, scale format, layout, eps, pad_rows, mode), each checked."""
+    group_size = check_group_size(group_size)
+    fmt = output_format(dtype)
+    scale = scale_format(scale)
+    layout = scale_layout(layout)
+    if layout.needs_ue8m0 and not scale.power_of_two:
+        raise ValueError(
+            f"layout={layout.name!r} packs UE8M0 exponent bytes into int32 words; it needs "
+            f"scale='ue8m0', got scale={scale.name!r}"
+        )
+    eps = check_eps(eps)
+    pad_rows = check_flag(pad_rows, "pad_rows")
+    if mode not in MODES:
+        raise ValueError(f"mode: expected one of {', '.join(MODES)}, got {mode!r}")
+    return group_size, fmt, scale, layout, eps, pad_rows, mode
+
+
+def make_request(
+    info: ArrayInfo, group_size, dtype, scale, layout, eps, pad_rows, mode="quantize"
+) -> Request:
+    """Check every argument of a call on ``info`` (the input) and return its Request.
+
+    Raises TypeError or ValueError naming the argument; nothing has been launched or written.
+    """
+    group_size, fmt, scale, layout, eps, pad_rows, mode = check_options(
+        group_size, dtype, scale, layout, eps, pad_rows, mode
+    )
+    if info.dtype not in INPUT_TYPES:
+        raise TypeError(f"x: expected {', '.join(INPUT_TYPES)}, got {info.dtype}")
+    if len(info.shape) == 0:
+        raise ValueError("x: expected at least one dimension [..., K], got a scalar")
+    k = info.shape[-1]
+    if k % group_size:
+        raise ValueError(
+            f"x: the last dimension K={k} is not a multiple of group_size={group_size}"
+        )
+    shape = tuple(info.shape)
+    strides = (0, k)
+    empty = 0 in shape
+    if not empty:
+        if k > 1 and info.strides[-1] != 1:
+            raise ValueError(
+                f"x: the last dimension must be contiguous (stride 1), got strides {info.strides}"
+            )
+        strides = row_strides(shape, tuple(info.strides))
+        if strides is None:
+            raise ValueError(
+                f"x: the dimensions between the batch and K must collapse into one row stride; "
+                f"got shape {shape} with strides {tuple(info.strides)} (make it contiguous first)"
+            )
+    batch_stride, row_stride = strides
+    geometry = Geometry(output_shape(mode, shape), group_size, layout, pad_rows)
+    aligned = (
+        info.ptr % VECTOR_ALIGNMENT == 0
+        and (geometry.rows <= 1 or row_stride * info.itemsize % VECTOR_ALIGNMENT == 0)
+        and (geometry.batches <= 1 or batch_stride * info.itemsize % VECTOR_ALIGNMENT == 0)
+    )
+    if info.kind != NUMPY and not empty:
+        error = grid_limits_error(geometry, info.itemsize)
+        if error:
+            raise ValueError(error)
+    return Request(
+        info.dtype, shape, batch_stride, row_stride, aligned, fmt, scale, layout, mode,
+        group_size, eps, pad_rows,
+    )  # fmt: skip
