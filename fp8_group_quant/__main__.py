@@ -74,7 +74,7 @@ def main_job(tokens: int, hidden: int) -> int:
         q_bytes, s_words = q.get(), cupy.asnumpy(s)
 
     exact = np.array_equal(q_bytes.reshape(-1), q_ref) and np.array_equal(
-        s_words, s_ref.reshape(geometry.packed_words, geometry.tma_rows).T[: geometry.rows]
+        s_words, s_ref.reshape(geometry.scale_columns, geometry.scale_rows).T[: geometry.rows]
     )
     x32 = x.astype(np.float32)
     x_back = api.dequantize(q_bytes.view(ml_dtypes.float8_e4m3fn), s_words)

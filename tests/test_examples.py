@@ -61,3 +61,15 @@ def test_gpu_examples_run(script):
         [sys.executable, str(EXAMPLES / script)], env=_env(), capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr
+
+
+def test_main_job_runs():
+    # README command 1 ends with the main job; a small shape keeps the NumPy backend quick here
+    done = subprocess.run(
+        [sys.executable, "-m", "fp8_group_quant", "--tokens", "64"],
+        env=_env(),
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "bit-exact against the NumPy reference" in done.stdout, done.stdout
