@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import os
 import re
 import threading
@@ -17,10 +18,13 @@ SOURCE = "quantize.cu"
 WARP = 32
 MAX_GRID_X = 2**31 - 1
 MAX_GRID_Y = 65535
+MAX_GRID_Z = 65535
 MAX_TILE_ROWS = 8  # eight float scales fill a 32-byte sector
-# Resident waves of blocks the grid holds; each block walks rows with a stride of the grid.
-# Unset: waves_for() picks by occupancy. 0 launches one block column per row tile. A tuning knob,
-# measured in docs/perf.md.
+# Grids of at most this many resident waves take the one-pass path (docs/perf.md step 14).
+ONE_PASS_MAX_WAVES = 16
+# Resident waves of blocks the row loop's grid holds; each block walks rows with a stride of the
+# grid. Unset: waves_for() picks by occupancy. 0 launches one block column per row tile. A tuning
+# knob, measured in docs/perf.md.
 _WAVES_ENV = os.environ.get("FP8_GROUP_QUANT_WAVES")
 WAVES = float(_WAVES_ENV) if _WAVES_ENV else None
 
@@ -83,6 +87,7 @@ class KernelKey:
     scale: str  # a key of _spec.SCALE_FORMATS
     layout_trait: str  # a ScaleLayout.kernel_trait: the address function
     vec16: bool  # input base and strides 16-byte aligned: vector loads
+    one_pass: bool = False  # one tile per block, no loop (small grids)
 
     @property
     def lanes_per_group(self) -> int:
@@ -94,7 +99,7 @@ class KernelKey:
             f"fgq::quantize_groups<{INPUT_TYPES[self.input_dtype].kernel_trait}, "
             f"{self.group_size}, {OUTPUT_FORMATS[self.output].kernel_trait}, "
             f"{SCALE_FORMATS[self.scale].kernel_trait}, {self.layout_trait}, "
-            f"{'true' if self.vec16 else 'false'}>"
+            f"{'true' if self.vec16 else 'false'}, {'true' if self.one_pass else 'false'}>"
         )
 
 
@@ -104,7 +109,7 @@ def all_kernel_keys() -> list[KernelKey]:
     for layout in SCALE_LAYOUTS.values():
         traits[layout.kernel_trait] = layout.needs_ue8m0
     return [
-        KernelKey(i, g, o, s, trait, v)
+        KernelKey(i, g, o, s, trait, v, one_pass)
         for i in INPUT_TYPES
         for g in GROUP_SIZES
         for o in OUTPUT_FORMATS
@@ -112,10 +117,12 @@ def all_kernel_keys() -> list[KernelKey]:
         for trait, needs_ue8m0 in traits.items()
         if scale.power_of_two or not needs_ue8m0
         for v in (True, False)
+        for one_pass in (True, False)
     ]
 
 
-DEFAULT_KEY = KernelKey("bfloat16", 128, "e4m3", "ue8m0", "fgq::kPackedExponents", True)
+DEFAULT_KEY = KernelKey("bfloat16", 128, "e4m3", "ue8m0", "fgq::kPackedExponents", True, True)
+DEFAULT_KEYS = (DEFAULT_KEY, dataclasses.replace(DEFAULT_KEY, one_pass=False))  # both paths
 
 
 # grid and block ---------------------------------------------------------------------------------
@@ -154,6 +161,8 @@ def grid_limits_error(geometry: Geometry, itemsize: int) -> str | None:
     total_rows = geometry.batches * geometry.grid_rows
     if total_rows >= 2**31:
         return f"x: {total_rows} rows (batches included) exceed the 2**31 - 1 the kernel indexes"
+    if geometry.batches > MAX_GRID_Z and total_rows > MAX_GRID_X:
+        return f"x: {geometry.batches} batches of {geometry.grid_rows} rows exceed the grid"
     lanes = geometry.group_size * itemsize // lane_bytes()
     rows = tile_rows(geometry.layout, lanes)
     threads, blocks_per_row = block_shape(geometry.groups, lanes, rows)
@@ -185,7 +194,7 @@ def resident_blocks(handle: int, name: str, threads: int, device: int) -> tuple[
 
 
 def waves_for(blocks_per_sm: int) -> float:
-    """Resident waves of blocks a launch's grid holds (FP8_GROUP_QUANT_WAVES overrides).
+    """Resident waves of blocks the row loop's grid holds (FP8_GROUP_QUANT_WAVES overrides).
 
     NOTES: measured on the H200 (docs/perf.md, runs 5-9), K = 7168: kernels that fit six blocks
     per SM run best with eight waves of short-lived blocks (M = 16384: 85.7 us against 94.0 with
@@ -258,21 +267,41 @@ def make_params(request, **pointers) -> ctypes.Structure:
 
 
 def prepare(request, device: int) -> Launch:
-    """The launch of ``request`` on ``device``; pointers are given per call."""
-    key = request.kernel_key()
+    """The launch of ``request`` on ``device``; pointers are given per call.
+
+    NOTES: two paths (docs/perf.md step 14). A grid of at most ONE_PASS_MAX_WAVES resident
+    waves takes the one-pass kernel, one block per tile of rows and groups (z over the batches):
+    0.15-0.3 us faster than the row loop at M <= 512. Larger grids take the row loop with a few
+    resident waves of blocks, which kept the heavier instantiations within 5% of the baseline
+    at M = 8192 where the one-pass kernel was up to 1.23x.
+    """
     geometry = request.output
-    rows = tile_rows(geometry.layout, key.lanes_per_group)
-    threads, blocks_per_row = block_shape(geometry.groups, key.lanes_per_group, rows)
-    function = _jit.get_function(SOURCE, key.name_expression, device)
-    tiles = -(-geometry.batches * geometry.grid_rows // rows)
-    # NOTES: a few waves of resident blocks (waves_for); each walks tiles, prefetching the next
-    row_blocks = min(tiles, MAX_GRID_X)
+    key = request.kernel_key()
+    lanes = key.lanes_per_group
+    rows = tile_rows(geometry.layout, lanes)
+    threads, blocks_per_row = block_shape(geometry.groups, lanes, rows)
+    one_pass = dataclasses.replace(key, one_pass=True)
+    function = _jit.get_function(SOURCE, one_pass.name_expression, device)
     with _jit.current_device(device):  # RawKernel.kernel is the function of the current device
         handle = function.kernel.ptr
-        per_sm, sms = resident_blocks(handle, key.name_expression, threads, device)
+        per_sm, sms = resident_blocks(handle, one_pass.name_expression, threads, device)
+    tiles_per_batch = -(-geometry.grid_rows // rows)
+    blocks = geometry.batches * tiles_per_batch * blocks_per_row
+    if blocks <= ONE_PASS_MAX_WAVES * per_sm * sms:
+        if geometry.batches <= MAX_GRID_Z:
+            grid = (tiles_per_batch, blocks_per_row, geometry.batches)
+        else:  # more batches than grid z holds: x covers the tiles of all of them
+            grid = (-(-geometry.batches * geometry.grid_rows // rows), blocks_per_row, 1)
+        return Launch(handle, grid, (threads, 1, 1), make_params(request))
+    loop = dataclasses.replace(key, one_pass=False)
+    function = _jit.get_function(SOURCE, loop.name_expression, device)
+    with _jit.current_device(device):
+        handle = function.kernel.ptr
+        per_sm, sms = resident_blocks(handle, loop.name_expression, threads, device)
+    tiles = -(-geometry.batches * geometry.grid_rows // rows)
+    row_blocks = min(tiles, MAX_GRID_X)
     waves = waves_for(per_sm)
     if waves > 0:
-        capacity = int(waves * per_sm * sms)
-        row_blocks = min(tiles, max(1, capacity // blocks_per_row))
+        row_blocks = min(tiles, max(1, int(waves * per_sm * sms) // blocks_per_row))
     grid = (row_blocks, blocks_per_row, 1)
     return Launch(handle, grid, (threads, 1, 1), make_params(request))

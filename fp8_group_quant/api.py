@@ -32,7 +32,7 @@ from ._arrays import (
 )
 from ._layout import PACKED
 from ._request import VECTOR_ALIGNMENT, Request, check_options, make_request
-from ._spec import DEFAULT_EPS, FORMATS_BY_DTYPE, OUTPUT_FORMATS, output_format
+from ._spec import DEFAULT_EPS, FORMATS_BY_DTYPE, INPUT_TYPES, OUTPUT_FORMATS, output_format
 
 __all__ = [
     "PreparedQuantize",
@@ -453,7 +453,8 @@ def warmup(device: int | None = None, variants=None) -> list[str]:
     """Compile (or read from the disk cache) and load kernels on ``device`` before serving.
 
     ``device``: a CUDA ordinal (default: the current device). ``variants``: None for the default
-    kernel (bfloat16, G = 128, e4m3, packed UE8M0 scales), ``"all"`` for every instantiation, or
+    kernel (bfloat16, G = 128, e4m3, packed UE8M0 scales; both its paths, the one-pass kernel of
+    small grids and the row loop of large ones), ``"all"`` for every instantiation, or
     an iterable of dicts of ``quantize`` options plus ``input_dtype`` (default ``"bfloat16"``),
     e.g. ``[{"input_dtype": "float16", "scale": "ue8m0", "layout": "col_tma"}]``. Kernels for
     16-byte aligned inputs are loaded; the unaligned fallback loads on first use. Returns the
@@ -462,19 +463,19 @@ def warmup(device: int | None = None, variants=None) -> list[str]:
     if device is None:
         device = _jit.cupy_module().cuda.runtime.getDevice()
     if variants is None:
-        keys = [_launch.DEFAULT_KEY]
+        keys = list(_launch.DEFAULT_KEYS)
     elif isinstance(variants, str) and variants == "all":
         keys = _launch.all_kernel_keys()
     elif isinstance(variants, (str, dict)):
         raise TypeError(f"variants: expected None, 'all' or an iterable of dicts, got {variants!r}")
     else:
-        keys = [_warmup_key(dict(v)) for v in variants]
+        keys = [key for v in variants for key in _warmup_keys(dict(v))]
     expressions = list(dict.fromkeys(k.name_expression for k in keys))
     _jit.preload(_launch.SOURCE, expressions, int(device))
     return expressions
 
 
-def _warmup_key(options: dict) -> _launch.KernelKey:
+def _warmup_keys(options: dict) -> list[_launch.KernelKey]:
     input_dtype = options.pop("input_dtype", "bfloat16")
     unknown = set(options) - {"group_size", "dtype", "scale", "layout", "eps", "pad_rows"}
     if unknown:
@@ -484,13 +485,11 @@ def _warmup_key(options: dict) -> _launch.KernelKey:
         options.get("scale", "float32"), options.get("layout", "row"),
         options.get("eps", DEFAULT_EPS), options.get("pad_rows", False),
     )  # fmt: skip
-    from ._spec import INPUT_TYPES
-
     if input_dtype not in INPUT_TYPES:
         raise ValueError(f"variants: input_dtype must be one of {', '.join(INPUT_TYPES)}")
-    return _launch.KernelKey(
-        input_dtype, group_size, fmt.name, scale.name, layout.kernel_trait, True
-    )
+    trait = layout.kernel_trait
+    key = _launch.KernelKey(input_dtype, group_size, fmt.name, scale.name, trait, vec16=True)
+    return [dataclasses.replace(key, one_pass=one_pass) for one_pass in (True, False)]  # both paths
 
 
 def _host_strided(array: np.ndarray, shape, strides) -> np.ndarray:
@@ -645,7 +644,7 @@ def _compile_on_import() -> None:
     created and no device selected (modules load at first use, or through ``warmup``)."""
     if os.environ.get("FP8_GROUP_QUANT_COMPILE_ON_IMPORT", "1") == "0":
         return
-    _jit.precompile(_launch.SOURCE, [_launch.DEFAULT_KEY.name_expression])
+    _jit.precompile(_launch.SOURCE, [key.name_expression for key in _launch.DEFAULT_KEYS])
 
 
 _compile_on_import()

@@ -9,23 +9,24 @@
 namespace fgq {
 
 struct Params {
+  // NOTES: what the prologue reads before the load comes first, in one 64-byte run
   const void* x;        // input values
-  u8* q;                // codes, one byte each
-  u8* scales;           // scale storage; the layout's address function places each scale
   i64 x_batch_stride;   // input elements between batches
   i64 x_row_stride;     // input elements between rows
+  u8* q;                // codes, one byte each
   i64 q_batch_stride;   // bytes of q between batches (rows are K bytes apart)
-  i64 s_batch_stride;   // bytes of scale storage between batches
-  i64 s_row_stride;     // bytes of scale storage between rows
-  i64 s_word_stride;    // bytes between the scale words of one row
   u32 rows;             // real rows per batch (M)
   u32 grid_rows;        // rows per batch the kernel visits; [rows, grid_rows) are padding
-  u32 q_rows;           // rows of q storage per batch: padding rows below it are zeroed
-  u32 scale_rows;       // rows of scale storage per batch: padding rows below it are zeroed
   u32 batches;          // batches (B)
   int groups_per_row;   // K / G
   int tile_rows_log2;   // a block covers 2^tile_rows_log2 consecutive rows
   float eps;            // floor of the group maximum
+  u8* scales;           // scale storage; the layout's address function places each scale
+  i64 s_batch_stride;   // bytes of scale storage between batches
+  i64 s_row_stride;     // bytes of scale storage between rows
+  i64 s_word_stride;    // bytes between the scale words of one row
+  u32 q_rows;           // rows of q storage per batch: padding rows below it are zeroed
+  u32 scale_rows;       // rows of scale storage per batch: padding rows below it are zeroed
   float fmax;           // the output format's clamp
   float inverse_fmax;   // RN(1 / fmax)
   float ue8m0_floor;    // floor of amax / fmax before the power-of-two ceiling

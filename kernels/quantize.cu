@@ -6,13 +6,16 @@
 // their own lanes, compute the scale, quantize in registers and store their codes with one store.
 // No shared memory, no __syncthreads, no atomics.
 //
-// Grid: a block covers a tile of tile_rows consecutive rows by groups_per_block groups; the
-// group slots of a block run rows fastest, so with tile_rows > 1 a warp holds the same groups of
+// Grid: a block covers a tile of tile_rows consecutive rows by groups_per_block groups; the group
+// slots of a block run rows fastest, so with tile_rows > 1 a warp holds the same groups of
 // consecutive rows and the column-major scale layouts are stored as contiguous runs (one sector
-// for eight float scales) instead of one scattered 4-byte store per group. y splits a row's groups
-// over blocks of at most kMaxThreads threads; x walks the row tiles of all batches with a stride
-// of gridDim.x tiles, so M is not bounded by a grid dimension. Each lane loads its next row
-// before it quantizes the current one, keeping loads in flight while it computes.
+// for eight float scales) instead of one scattered 4-byte store per group. y splits a row's
+// groups over blocks of at most kMaxThreads threads; z counts the batches (or is 1 when there
+// are more than z holds, and x covers the tiles of all batches). Two paths (docs/perf.md step
+// 14): kOnePass, one tile per block and no loop, for grids of a few waves (small M), where the
+// latency of a short prologue decides; else x holds a few resident waves of blocks that walk the
+// row tiles with a stride of the grid, each lane loading its next row before it quantizes the
+// current one, which keeps more bytes in flight at large M.
 // Rows in [rows, grid_rows) of each batch are padding rows: the kernel writes zeros there (to q
 // below q_rows, to the scales below scale_rows), so callers may allocate with empty and no memset
 // is launched.
@@ -56,8 +59,8 @@ __device__ __forceinline__ void load_lane(const void* src, u32 (&words)[kLaneWor
 }
 
 // maximum over the lanes of one group ------------------------------------------------------------
-// NOTES: the mask names only this group's lanes, so groups that left early (or live in another
-// part of the warp) are never waited for.
+// NOTES: the xor offsets stay below kLanes, so each group reduces among its own lanes; `mask`
+// names the lanes that run the call together.
 template <int kLanes>
 __device__ __forceinline__ u32 group_max(u32 value, u32 mask) {
 #pragma unroll
@@ -87,10 +90,78 @@ __device__ __forceinline__ void encode_lane(const u32 (&words)[kLaneWords], floa
   }
 }
 
-template <int kIn, int kGroup, int kOut, int kScale, int kLayout, bool kVec16>
+// quantize one group (this lane's share) and store it -------------------------------------------
+// `words` are this lane's values; `mask` names the lanes that run this call together (the
+// group's own lanes, or with kWholeWarp all 32); `real_row` false quantizes a padding row's
+// zeros. The codes go to q_dst when store_q, the scale through the layout when store_scale.
+template <int kIn, int kGroup, int kOut, int kScale, int kLayout, bool kWholeWarp>
+__device__ __forceinline__ void quantize_group(const Params& p, const u32 (&words)[kLaneWords],
+                                               u32 mask, bool real_row, u8* q_dst, bool store_q,
+                                               bool store_scale, u32 batch, u32 row, int group) {
+  typedef Input<kIn> In;
+  constexpr int kValues = kLaneWords * 4 / In::kBytes;
+  constexpr int kLanes = kGroup / kValues;
+
+  // the group maximum over finite values ---------------------------------------------------------
+  u32 magnitude = group_max<kLanes>(In::max_magnitude(words), mask);
+  const bool nonfinite = magnitude >= In::kInf;  // uniform over the group
+  if constexpr (kWholeWarp) {
+    // NOTES: the whole-warp mask needs a warp-uniform branch: every lane takes the slow path if
+    // any group of the warp holds Inf or NaN, and keeps its own maximum if its group does not
+    if (__any_sync(mask, nonfinite)) {
+      const u32 finite = group_max<kLanes>(max_finite_magnitude<kIn>(words), mask);
+      if (nonfinite) magnitude = finite;
+    }
+  } else {
+    if (nonfinite) magnitude = group_max<kLanes>(max_finite_magnitude<kIn>(words), mask);
+  }
+  const float amax = fmaxf(In::magnitude_to_f32(magnitude), p.eps);
+
+  // scale and quantize in registers ----------------------------------------------------------------
+  u32 codes[kValues / 4];
+  float scale;
+  u32 exponent = 0u;
+  if constexpr (kScale == kFloat32Scale) {
+    scale = divide_by_max(amax, p.fmax, p.inverse_fmax);
+    if (scale >= kMinFastDivisor) {
+      encode_lane<kIn, kOut, kDivideFast, kValues>(words, scale, rcp_rn(scale), codes);
+    } else {
+      encode_lane<kIn, kOut, kDivideExact, kValues>(words, scale, 0.0f, codes);
+    }
+  } else {
+    // NOTES: no div.rn fallback needed: below amax = 2^-60, where divide_fast may be inexact,
+    // the quotient is under 2^-68 either way and the 1e-10 floor of ue8m0_exponent decides
+    exponent = ue8m0_exponent(divide_fast(amax, p.fmax, p.inverse_fmax), p.ue8m0_floor);
+    scale = __uint_as_float(exponent << 23);
+    const float inverse = __uint_as_float((254u - exponent) << 23);
+    encode_lane<kIn, kOut, kMultiply, kValues>(words, scale, inverse, codes);
+  }
+  if (nonfinite) {  // rare: NaN keeps its sign, e5m2 keeps infinities, int8 NaN becomes 0
+#pragma unroll
+    for (int i = 0; i < kValues; ++i) {
+      const int shift = 8 * (i % 4);
+      const u32 code =
+          patch_nonfinite<kIn>((codes[i / 4] >> shift) & 0xffu, In::raw(words, i), p.nonfinite_codes);
+      codes[i / 4] = (codes[i / 4] & ~(0xffu << shift)) | (code << shift);
+    }
+  }
+
+  // store the codes, then the scale (one lane per group) -----------------------------------------
+  if (store_q) {
+    if constexpr (kValues == 16) {
+      *reinterpret_cast<uint4*>(q_dst) = make_uint4(codes[0], codes[1], codes[2], codes[3]);
+    } else {
+      *reinterpret_cast<uint2*>(q_dst) = make_uint2(codes[0], codes[1]);
+    }
+  }
+  if (store_scale) ScaleLayout<kLayout>::store(p, batch, row, group, scale, exponent, real_row);
+}
+
+template <int kIn, int kGroup, int kOut, int kScale, int kLayout, bool kVec16, bool kOnePass>
 __global__ void __launch_bounds__(kMaxThreads, (min_blocks_per_sm<kIn, kOut, kScale, kVec16>()))
     quantize_groups(const __grid_constant__ Params p) {
   typedef Input<kIn> In;
+  typedef typename In::Storage Storage;
   constexpr int kValues = kLaneWords * 4 / In::kBytes;  // 16 (16-bit input) or 8 (float32)
   constexpr int kLanes = kGroup / kValues;              // lanes per group
   static_assert(kLanes >= 2 && kLanes <= 32 && (kLanes & (kLanes - 1)) == 0, "lanes per group");
@@ -98,22 +169,58 @@ __global__ void __launch_bounds__(kMaxThreads, (min_blocks_per_sm<kIn, kOut, kSc
                 "a packed word holds UE8M0 exponent bytes only");
 
   const int slot = threadIdx.x / kLanes;  // the group slot: rows fastest, then groups
+  const int lane = threadIdx.x % kLanes;
   const int tile_rows_log2 = p.tile_rows_log2;
   const int groups_per_block = blockDim.x / kLanes >> tile_rows_log2;
-  const int group = blockIdx.y * groups_per_block + (slot >> tile_rows_log2);
-  // a slot's first row over all batches, and the distance to its next one
+  const int slot_group = blockIdx.y * groups_per_block + (slot >> tile_rows_log2);
+  // a slot's first row in its batch (grid z) or over all batches (grid z of 1)
   const u32 slot_row = (blockIdx.x << tile_rows_log2) + (slot & ((1 << tile_rows_log2) - 1));
+
+  if constexpr (kOnePass) {
+    // NOTES: one row per slot and no loop, for grids of a few waves (small M): the prologue is
+    // a few instructions, and nothing before the load depends on a branch, so the parameter
+    // reads issue together. Every lane stays to the end, so the shuffles name the whole warp
+    // (plain SHFL, no convergence checks); a slot past the last group or row works on a clamped
+    // one and stores nothing.
+    const u32 rows_in_x = gridDim.z > 1 ? p.grid_rows : p.batches * p.grid_rows;
+    const bool active = slot_group < p.groups_per_row && slot_row < rows_in_x;
+    const int group = min(slot_group, p.groups_per_row - 1);
+    u32 batch = blockIdx.z, row = min(slot_row, rows_in_x - 1u);
+    if (gridDim.z == 1 && p.batches > 1) {
+      batch = row / p.grid_rows;
+      row -= batch * p.grid_rows;
+    }
+    const bool real_row = row < p.rows;  // a padding row reads nothing and quantizes zeros
+    const i64 value0 = static_cast<i64>(group) * kGroup + lane * kValues;
+    u32 words[kLaneWords];
+    load_lane<kIn, kVec16>(static_cast<const Storage*>(p.x) + batch * p.x_batch_stride +
+                               (real_row ? row : 0u) * p.x_row_stride + value0,
+                           words);
+    if (!real_row) {
+#pragma unroll
+      for (int i = 0; i < kLaneWords; ++i) words[i] = 0u;
+    }
+    const i64 k = static_cast<i64>(p.groups_per_row) * kGroup;
+    quantize_group<kIn, kGroup, kOut, kScale, kLayout, true>(
+        p, words, 0xffffffffu, real_row, p.q + batch * p.q_batch_stride + row * k + value0,
+        active && row < p.q_rows, active && lane == 0 && row < p.scale_rows, batch, row, group);
+    return;
+  }
+
+  // the row loop, for large grids (grid z of 1): each slot walks the rows of all batches with a
+  // stride of the grid, loading the next row before it quantizes the current one, so loads stay
+  // in flight while it computes
+  const int group = slot_group;
   const u32 row_step = gridDim.x << tile_rows_log2;
   const u32 rows = p.rows, grid_rows = p.grid_rows, batches = p.batches;
   // whole groups leave together, so the shuffle masks stay complete
   if (group >= p.groups_per_row || slot_row >= batches * grid_rows) return;
-  const int lane = threadIdx.x % kLanes;
   const i64 k = static_cast<i64>(p.groups_per_row) * kGroup;
   const i64 value0 = static_cast<i64>(group) * kGroup + lane * kValues;
   const u32 warp_lane = threadIdx.x & 31u;
   const u32 mask = kLanes == 32 ? 0xffffffffu
                                 : ((1u << kLanes) - 1u) << (warp_lane & ~static_cast<u32>(kLanes - 1));
-  const typename In::Storage* x_lane = static_cast<const typename In::Storage*>(p.x) + value0;
+  const Storage* x_lane = static_cast<const Storage*>(p.x) + value0;
 
   // a padding row reads nothing and quantizes zeros
   auto load_row = [&](u32 batch, u32 row, u32(&words)[kLaneWords]) {
@@ -146,57 +253,9 @@ __global__ void __launch_bounds__(kMaxThreads, (min_blocks_per_sm<kIn, kOut, kSc
       next_row -= carry * grid_rows;
     }
     if (next_batch < batches) load_row(next_batch, next_row, next);
-    const bool real_row = row < rows;  // uniform over the group
-
-    // the group maximum over finite values ---------------------------------------------------------
-    u32 magnitude = group_max<kLanes>(In::max_magnitude(words), mask);
-    const bool nonfinite = magnitude >= In::kInf;  // uniform over the group
-    if (nonfinite) magnitude = group_max<kLanes>(max_finite_magnitude<kIn>(words), mask);
-    const float amax = fmaxf(In::magnitude_to_f32(magnitude), p.eps);
-
-    // scale and quantize in registers ----------------------------------------------------------------
-    u32 codes[kValues / 4];
-    float scale;
-    u32 exponent = 0u;
-    if constexpr (kScale == kFloat32Scale) {
-      scale = divide_by_max(amax, p.fmax, p.inverse_fmax);
-      if (scale >= kMinFastDivisor) {
-        encode_lane<kIn, kOut, kDivideFast, kValues>(words, scale, rcp_rn(scale), codes);
-      } else {
-        encode_lane<kIn, kOut, kDivideExact, kValues>(words, scale, 0.0f, codes);
-      }
-    } else {
-      // NOTES: no div.rn fallback needed: below amax = 2^-60, where divide_fast may be inexact,
-      // the quotient is under 2^-68 either way and the 1e-10 floor of ue8m0_exponent decides
-      exponent = ue8m0_exponent(divide_fast(amax, p.fmax, p.inverse_fmax), p.ue8m0_floor);
-      scale = __uint_as_float(exponent << 23);
-      const float inverse = __uint_as_float((254u - exponent) << 23);
-      encode_lane<kIn, kOut, kMultiply, kValues>(words, scale, inverse, codes);
-    }
-    if (nonfinite) {  // rare: NaN keeps its sign, e5m2 keeps infinities, int8 NaN becomes 0
-#pragma unroll
-      for (int i = 0; i < kValues; ++i) {
-        const int shift = 8 * (i % 4);
-        const u32 code =
-            patch_nonfinite<kIn>((codes[i / 4] >> shift) & 0xffu, In::raw(words, i), p.nonfinite_codes);
-        codes[i / 4] = (codes[i / 4] & ~(0xffu << shift)) | (code << shift);
-      }
-    }
-
-    // store the codes --------------------------------------------------------------------------------
-    if (row < p.q_rows) {
-      u8* dst = p.q + batch * p.q_batch_stride + row * k + value0;
-      if constexpr (kValues == 16) {
-        *reinterpret_cast<uint4*>(dst) = make_uint4(codes[0], codes[1], codes[2], codes[3]);
-      } else {
-        *reinterpret_cast<uint2*>(dst) = make_uint2(codes[0], codes[1]);
-      }
-    }
-
-    // store the scale (one lane per group) -----------------------------------------------------------
-    if (lane == 0 && row < p.scale_rows) {
-      ScaleLayout<kLayout>::store(p, batch, row, group, scale, exponent, real_row);
-    }
+    quantize_group<kIn, kGroup, kOut, kScale, kLayout, false>(
+        p, words, mask, row < rows, p.q + batch * p.q_batch_stride + row * k + value0,
+        row < p.q_rows, lane == 0 && row < p.scale_rows, batch, row, group);
 
     if (next_batch >= batches) break;
     batch = next_batch;

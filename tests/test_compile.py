@@ -13,7 +13,8 @@ nvrtc = pytest.importorskip("cupy_backends.cuda.libs.nvrtc", reason="CuPy is not
 def test_every_instantiation_compiles(arch):
     keys = _launch.all_kernel_keys()
     # inputs x group sizes x formats x (float scales, ue8m0 in float words, packed) x alignment
-    assert len(keys) == 3 * 4 * 4 * 3 * 2
+    # x offset width
+    assert len(keys) == 3 * 4 * 4 * 3 * 2 * 2
     report = []
     lowered = _jit.compile_offline(_launch.SOURCE, [k.name_expression for k in keys], arch, report)
     assert len(set(lowered.values())) == len(keys)  # one distinct kernel per key
@@ -164,7 +165,7 @@ def test_params_mirror_matches_the_struct(tmp_path, monkeypatch):
 
     mirror = _launch.params_type()
     fields = [name for name, _ in mirror._fields_]
-    assert fields[:3] == ["x", "q", "scales"] and "nonfinite_codes" in fields
+    assert {"x", "q", "scales", "nonfinite_codes"} <= set(fields)
     expected = {name: getattr(mirror, name).offset for name in fields}
     assert _params_layout(tmp_path, monkeypatch, ctypes.sizeof(mirror)) == expected
     # the size check can fail: a struct of another size does not compile

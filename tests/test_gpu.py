@@ -127,8 +127,20 @@ COMBINATIONS = [
 ]
 
 
+@pytest.fixture(params=["one pass", "row loop"])
+def kernel_path(request, monkeypatch):
+    """Both kernel paths: small grids take the one-pass kernel; forcing the wave limit to zero
+    sends every call through the row loop. A fresh plan cache keeps earlier plans out."""
+    from fp8_group_quant import api
+
+    if request.param == "row loop":
+        monkeypatch.setattr(_launch, "ONE_PASS_MAX_WAVES", 0)
+    monkeypatch.setattr(api, "_PLANS", api.PlanCache(api.MAX_PLANS))
+    return request.param
+
+
 @pytest.mark.parametrize("input_dtype, group_size, dtype, scale, layout", COMBINATIONS)
-def test_every_combination(input_dtype, group_size, dtype, scale, layout):
+def test_every_combination(input_dtype, group_size, dtype, scale, layout, kernel_path):
     index = COMBINATIONS.index((input_dtype, group_size, dtype, scale, layout))
     lib = ("cupy", "torch")[index % 2]  # both libraries see every format and layout
     rng = np.random.default_rng(index)
@@ -156,7 +168,7 @@ def test_every_combination(input_dtype, group_size, dtype, scale, layout):
 @pytest.mark.parametrize(
     "input_dtype, group_size", [("bfloat16", 32), ("float32", 64), ("float16", 128)]
 )
-def test_row_tiles_over_many_rows_and_batches(input_dtype, group_size, layout):
+def test_row_tiles_over_many_rows_and_batches(input_dtype, group_size, layout, kernel_path):
     # blocks of several rows (column layouts) walking more tiles than the grid holds, with tiles
     # that straddle batch boundaries and a partial last tile
     rng = np.random.default_rng(group_size)
@@ -454,13 +466,42 @@ def test_warmup_loads_the_variants_asked_for():
 
     device = cupy.cuda.runtime.getDevice()
     loaded = fgq.warmup(device, [{"input_dtype": "float16", "dtype": "e4m3fnuz", "layout": "col"}])
-    assert loaded == [
+    expression = (
         "fgq::quantize_groups<fgq::kF16, 128, fgq::kE4M3FNUZ, fgq::kFloat32Scale, "
-        "fgq::kFloatWords, true>"
-    ]
-    assert (device, _launch.SOURCE, loaded[0]) in _jit._functions
-    assert fgq.warmup(device) == [_launch.DEFAULT_KEY.name_expression]
+        "fgq::kFloatWords, true, {}>"
+    )
+    assert loaded == [expression.format("true"), expression.format("false")]  # both paths
+    assert all((device, _launch.SOURCE, e) in _jit._functions for e in loaded)
+    assert fgq.warmup(device) == [key.name_expression for key in _launch.DEFAULT_KEYS]
     with pytest.raises(TypeError, match="variants: unknown option"):
         fgq.warmup(device, [{"colour": "red"}])
     with pytest.raises(ValueError, match="layout=.packed. packs UE8M0"):
         fgq.warmup(device, [{"layout": "packed"}])
+
+
+# grid edges: more batches than grid z holds, offsets that need 64 bits ----------------------------
+
+
+@pytest.mark.parametrize("layout", ["row", "packed"])
+def test_more_batches_than_grid_z_holds(layout, kernel_path):
+    # 70000 batches of one row: the launch folds batches into grid x and the kernel divides;
+    # packed pads each batch to four rows
+    rng = np.random.default_rng(12)
+    x = activations(rng, (70000, 1, 256), "bfloat16", specials=True)
+    check(x, to_device(x, "cupy"), "cupy", 128, "e4m3", "ue8m0", layout)
+
+
+def test_negative_row_strides_take_64_bit_offsets():
+    import cupy
+
+    from fp8_group_quant._arrays import describe
+    from fp8_group_quant._request import make_request
+
+    rng = np.random.default_rng(13)
+    x = activations(rng, (37, 1024), "float16", specials=True)
+    reversed_rows = cupy.asarray(x)[::-1]
+    request = make_request(
+        describe(reversed_rows, "x"), 128, "e4m3", "ue8m0", "packed", 1e-10, False
+    )
+    assert request.x_row_stride < 0
+    check(x[::-1].copy(), reversed_rows, "cupy", 128, "e4m3", "ue8m0", "packed")

@@ -161,13 +161,3 @@ def test_grid_limit_names_k_for_huge_rows():
     too_wide = Geometry((4, 32 * 2**24), 32, "col", False)
     assert "K=" in _launch.grid_limits_error(too_wide, 2)
     assert "rows" in _launch.grid_limits_error(Geometry((2**31, 128), 128, "row", False), 2)
-
-
-def test_waves_follow_occupancy_unless_overridden(monkeypatch):
-    from fp8_group_quant import _launch
-
-    monkeypatch.setattr(_launch, "WAVES", None)
-    assert _launch.waves_for(6) == 8 and _launch.waves_for(7) == 8  # lean kernels: short blocks
-    assert _launch.waves_for(5) == 1 and _launch.waves_for(1) == 1  # 48-register kernels: one
-    monkeypatch.setattr(_launch, "WAVES", 0.0)  # FP8_GROUP_QUANT_WAVES=0
-    assert _launch.waves_for(6) == 0.0
