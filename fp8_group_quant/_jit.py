@@ -32,6 +32,8 @@ __all__ = [
     "compute_capability",
     "current_device",
     "device_count",
+    "driver_entry_point",
+    "driver_error",
     "get_function",
     "kernel_dir",
     "nvrtc_options",
@@ -209,6 +211,31 @@ def compute_capability(device: int) -> tuple[int, int]:
     if status:
         raise GpuUnavailableError(f"device {device}: the CUDA driver answered error {status}")
     return major.value, minor.value
+
+
+@cache
+def driver_entry_point(name: str, arguments: int):
+    """A function of the CUDA driver library through ctypes, taking ``arguments`` pointer-sized
+    values and returning a CUresult, or None where there is no driver.
+
+    NOTES: the argument types must be declared: without them ctypes passes a Python int as a C
+    int and cuts 64-bit addresses to 32 bits.
+    """
+    driver = _driver()
+    function = getattr(driver, name, None) if driver is not None else None
+    if function is not None:
+        function.argtypes = [ctypes.c_void_p] * arguments
+        function.restype = ctypes.c_int
+    return function
+
+
+def driver_error(status: int) -> str:
+    """The name of a CUresult, e.g. CUDA_ERROR_INVALID_VALUE."""
+    name = ctypes.c_char_p()
+    driver = _driver()
+    if driver is None or driver.cuGetErrorName(status, ctypes.byref(name)) != 0:
+        return f"CUresult {status}"
+    return name.value.decode()
 
 
 def _nvrtc():

@@ -27,6 +27,9 @@ ONE_PASS_MAX_WAVES = 16
 # knob, measured in docs/perf.md.
 _WAVES_ENV = os.environ.get("FP8_GROUP_QUANT_WAVES")
 WAVES = float(_WAVES_ENV) if _WAVES_ENV else None
+# Programmatic Dependent Launch on devices that have it (SM90 and newer); FP8_GROUP_QUANT_PDL=0
+# turns it off. Read when a plan is made.
+PDL = os.environ.get("FP8_GROUP_QUANT_PDL", "1") != "0"
 
 
 # facts the kernel sources define, read from them -----------------------------------------------
@@ -209,32 +212,105 @@ def waves_for(blocks_per_sm: int) -> float:
 # the launch -------------------------------------------------------------------------------------
 
 
-class Launch:
-    """One instantiation with its grid and its Params, for a fixed geometry.
+class _LaunchAttribute(ctypes.Structure):
+    """CUlaunchAttribute: an id, padding to 8 bytes, a 64-byte value union."""
 
-    Only the three pointers change between calls; ``launch`` writes them into the prepared
-    Params and calls cuLaunchKernel directly, skipping CuPy's per-call argument packing.
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int * 16)]
+
+
+class _LaunchConfig(ctypes.Structure):
+    """CUlaunchConfig of cuLaunchKernelEx."""
+
+    _fields_ = [
+        ("grid", ctypes.c_uint * 3),
+        ("block", ctypes.c_uint * 3),
+        ("shared_bytes", ctypes.c_uint),
+        ("stream", ctypes.c_void_p),
+        ("attributes", ctypes.POINTER(_LaunchAttribute)),
+        ("attribute_count", ctypes.c_uint),
+    ]
+
+
+_PROGRAMMATIC_STREAM_SERIALIZATION = (
+    6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION (cuda.h)
+)
+
+
+def pdl_supported(device: int) -> bool:
+    """PDL is on for this device: SM90 or newer, the driver's cuLaunchKernelEx is reachable, and
+    FP8_GROUP_QUANT_PDL is not 0."""
+    if not PDL or _jit.driver_entry_point("cuLaunchKernelEx", 4) is None:
+        return False
+    return _jit.compute_capability(device)[0] >= 9
+
+
+class KernelLaunch:
+    """A kernel, its grid and its arguments (ctypes values), launched on a given stream.
+
+    NOTES: the launch calls the driver's cuLaunchKernelEx through ctypes with a prepared
+    CUlaunchConfig; with ``pdl`` it carries the programmatic stream serialization attribute, so
+    the kernel may start while the previous kernel on the stream finishes (its
+    griddepcontrol.wait orders the memory). The attribute is recorded in CUDA-graph captures.
+    Without cuLaunchKernelEx (no ctypes driver), CuPy's cuLaunchKernel, without PDL.
     """
 
-    def __init__(self, handle: int, grid, block, params: ctypes.Structure):
-        from cupy_backends.cuda.api import driver
-
+    def __init__(self, handle: int, grid, block, args, pdl: bool = False):
         self.handle = handle
-        self.grid = grid
-        self.block = block
-        self.params = params
-        # cuLaunchKernel's kernelParams: one pointer, to the struct passed by value
-        self._pointers = (ctypes.c_void_p * 1)(ctypes.addressof(params))
-        self._launch_args = (handle, *grid, *block, 0)
+        self.grid = tuple(grid)
+        self.block = tuple(block)
+        self.args = list(args)  # kept alive: the driver reads them at each launch
+        self.pdl = pdl
+        self._pointers = (ctypes.c_void_p * len(self.args))(
+            *[ctypes.addressof(a) for a in self.args]
+        )
         self._pointers_address = ctypes.addressof(self._pointers)
-        self._launch_kernel = driver.launchKernel
+        self._attribute = _LaunchAttribute(id=_PROGRAMMATIC_STREAM_SERIALIZATION)
+        self._attribute.value[0] = 1
+        self._config = _LaunchConfig(
+            (ctypes.c_uint * 3)(*self.grid),
+            (ctypes.c_uint * 3)(*self.block),
+            0,
+            None,
+            ctypes.pointer(self._attribute),
+            1 if pdl else 0,
+        )
+        self._config_address = ctypes.addressof(self._config)
+        self._launch_ex = _jit.driver_entry_point("cuLaunchKernelEx", 4)
+        if self._launch_ex is None:
+            from cupy_backends.cuda.api import driver
+
+            self.pdl = False
+            self._launch_kernel = driver.launchKernel
+            self._launch_args = (handle, *self.grid, *self.block, 0)
         self._lock = threading.Lock()
+
+    def __call__(self, stream: int) -> None:
+        with self._lock:  # the configuration and arguments are shared: fill and launch at once
+            self._launch_locked(stream)
+
+    def _launch_locked(self, stream: int) -> None:
+        if self._launch_ex is None:
+            self._launch_kernel(*self._launch_args, stream, self._pointers_address, 0)
+            return
+        self._config.stream = stream
+        status = self._launch_ex(self._config_address, self.handle, self._pointers_address, None)
+        if status:
+            raise RuntimeError(f"cuLaunchKernelEx failed: {_jit.driver_error(status)}")
+
+
+class Launch(KernelLaunch):
+    """The quantizer's launch for a fixed geometry: one Params argument, whose three pointers
+    are the only thing that changes between calls."""
+
+    def __init__(self, handle: int, grid, block, params: ctypes.Structure, pdl: bool = False):
+        super().__init__(handle, grid, block, [params], pdl)
+        self.params = params
 
     def launch(self, x_ptr: int, q_ptr: int, scale_ptr: int, stream: int) -> None:
         params = self.params
         with self._lock:  # the Params are shared: fill and launch atomically
             params.x, params.q, params.scales = x_ptr, q_ptr, scale_ptr
-            self._launch_kernel(*self._launch_args, stream, self._pointers_address, 0)
+            self._launch_locked(stream)
 
 
 def make_params(request, **pointers) -> ctypes.Structure:
@@ -292,7 +368,7 @@ def prepare(request, device: int) -> Launch:
             grid = (tiles_per_batch, blocks_per_row, geometry.batches)
         else:  # more batches than grid z holds: x covers the tiles of all of them
             grid = (-(-geometry.batches * geometry.grid_rows // rows), blocks_per_row, 1)
-        return Launch(handle, grid, (threads, 1, 1), make_params(request))
+        return Launch(handle, grid, (threads, 1, 1), make_params(request), pdl_supported(device))
     loop = dataclasses.replace(key, one_pass=False)
     function = _jit.get_function(SOURCE, loop.name_expression, device)
     with _jit.current_device(device):
@@ -304,4 +380,4 @@ def prepare(request, device: int) -> Launch:
     if waves > 0:
         row_blocks = min(tiles, max(1, int(waves * per_sm * sms) // blocks_per_row))
     grid = (row_blocks, blocks_per_row, 1)
-    return Launch(handle, grid, (threads, 1, 1), make_params(request))
+    return Launch(handle, grid, (threads, 1, 1), make_params(request), pdl_supported(device))

@@ -296,7 +296,16 @@ def cold_start() -> dict:
 
 
 def run(args) -> list[dict]:
+    """The table: roofline kernel and quantizer per (M, K).
+
+    NOTES: the quantizer is launched without PDL here, as the roofline kernel is: in a graph of
+    back-to-back calls, PDL lets each call overlap the previous one, which the roofline kernel
+    cannot, and the ratio would no longer compare like with like (run 13 had 0.92x at M = 1).
+    ``--chain`` measures PDL, between a producer, the quantizer and a consumer.
+    """
     import cupy
+
+    _launch.PDL = False
 
     try:
         import torch
@@ -359,6 +368,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--profile-host", action="store_true", help="time each host step of one small call"
     )
+    parser.add_argument(
+        "--chain",
+        action="store_true",
+        help="a graph of [producer -> quantize -> consumer] steps, with and without PDL",
+    )
     args = parser.parse_args(argv)
     import ml_dtypes
 
@@ -366,7 +380,10 @@ def main(argv: list[str]) -> int:
                            "float32": np.float32}[args.input_dtype]  # fmt: skip
     if args.profile_host:
         return profile_host(args)
-    rows = run_matrix(args) if args.matrix else run(args)
+    if args.chain:
+        rows = run_chain(args)
+    else:
+        rows = run_matrix(args) if args.matrix else run(args)
     extra = cold_start() if args.cold_start else {}
     if args.json:
         config = {k: v for k, v in vars(args).items() if k != "input_dtype_np"}
@@ -375,6 +392,92 @@ def main(argv: list[str]) -> int:
     if args.plot:
         plot(rows, args.plot)
     return 0
+
+
+CHAIN_M = (1, 4, 16, 64, 128, 256, 512)
+CHAIN_STEPS = 32  # [producer, quantize, consumer] steps per graph
+CHAIN_THREADS = 256
+
+
+def run_chain(args) -> list[dict]:
+    """GPU time per step of a CUDA graph of [producer writes x -> quantize -> consumer reads q
+    and the scales] steps, with Programmatic Dependent Launch on every kernel and without.
+
+    The producer and consumer (kernels/chain.cu) take part in PDL as the quantizer does, so the
+    difference is what PDL saves at the two edges of each quantize call. Default M = 1..512
+    (``--m`` overrides), K = ``--k[0]``, the default kernel's format and layout.
+    """
+    import ctypes
+
+    import cupy
+    import ml_dtypes
+
+    device = cupy.cuda.runtime.getDevice()
+    if not _launch.pdl_supported(device):
+        raise SystemExit("--chain: PDL needs an SM90+ device and FP8_GROUP_QUANT_PDL not 0")
+    produce = _jit.get_function("chain.cu", "fgq::produce_bf16", device)
+    consume = _jit.get_function("chain.cu", "fgq::consume", device)
+    with _jit.current_device(device):
+        produce, consume = produce.kernel.ptr, consume.kernel.ptr
+    k = args.k[0]
+    m_values = args.m if args.m != list(DEFAULT_M) else list(CHAIN_M)
+    sms = cupy.cuda.runtime.getDeviceProperties(device)["multiProcessorCount"]
+    print(f"# chain of {CHAIN_STEPS} [producer -> quantize -> consumer] steps per CUDA graph, "
+          f"K={k}; GPU us per step (median of replays)")  # fmt: skip
+    print(f"{'M':>6} {'no PDL':>8} {'PDL':>8} {'saved':>8}")
+    rows = []
+    for m in m_values:
+        x = cupy.empty((CHAIN_STEPS, m, k), dtype=np.uint16).view(ml_dtypes.bfloat16)
+        scale_words = Geometry((m, k), 128, "packed", False).scale_storage
+        sink = cupy.zeros(sms * 4, dtype=np.uint32)
+        times = {}
+        for pdl in (False, True):
+            saved_pdl, saved_plans = _launch.PDL, api._PLANS
+            _launch.PDL, api._PLANS = pdl, api.PlanCache(api.MAX_PLANS)
+            try:
+                outputs = [api.quantize_packed(x[i]) for i in range(CHAIN_STEPS)]
+                steps = []
+                for i, (q, s) in enumerate(outputs):
+                    n = m * k
+                    producer = _launch.KernelLaunch(
+                        produce, (min(sms * 4, -(-n // CHAIN_THREADS)), 1, 1),
+                        (CHAIN_THREADS, 1, 1),
+                        [ctypes.c_uint64(x[i].data.ptr), ctypes.c_int64(n), ctypes.c_uint32(i)],
+                        pdl,
+                    )  # fmt: skip
+                    q_words, s_words = q.nbytes // 4, scale_words
+                    consumer = _launch.KernelLaunch(
+                        consume, (sms * 4, 1, 1), (CHAIN_THREADS, 1, 1),
+                        [ctypes.c_uint64(q.data.ptr), ctypes.c_int64(q_words),
+                         ctypes.c_uint64(s.data.ptr), ctypes.c_int64(max(0, s_words)),
+                         ctypes.c_uint64(sink.data.ptr)],
+                        pdl,
+                    )  # fmt: skip
+                    steps.append((producer, x[i], q, s, consumer))
+
+                def step(producer, xi, q, s, consumer):
+                    def call():
+                        stream = cupy.cuda.get_current_stream().ptr
+                        producer(stream)
+                        api.quantize_packed(xi, out=q, scale_out=s)
+                        consumer(stream)
+
+                    return call
+
+                calls = [step(*parts) for parts in steps]
+                times[pdl] = graph_time_us(cupy, calls, replays=15)
+                # the chain computes what the quantizer alone computes on the produced x
+                q_ref, s_ref = api.quantize_packed(x[-1].copy())
+                if not (cupy.array_equal(outputs[-1][0], q_ref)
+                        and cupy.array_equal(outputs[-1][1], s_ref)):  # fmt: skip
+                    raise AssertionError(f"--chain: the chained quantizer's output differs, M={m}")
+            finally:
+                _launch.PDL, api._PLANS = saved_pdl, saved_plans
+        row = {"M": m, "K": k, "no_pdl_us": times[False], "pdl_us": times[True]}
+        rows.append(row)
+        print(f"{m:>6} {times[False]:>8.2f} {times[True]:>8.2f} "
+              f"{times[False] - times[True]:>8.2f}", flush=True)  # fmt: skip
+    return rows
 
 
 def profile_host(args) -> int:
@@ -404,14 +507,13 @@ def profile_host(args) -> int:
 
 def _host_steps(x, sync, args, options) -> dict:
     """The steps of an eager call on ``x``, each as (callable, sync or None)."""
-    from cupy_backends.cuda.api import driver
 
     from ._arrays import device_signature
 
     prepared = api.prepare(x, args.group_size, **options)
     plan, launch = prepared._plan, prepared._plan.launch
     ptr, stream = device_signature(x)[-1], plan.stream(plan.device)
-    launch_args = (*launch.grid, *launch.block, 0, stream, launch._pointers_address, 0)
+    launch._config.stream = stream
     return {
         "plain call": (lambda: api.quantize(x, args.group_size, **options), sync),
         "prepared call": (lambda: prepared(x), sync),
@@ -423,8 +525,10 @@ def _host_steps(x, sync, args, options) -> dict:
             lambda: launch.launch(ptr, prepared._q_ptr, prepared._scale_ptr, stream),
             sync,
         ),
-        "    of which driver.launchKernel": (
-            lambda: driver.launchKernel(launch.handle, *launch_args),
+        "    of which cuLaunchKernelEx (ctypes)": (
+            lambda: launch._launch_ex(
+                launch._config_address, launch.handle, launch._pointers_address, None
+            ),
             sync,
         ),
     }

@@ -70,6 +70,21 @@ __device__ __forceinline__ float divide_fast(float v, float s, float r) {
   return __uint_as_float(__float_as_uint(rounded) | (__float_as_uint(v) & 0x80000000u));
 }
 
+// Programmatic Dependent Launch (sm_90 and newer; no-ops before, and when the launch did not ask
+// for it). wait: block until the grid this one depends on has finished and its writes are
+// visible; signal: let the dependent grid start its prologue (it still waits for our end).
+__device__ __forceinline__ void wait_for_producer() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void signal_dependents() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+
 // packed unsigned 16-bit maximum (one instruction on sm_90 and newer)
 __device__ __forceinline__ u32 max_u16x2(u32 a, u32 b) {
 #if __CUDA_ARCH__ >= 900

@@ -193,9 +193,14 @@ __global__ void __launch_bounds__(kMaxThreads, (min_blocks_per_sm<kIn, kOut, kSc
     const bool real_row = row < p.rows;  // a padding row reads nothing and quantizes zeros
     const i64 value0 = static_cast<i64>(group) * kGroup + lane * kValues;
     u32 words[kLaneWords];
+    // NOTES: PDL: nothing global is read or written before the producer of x is done (the
+    // previous kernel may also still read q and the scales); once our loads are issued the
+    // next kernel may start its prologue
+    wait_for_producer();
     load_lane<kIn, kVec16>(static_cast<const Storage*>(p.x) + batch * p.x_batch_stride +
                                (real_row ? row : 0u) * p.x_row_stride + value0,
                            words);
+    signal_dependents();
     if (!real_row) {
 #pragma unroll
       for (int i = 0; i < kLaneWords; ++i) words[i] = 0u;
@@ -239,6 +244,7 @@ __global__ void __launch_bounds__(kMaxThreads, (min_blocks_per_sm<kIn, kOut, kSc
     row = slot_row - batch * grid_rows;
   }
   u32 next[kLaneWords];
+  wait_for_producer();  // PDL, as in the one-pass path
   load_row(batch, row, next);
   while (true) {
     u32 words[kLaneWords];
@@ -252,7 +258,11 @@ __global__ void __launch_bounds__(kMaxThreads, (min_blocks_per_sm<kIn, kOut, kSc
       next_batch += carry;
       next_row -= carry * grid_rows;
     }
-    if (next_batch < batches) load_row(next_batch, next_row, next);
+    if (next_batch < batches) {
+      load_row(next_batch, next_row, next);
+    } else {
+      signal_dependents();  // this slot's last load is issued
+    }
     quantize_group<kIn, kGroup, kOut, kScale, kLayout, false>(
         p, words, mask, row < rows, p.q + batch * p.q_batch_stride + row * k + value0,
         row < p.q_rows, lane == 0 && row < p.scale_rows, batch, row, group);

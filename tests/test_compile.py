@@ -226,3 +226,40 @@ def test_targets_follow_nvrtc(monkeypatch):
     newest = max(int(a) for a in _jit._nvrtc().getSupportedArchs())
     # a device newer than NVRTC knows gets PTX of the newest architecture it knows
     assert _jit.target_for((newest // 10 + 1, 0)) == f"compute_{newest}"
+
+
+def test_the_benchmarks_chain_kernels_compile():
+    for arch in ARCHS:
+        lowered = _jit.compile_offline("chain.cu", ["fgq::produce_bf16", "fgq::consume"], arch)
+        assert len(set(lowered.values())) == 2
+
+
+def test_launch_config_mirrors_the_driver_structs():
+    # CUlaunchAttribute: id, padding to 8, a 64-byte value union; CUlaunchConfig: six grid and
+    # block dimensions, shared bytes, then the stream, the attributes and their count (cuda.h)
+    import ctypes
+
+    attribute, config = _launch._LaunchAttribute, _launch._LaunchConfig
+    assert ctypes.sizeof(attribute) == 72 and attribute.value.offset == 8
+    assert ctypes.sizeof(config) == 56
+    assert (config.stream.offset, config.attributes.offset, config.attribute_count.offset) == (
+        32,
+        40,
+        48,
+    )
+
+
+def test_driver_entry_points_declare_pointer_arguments(monkeypatch):
+    # a 64-bit address passed without declared argument types would be cut to a C int
+    import ctypes
+
+    class FakeDriver:
+        cuLaunchKernelEx = ctypes.CFUNCTYPE(ctypes.c_int)(lambda: 0)
+
+    monkeypatch.setattr(_jit, "_driver", lambda: FakeDriver)
+    _jit.driver_entry_point.cache_clear()
+    try:
+        function = _jit.driver_entry_point("cuLaunchKernelEx", 4)
+        assert function.argtypes == [ctypes.c_void_p] * 4 and function.restype is ctypes.c_int
+    finally:
+        _jit.driver_entry_point.cache_clear()

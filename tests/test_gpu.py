@@ -505,3 +505,64 @@ def test_negative_row_strides_take_64_bit_offsets():
     )
     assert request.x_row_stride < 0
     check(x[::-1].copy(), reversed_rows, "cupy", 128, "e4m3", "ue8m0", "packed")
+
+
+# Programmatic Dependent Launch -------------------------------------------------------------------
+
+
+def test_pdl_is_on_for_sm90_and_off_by_switch(monkeypatch):
+    import cupy
+    import torch
+
+    from fp8_group_quant import api
+
+    device = cupy.cuda.runtime.getDevice()
+    x = to_device(activations(np.random.default_rng(14), (8, 1024), "bfloat16"), "torch")
+    monkeypatch.setattr(api, "_PLANS", api.PlanCache(api.MAX_PLANS))
+    assert fgq.prepare(x)._plan.launch.pdl == (torch.cuda.get_device_capability(device)[0] >= 9)
+    monkeypatch.setattr(_launch, "PDL", False)  # FP8_GROUP_QUANT_PDL=0
+    monkeypatch.setattr(api, "_PLANS", api.PlanCache(api.MAX_PLANS))
+    assert fgq.prepare(x)._plan.launch.pdl is False
+
+
+@pytest.mark.parametrize("pdl", [True, False])
+def test_pdl_chain_in_a_torch_graph(pdl, monkeypatch):
+    # producer (a torch op) -> quantize -> consumer (a torch op reading q), captured and replayed:
+    # with PDL the quantizer may start early, so it must wait for x and not overwrite q early
+    import torch
+
+    from fp8_group_quant import api
+
+    monkeypatch.setattr(_launch, "PDL", pdl)
+    monkeypatch.setattr(api, "_PLANS", api.PlanCache(api.MAX_PLANS))
+    rng = np.random.default_rng(15)
+    # no subnormals: halving them in bf16 step by step would round differently from once
+    source = to_device(activations(rng, (33, 2048), "bfloat16"), "torch")
+    x = torch.empty_like(source)
+    q, s = fgq.quantize_packed(x)
+    total = torch.zeros((), dtype=torch.float32, device="cuda")
+    stream = torch.cuda.Stream()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        for _ in range(4):
+            x.copy_(source * 2)  # producer
+            fgq.quantize_packed(x, out=q, scale_out=s)
+            total.add_(q.view(torch.uint8).sum(dtype=torch.float32))  # consumer
+            source.mul_(0.5)
+    graph.replay()
+    torch.cuda.synchronize()
+    # the last step quantized source * 2 after three halvings
+    data = activations(np.random.default_rng(15), (33, 2048), "bfloat16")
+    expected = (data.astype(np.float32) * 2 * 0.5**3).astype(data.dtype)
+    q_ref, s_ref = fgq.quantize_packed(expected)
+    assert_same_bytes(to_host_bytes(q), np.asarray(q_ref).view(np.uint8), "q")
+    assert np.array_equal(s.cpu().numpy(), s_ref)
+
+
+def test_bench_chain_runs_and_checks(capsys):
+    from fp8_group_quant import bench
+
+    args = bench.main(["--chain", "--m", "1", "64", "--k", "2048"])
+    assert args == 0
+    out = capsys.readouterr().out
+    assert "no PDL" in out and len([line for line in out.splitlines() if line[:6].strip()]) >= 3

@@ -12,7 +12,7 @@ import harness
 import ml_dtypes
 import numpy as np
 
-from fp8_group_quant import api, bench
+from fp8_group_quant import _launch, api, bench
 
 K = 7168
 M_VALUES = (1, 16, 64, 256, 512, 2048, 8192)
@@ -30,6 +30,7 @@ def rotations(m: int) -> dict:
 
 
 def main() -> None:
+    _launch.PDL = False  # as the roofline kernel: no overlap between back-to-back launches
     roofline = harness.roofline_function()
     print(f"{'M':>6} " + " ".join(f"{n + ' roof':>14} {n + ' ours':>14}" for n in
           ("separate", "sliced", "two")))  # fmt: skip
