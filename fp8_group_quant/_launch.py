@@ -356,28 +356,27 @@ def prepare(request, device: int) -> Launch:
     lanes = key.lanes_per_group
     rows = tile_rows(geometry.layout, lanes)
     threads, blocks_per_row = block_shape(geometry.groups, lanes, rows)
-    one_pass = dataclasses.replace(key, one_pass=True)
-    function = _jit.get_function(SOURCE, one_pass.name_expression, device)
-    with _jit.current_device(device):  # RawKernel.kernel is the function of the current device
-        handle = function.kernel.ptr
-        per_sm, sms = resident_blocks(handle, one_pass.name_expression, threads, device)
-    tiles_per_batch = -(-geometry.grid_rows // rows)
-    blocks = geometry.batches * tiles_per_batch * blocks_per_row
-    if blocks <= ONE_PASS_MAX_WAVES * per_sm * sms:
-        if geometry.batches <= MAX_GRID_Z:
-            grid = (tiles_per_batch, blocks_per_row, geometry.batches)
+    tiles = -(-geometry.batches * geometry.grid_rows // rows)  # row tiles over all batches
+
+    def loaded(one_pass: bool) -> tuple[int, int, int]:
+        """(function handle, resident blocks per SM, SMs) of the path's instantiation."""
+        expression = dataclasses.replace(key, one_pass=one_pass).name_expression
+        function = _jit.get_function(SOURCE, expression, device)
+        with _jit.current_device(device):  # RawKernel.kernel is the current device's function
+            handle = function.kernel.ptr
+            return (handle, *resident_blocks(handle, expression, threads, device))
+
+    handle, per_sm, sms = loaded(one_pass=True)
+    if tiles * blocks_per_row <= ONE_PASS_MAX_WAVES * per_sm * sms:
+        if geometry.batches <= MAX_GRID_Z:  # z walks the batches, x the tiles of one
+            grid = (-(-geometry.grid_rows // rows), blocks_per_row, geometry.batches)
         else:  # more batches than grid z holds: x covers the tiles of all of them
-            grid = (-(-geometry.batches * geometry.grid_rows // rows), blocks_per_row, 1)
-        return Launch(handle, grid, (threads, 1, 1), make_params(request), pdl_supported(device))
-    loop = dataclasses.replace(key, one_pass=False)
-    function = _jit.get_function(SOURCE, loop.name_expression, device)
-    with _jit.current_device(device):
-        handle = function.kernel.ptr
-        per_sm, sms = resident_blocks(handle, loop.name_expression, threads, device)
-    tiles = -(-geometry.batches * geometry.grid_rows // rows)
-    row_blocks = min(tiles, MAX_GRID_X)
-    waves = waves_for(per_sm)
-    if waves > 0:
-        row_blocks = min(tiles, max(1, int(waves * per_sm * sms) // blocks_per_row))
-    grid = (row_blocks, blocks_per_row, 1)
+            grid = (tiles, blocks_per_row, 1)
+    else:
+        handle, per_sm, sms = loaded(one_pass=False)
+        row_blocks = min(tiles, MAX_GRID_X)
+        waves = waves_for(per_sm)
+        if waves > 0:
+            row_blocks = min(tiles, max(1, int(waves * per_sm * sms) // blocks_per_row))
+        grid = (row_blocks, blocks_per_row, 1)
     return Launch(handle, grid, (threads, 1, 1), make_params(request), pdl_supported(device))

@@ -129,12 +129,12 @@ COMBINATIONS = [
 
 @pytest.fixture(params=["one pass", "row loop"])
 def kernel_path(request, monkeypatch):
-    """Both kernel paths: small grids take the one-pass kernel; forcing the wave limit to zero
-    sends every call through the row loop. A fresh plan cache keeps earlier plans out."""
+    """Both kernel paths, forced: an unbounded wave limit sends every call through the one-pass
+    kernel, a zero one through the row loop. A fresh plan cache keeps earlier plans out."""
     from fp8_group_quant import api
 
-    if request.param == "row loop":
-        monkeypatch.setattr(_launch, "ONE_PASS_MAX_WAVES", 0)
+    limit = 2**62 if request.param == "one pass" else 0
+    monkeypatch.setattr(_launch, "ONE_PASS_MAX_WAVES", limit)
     monkeypatch.setattr(api, "_PLANS", api.PlanCache(api.MAX_PLANS))
     return request.param
 

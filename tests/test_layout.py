@@ -1,5 +1,7 @@
 """Scale layouts and padding (SPEC 4) through the NumPy backend."""
 
+import contextlib
+
 import numpy as np
 import pytest
 from helpers import activations
@@ -161,3 +163,48 @@ def test_grid_limit_names_k_for_huge_rows():
     too_wide = Geometry((4, 32 * 2**24), 32, "col", False)
     assert "K=" in _launch.grid_limits_error(too_wide, 2)
     assert "rows" in _launch.grid_limits_error(Geometry((2**31, 128), 128, "row", False), 2)
+
+
+class _FakeFunction:
+    class kernel:  # noqa: N801 - mimics RawKernel.kernel.ptr
+        ptr = 0x1234
+
+
+@pytest.mark.parametrize(
+    "shape, layout, max_waves, one_pass, grid",
+    [
+        ((64, 7168), "packed", 16, True, (64, 2, 1)),  # decode size: one pass, z = one batch
+        ((2, 3, 7168), "col_tma", 16, True, (1, 7, 2)),  # 4 padded rows a batch: one tile of 4
+        ((70000, 1, 256), "row", 10**9, True, (70000, 1, 1)),  # batches beyond z fold into x
+        ((70000, 1, 256), "row", 16, False, (6336, 1, 1)),  # 70000 blocks > 16 waves: the loop
+        ((16384, 7168), "packed", 16, False, (3168, 2, 1)),  # 8 waves of 792 blocks
+    ],
+)  # each branch of the path and grid choice, with a device of 132 SMs fitting 6 blocks each
+def test_the_launch_picks_its_path_and_grid(monkeypatch, shape, layout, max_waves, one_pass, grid):
+    import ml_dtypes
+
+    from fp8_group_quant import _jit, _launch
+    from fp8_group_quant._arrays import describe
+    from fp8_group_quant._request import make_request
+
+    loaded = []
+
+    def get_function(source, expression, device):
+        loaded.append(expression)
+        return _FakeFunction
+
+    monkeypatch.setattr(_jit, "get_function", get_function)
+    monkeypatch.setattr(_jit, "current_device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(_launch, "resident_blocks", lambda *args: (6, 132))
+    monkeypatch.setattr(_launch, "WAVES", None)
+    monkeypatch.setattr(_launch, "ONE_PASS_MAX_WAVES", max_waves)
+    monkeypatch.setattr(_launch, "pdl_supported", lambda device: False)
+    x = np.empty(shape, ml_dtypes.bfloat16)
+    request = make_request(describe(x, "x"), 128, "e4m3", "ue8m0", layout, 1e-10, False)
+    monkeypatch.setattr(  # no driver here: record the launch, do not make it
+        _launch, "Launch", lambda handle, grid, block, params, pdl: (handle, grid, block, params)
+    )
+    handle, got_grid, block, params = _launch.prepare(request, 0)
+    assert loaded[-1].endswith(f"{'true' if one_pass else 'false'}>")
+    assert got_grid == grid and handle == 0x1234 and block[0] % 32 == 0
+    assert params.rows == request.output.rows and params.batches == request.output.batches
