@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import math
 import os
 import re
 import threading
@@ -20,8 +21,12 @@ MAX_GRID_X = 2**31 - 1
 MAX_GRID_Y = 65535
 MAX_GRID_Z = 65535
 MAX_TILE_ROWS = 8  # eight float scales fill a 32-byte sector
-# Grids of at most this many resident waves take the one-pass path (docs/perf.md step 14).
-ONE_PASS_MAX_WAVES = 16
+# Grids of at most this many resident waves take the one-pass path; unset, one_pass_wave_limit()
+# picks by occupancy (docs/perf.md steps 14 and 17). A tuning knob; the tests force each path.
+_MAX_WAVES_ENV = os.environ.get("FP8_GROUP_QUANT_ONE_PASS_MAX_WAVES")
+ONE_PASS_MAX_WAVES = float(_MAX_WAVES_ENV) if _MAX_WAVES_ENV else None
+# Threads per block of the one-pass grid; unset, one_pass_threads() picks. A tuning knob.
+ONE_PASS_THREADS = int(os.environ.get("FP8_GROUP_QUANT_ONE_PASS_THREADS", "0"))
 # Resident waves of blocks the row loop's grid holds; each block walks rows with a stride of the
 # grid. Unset: waves_for() picks by occupancy. 0 launches one block column per row tile. A tuning
 # knob, measured in docs/perf.md.
@@ -157,6 +162,52 @@ def block_shape(groups: int, lanes: int, rows: int = 1) -> tuple[int, int]:
     groups_per_warp = max(1, WARP // (lanes * rows))
     groups_per_block = -(-groups_per_block // groups_per_warp) * groups_per_warp
     return groups_per_block * lanes * rows, -(-groups // groups_per_block)
+
+
+def divisor(d: int) -> tuple[int, int]:
+    """(magic, shift) with which the kernel's divide_u31 computes n // d for every n < 2**31.
+
+    NOTES: magic = ceil(2**shift / d), shift = 31 + ceil(log2 d) (Granlund and Montgomery,
+    theorem 4.2 with N = 31): magic * d - 2**shift < d <= 2**ceil(log2 d), so the product's top
+    bits are the exact quotient; magic < 2**32 for every d >= 1.
+    """
+    if not 1 <= d < 2**31:
+        raise ValueError(f"divisor {d} outside [1, 2**31)")
+    shift = 31 + (d - 1).bit_length()
+    return -(-(1 << shift) // d), shift
+
+
+def one_pass_slots(geometry: Geometry, tile: int) -> int:
+    """Group slots of the one-pass grid: every group of every row tile of every batch."""
+    return geometry.batches * -(-geometry.rows // tile) * tile * geometry.groups
+
+
+def one_pass_threads(slots: int, lanes: int) -> int:
+    """Threads per block of the one-pass grid (whole warps, at most kMaxThreads).
+
+    NOTES: 128 measured best or within 1% of best at K = 2048, 2688 and 7168 and M = 1-16384
+    (docs/perf.md step 17); 64 lost up to 1.7x at large M, 256 up to 2% there."""
+    if ONE_PASS_THREADS:
+        if ONE_PASS_THREADS % WARP or not 0 < ONE_PASS_THREADS <= max_threads_per_block():
+            raise ValueError(
+                f"FP8_GROUP_QUANT_ONE_PASS_THREADS={ONE_PASS_THREADS}: expected a multiple of "
+                f"{WARP} up to {max_threads_per_block()}"
+            )
+        return ONE_PASS_THREADS
+    return 128
+
+
+def one_pass_wave_limit(blocks_per_sm: int, threads: int) -> float:
+    """The most resident waves a one-pass grid may have before the row loop takes over.
+
+    NOTES: the lean instantiations (at most 40 registers: six blocks of 256 threads per SM)
+    ran faster in one pass at every size measured, up to 36 waves (M = 16384, K = 7168: 82.8
+    us against 85.7 for the loop, docs/perf.md step 17). The heavier ones hid latency worse
+    without the loop's prefetch (step 14: up to 1.23x at 25 waves), so they keep 16.
+    """
+    if ONE_PASS_MAX_WAVES is not None:
+        return ONE_PASS_MAX_WAVES
+    return math.inf if blocks_per_sm * threads >= 6 * max_threads_per_block() else 16.0
 
 
 def grid_limits_error(geometry: Geometry, itemsize: int) -> str | None:
@@ -319,7 +370,16 @@ def make_params(request, **pointers) -> ctypes.Structure:
     fmt = request.fmt
     s_batch, s_row, s_word = geometry.scale_byte_strides
     rows = tile_rows(geometry.layout, request.kernel_key().lanes_per_group)
+    batch_tiles = -(-geometry.rows // rows)
+    tile_magic, tile_shift = divisor(geometry.groups * rows)
+    batch_magic, batch_shift = divisor(max(1, batch_tiles))
     return params_type()(
+        slots=min(one_pass_slots(geometry, rows), 2**32 - 1),
+        tile_slots_magic=tile_magic,
+        tile_slots_shift=tile_shift,
+        batch_tiles=batch_tiles,
+        batch_tiles_magic=batch_magic,
+        batch_tiles_shift=batch_shift,
         x_batch_stride=request.x_batch_stride,
         x_row_stride=request.x_row_stride,
         q_batch_stride=geometry.q_rows * geometry.k,
@@ -345,11 +405,11 @@ def make_params(request, **pointers) -> ctypes.Structure:
 def prepare(request, device: int) -> Launch:
     """The launch of ``request`` on ``device``; pointers are given per call.
 
-    NOTES: two paths (docs/perf.md step 14). A grid of at most ONE_PASS_MAX_WAVES resident
-    waves takes the one-pass kernel, one block per tile of rows and groups (z over the batches):
-    0.15-0.3 us faster than the row loop at M <= 512. Larger grids take the row loop with a few
-    resident waves of blocks, which kept the heavier instantiations within 5% of the baseline
-    at M = 8192 where the one-pass kernel was up to 1.23x.
+    NOTES: two paths. The one-pass kernel (docs/perf.md step 17) numbers the group slots of
+    every real row flat over a 1-D grid of one_pass_threads() blocks; it takes every grid of
+    the lean instantiations and grids of up to 16 resident waves of the others
+    (one_pass_wave_limit). Larger grids of those take the row loop with a few resident waves
+    of blocks of whole row tiles (step 14), whose prefetch hides their latency better.
     """
     geometry = request.output
     key = request.kernel_key()
@@ -358,7 +418,7 @@ def prepare(request, device: int) -> Launch:
     threads, blocks_per_row = block_shape(geometry.groups, lanes, rows)
     tiles = -(-geometry.batches * geometry.grid_rows // rows)  # row tiles over all batches
 
-    def loaded(one_pass: bool) -> tuple[int, int, int]:
+    def loaded(one_pass: bool, threads: int) -> tuple[int, int, int]:
         """(function handle, resident blocks per SM, SMs) of the path's instantiation."""
         expression = dataclasses.replace(key, one_pass=one_pass).name_expression
         function = _jit.get_function(SOURCE, expression, device)
@@ -366,17 +426,18 @@ def prepare(request, device: int) -> Launch:
             handle = function.kernel.ptr
             return (handle, *resident_blocks(handle, expression, threads, device))
 
-    handle, per_sm, sms = loaded(one_pass=True)
-    if tiles * blocks_per_row <= ONE_PASS_MAX_WAVES * per_sm * sms:
-        if geometry.batches <= MAX_GRID_Z:  # z walks the batches, x the tiles of one
-            grid = (-(-geometry.grid_rows // rows), blocks_per_row, geometry.batches)
-        else:  # more batches than grid z holds: x covers the tiles of all of them
-            grid = (tiles, blocks_per_row, 1)
-    else:
-        handle, per_sm, sms = loaded(one_pass=False)
-        row_blocks = min(tiles, MAX_GRID_X)
-        waves = waves_for(per_sm)
-        if waves > 0:
-            row_blocks = min(tiles, max(1, int(waves * per_sm * sms) // blocks_per_row))
-        grid = (row_blocks, blocks_per_row, 1)
+    slots = one_pass_slots(geometry, rows)
+    if slots < 2**31:
+        flat_threads = one_pass_threads(slots, lanes)
+        handle, per_sm, sms = loaded(one_pass=True, threads=flat_threads)
+        flat_blocks = -(-slots * lanes // flat_threads)
+        if flat_blocks <= one_pass_wave_limit(per_sm, flat_threads) * per_sm * sms:
+            grid, block = (flat_blocks, 1, 1), (flat_threads, 1, 1)
+            return Launch(handle, grid, block, make_params(request), pdl_supported(device))
+    handle, per_sm, sms = loaded(one_pass=False, threads=threads)
+    row_blocks = min(tiles, MAX_GRID_X)
+    waves = waves_for(per_sm)
+    if waves > 0:
+        row_blocks = min(tiles, max(1, int(waves * per_sm * sms) // blocks_per_row))
+    grid = (row_blocks, blocks_per_row, 1)
     return Launch(handle, grid, (threads, 1, 1), make_params(request), pdl_supported(device))

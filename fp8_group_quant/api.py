@@ -453,8 +453,8 @@ def warmup(device: int | None = None, variants=None) -> list[str]:
     """Compile (or read from the disk cache) and load kernels on ``device`` before serving.
 
     ``device``: a CUDA ordinal (default: the current device). ``variants``: None for the default
-    kernel (bfloat16, G = 128, e4m3, packed UE8M0 scales; both its paths, the one-pass kernel of
-    small grids and the row loop of large ones), ``"all"`` for every instantiation, or
+    kernel (bfloat16, G = 128, e4m3, packed UE8M0 scales; both its paths, the one-pass kernel and
+    the row loop), ``"all"`` for every instantiation, or
     an iterable of dicts of ``quantize`` options plus ``input_dtype`` (default ``"bfloat16"``),
     e.g. ``[{"input_dtype": "float16", "scale": "ue8m0", "layout": "col_tma"}]``. Kernels for
     16-byte aligned inputs are loaded; the unaligned fallback loads on first use. Returns the

@@ -70,6 +70,14 @@ __device__ __forceinline__ float divide_fast(float v, float s, float r) {
   return __uint_as_float(__float_as_uint(rounded) | (__float_as_uint(v) & 0x80000000u));
 }
 
+// n / d for n < 2^31, as a multiply and a shift: magic = ceil(2^shift / d) with
+// shift = 31 + ceil(log2 d), both from _launch.divisor() on the host.
+// NOTES: Granlund and Montgomery (1994), theorem 4.2 with N = 31: magic * d - 2^shift < d, which
+// makes the quotient exact for every n < 2^31; magic < 2^32 holds for every d >= 1.
+__device__ __forceinline__ u32 divide_u31(u32 n, u32 magic, u32 shift) {
+  return static_cast<u32>((static_cast<unsigned long long>(n) * magic) >> shift);
+}
+
 // Programmatic Dependent Launch (sm_90 and newer; no-ops before, and when the launch did not ask
 // for it). wait: block until the grid this one depends on has finished and its writes are
 // visible; signal: let the dependent grid start its prologue (it still waits for our end).

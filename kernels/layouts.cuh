@@ -20,6 +20,10 @@ template <> struct ScaleLayout<kFloatWords> {
     u8* at = p.scales + batch * p.s_batch_stride + row * p.s_row_stride + group * p.s_word_stride;
     *reinterpret_cast<float*>(at) = real_row ? scale : 0.0f;
   }
+  // zero the scale of (batch, row, group) in a padding row
+  __device__ static __forceinline__ void zero(const Params& p, u32 batch, u32 row, int group) {
+    store(p, batch, row, group, 0.0f, 0u, false);
+  }
 };
 
 // packed, packed_row: UE8M0 exponent bytes, four groups per int32 word (group g is byte g % 4)
@@ -33,6 +37,13 @@ template <> struct ScaleLayout<kPackedExponents> {
     word[group % 4] = real_row ? static_cast<u8>(exponent) : 0;
     if (group == p.groups_per_row - 1) {
       for (int b = group % 4 + 1; b < 4; ++b) word[b] = 0;
+    }
+  }
+  // zero a padding row's word of (batch, row, group): one 4-byte store by its first group
+  __device__ static __forceinline__ void zero(const Params& p, u32 batch, u32 row, int group) {
+    if (group % 4 == 0) {
+      *reinterpret_cast<u32*>(p.scales + batch * p.s_batch_stride + row * p.s_row_stride +
+                              (group / 4) * p.s_word_stride) = 0u;
     }
   }
 };

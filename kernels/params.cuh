@@ -19,7 +19,13 @@ struct Params {
   u32 grid_rows;        // rows per batch the kernel visits; [rows, grid_rows) are padding
   u32 batches;          // batches (B)
   int groups_per_row;   // K / G
-  int tile_rows_log2;   // a block covers 2^tile_rows_log2 consecutive rows
+  int tile_rows_log2;   // a row tile holds 2^tile_rows_log2 consecutive rows
+  u32 slots;              // one pass: group slots, batches * batch_tiles * groups * tile rows
+  u32 tile_slots_magic;   // one pass: n / (groups_per_row << tile_rows_log2) by divide_u31
+  u32 tile_slots_shift;   //   and its shift
+  u32 batch_tiles;        // one pass: row tiles per batch, ceil(rows / tile rows)
+  u32 batch_tiles_magic;  // one pass: n / batch_tiles by divide_u31
+  u32 batch_tiles_shift;  //   and its shift
   float eps;            // floor of the group maximum
   u8* scales;           // scale storage; the layout's address function places each scale
   i64 s_batch_stride;   // bytes of scale storage between batches

@@ -6,19 +6,20 @@
 // their own lanes, compute the scale, quantize in registers and store their codes with one store.
 // No shared memory, no __syncthreads, no atomics.
 //
-// Grid: a block covers a tile of tile_rows consecutive rows by groups_per_block groups; the group
-// slots of a block run rows fastest, so with tile_rows > 1 a warp holds the same groups of
-// consecutive rows and the column-major scale layouts are stored as contiguous runs (one sector
-// for eight float scales) instead of one scattered 4-byte store per group. y splits a row's
-// groups over blocks of at most kMaxThreads threads; z counts the batches (or is 1 when there
-// are more than z holds, and x covers the tiles of all batches). Two paths (docs/perf.md step
-// 14): kOnePass, one tile per block and no loop, for grids of a few waves (small M), where the
-// latency of a short prologue decides; else x holds a few resident waves of blocks that walk the
-// row tiles with a stride of the grid, each lane loading its next row before it quantizes the
-// current one, which keeps more bytes in flight at large M.
+// Grid, two paths from one template (docs/perf.md steps 14 and 17). kOnePass: the group slots
+// of the real rows are numbered flat over a 1-D grid, one group per lane set and no loop, so
+// every block but the last is full whatever K is; the launch layer takes it for every grid of
+// the lean instantiations and for grids of a few waves of the others. Otherwise the row loop:
+// a block covers a tile of tile_rows consecutive rows by groups_per_block groups, y splits a
+// row's groups over blocks, and x holds a few resident waves of blocks that walk the row tiles
+// with a stride of the grid, each lane loading its next row before it quantizes the current
+// one, which keeps more bytes in flight for the heavier instantiations. In both, the slots of
+// a tile run rows fastest, so with tile_rows > 1 a warp holds the same groups of consecutive
+// rows and the column-major scale layouts are stored as contiguous runs (one sector for eight
+// float scales) instead of one scattered 4-byte store per group.
 // Rows in [rows, grid_rows) of each batch are padding rows: the kernel writes zeros there (to q
 // below q_rows, to the scales below scale_rows), so callers may allocate with empty and no memset
-// is launched.
+// is launched. The one-pass path has no slots for them: the last real row's slots write them.
 #include "common.cuh"
 #include "layouts.cuh"
 #include "params.cuh"
@@ -90,6 +91,16 @@ __device__ __forceinline__ void encode_lane(const u32 (&words)[kLaneWords], floa
   }
 }
 
+// kValues zero codes (16 or 8 bytes) at dst
+template <int kValues>
+__device__ __forceinline__ void store_zeros(u8* dst) {
+  if constexpr (kValues == 16) {
+    *reinterpret_cast<uint4*>(dst) = make_uint4(0u, 0u, 0u, 0u);
+  } else {
+    *reinterpret_cast<uint2*>(dst) = make_uint2(0u, 0u);
+  }
+}
+
 // quantize one group (this lane's share) and store it -------------------------------------------
 // `words` are this lane's values; `mask` names the lanes that run this call together (the
 // group's own lanes, or with kWholeWarp all 32); `real_row` false quantizes a padding row's
@@ -108,12 +119,14 @@ __device__ __forceinline__ void quantize_group(const Params& p, const u32 (&word
   if constexpr (kWholeWarp) {
     // NOTES: the whole-warp mask needs a warp-uniform branch: every lane takes the slow path if
     // any group of the warp holds Inf or NaN, and keeps its own maximum if its group does not
-    if (__any_sync(mask, nonfinite)) {
+    if (__builtin_expect(__any_sync(mask, nonfinite), 0)) {
       const u32 finite = group_max<kLanes>(max_finite_magnitude<kIn>(words), mask);
       if (nonfinite) magnitude = finite;
     }
   } else {
-    if (nonfinite) magnitude = group_max<kLanes>(max_finite_magnitude<kIn>(words), mask);
+    if (__builtin_expect(nonfinite, 0)) {
+      magnitude = group_max<kLanes>(max_finite_magnitude<kIn>(words), mask);
+    }
   }
   const float amax = fmaxf(In::magnitude_to_f32(magnitude), p.eps);
 
@@ -136,7 +149,7 @@ __device__ __forceinline__ void quantize_group(const Params& p, const u32 (&word
     const float inverse = __uint_as_float((254u - exponent) << 23);
     encode_lane<kIn, kOut, kMultiply, kValues>(words, scale, inverse, codes);
   }
-  if (nonfinite) {  // rare: NaN keeps its sign, e5m2 keeps infinities, int8 NaN becomes 0
+  if (__builtin_expect(nonfinite, 0)) {  // NaN keeps its sign, e5m2 keeps Inf, int8 NaN gives 0
 #pragma unroll
     for (int i = 0; i < kValues; ++i) {
       const int shift = 8 * (i % 4);
@@ -168,29 +181,28 @@ __global__ void __launch_bounds__(kMaxThreads, (min_blocks_per_sm<kIn, kOut, kSc
   static_assert(kLayout != kPackedExponents || kScale == kUE8M0Scale,
                 "a packed word holds UE8M0 exponent bytes only");
 
-  const int slot = threadIdx.x / kLanes;  // the group slot: rows fastest, then groups
   const int lane = threadIdx.x % kLanes;
   const int tile_rows_log2 = p.tile_rows_log2;
-  const int groups_per_block = blockDim.x / kLanes >> tile_rows_log2;
-  const int slot_group = blockIdx.y * groups_per_block + (slot >> tile_rows_log2);
-  // a slot's first row in its batch (grid z) or over all batches (grid z of 1)
-  const u32 slot_row = (blockIdx.x << tile_rows_log2) + (slot & ((1 << tile_rows_log2) - 1));
 
   if constexpr (kOnePass) {
-    // NOTES: one row per slot and no loop, for grids of a few waves (small M): the prologue is
-    // a few instructions, and nothing before the load depends on a branch, so the parameter
-    // reads issue together. Every lane stays to the end, so the shuffles name the whole warp
-    // (plain SHFL, no convergence checks); a slot past the last group or row works on a clamped
-    // one and stores nothing.
-    const u32 rows_in_x = gridDim.z > 1 ? p.grid_rows : p.batches * p.grid_rows;
-    const bool active = slot_group < p.groups_per_row && slot_row < rows_in_x;
-    const int group = min(slot_group, p.groups_per_row - 1);
-    u32 batch = blockIdx.z, row = min(slot_row, rows_in_x - 1u);
-    if (gridDim.z == 1 && p.batches > 1) {
-      batch = row / p.grid_rows;
-      row -= batch * p.grid_rows;
-    }
-    const bool real_row = row < p.rows;  // a padding row reads nothing and quantizes zeros
+    // NOTES: one group per lane set and no loop, for grids of a few waves. The slots of the
+    // grid are numbered flat over (batch, row tile, group, row of the tile), so every block but
+    // the last is full whatever K is, and a slot finds its place with two multiplicative
+    // divisions (no branch, no division instruction) before its load. Every lane stays to the
+    // end, so the shuffles name the whole warp (plain SHFL, no convergence checks); a slot past
+    // the end, or on a row past the last of a partial tile, works on a clamped one and stores
+    // nothing. Only real rows have slots: the last row's slots also zero the padding rows below.
+    const u32 slot_in_grid = blockIdx.x * (blockDim.x / kLanes) + threadIdx.x / kLanes;
+    const bool in_grid = slot_in_grid < p.slots;
+    const u32 slot = min(slot_in_grid, p.slots - 1u);
+    const u32 tile = divide_u31(slot, p.tile_slots_magic, p.tile_slots_shift);
+    const u32 within = slot - tile * (static_cast<u32>(p.groups_per_row) << tile_rows_log2);
+    const int group = static_cast<int>(within >> tile_rows_log2);
+    const u32 batch = divide_u31(tile, p.batch_tiles_magic, p.batch_tiles_shift);
+    const u32 row = ((tile - batch * p.batch_tiles) << tile_rows_log2) +
+                    (within & ((1u << tile_rows_log2) - 1u));
+    const bool active = in_grid && row < p.rows;
+    const u32 read_row = min(row, p.rows - 1u);
     const i64 value0 = static_cast<i64>(group) * kGroup + lane * kValues;
     u32 words[kLaneWords];
     // NOTES: PDL: nothing global is read or written before the producer of x is done (the
@@ -198,21 +210,34 @@ __global__ void __launch_bounds__(kMaxThreads, (min_blocks_per_sm<kIn, kOut, kSc
     // next kernel may start its prologue
     wait_for_producer();
     load_lane<kIn, kVec16>(static_cast<const Storage*>(p.x) + batch * p.x_batch_stride +
-                               (real_row ? row : 0u) * p.x_row_stride + value0,
+                               read_row * p.x_row_stride + value0,
                            words);
     signal_dependents();
-    if (!real_row) {
-#pragma unroll
-      for (int i = 0; i < kLaneWords; ++i) words[i] = 0u;
-    }
     const i64 k = static_cast<i64>(p.groups_per_row) * kGroup;
+    u8* q_batch = p.q + batch * p.q_batch_stride + value0;
+    // NOTES: the padding rows of q and the scales get their zeros from the last real row's
+    // slots, while the loads are in flight: stores issued after the group's dependent chain
+    // would lengthen the kernel's tail (docs/perf.md step 17)
+    if (active && row == p.rows - 1u) {
+#pragma unroll 1
+      for (u32 pad = row + 1u; pad < p.grid_rows; ++pad) {
+        if (pad < p.q_rows) store_zeros<kValues>(q_batch + pad * k);
+        if (pad < p.scale_rows && lane == 0) ScaleLayout<kLayout>::zero(p, batch, pad, group);
+      }
+    }
     quantize_group<kIn, kGroup, kOut, kScale, kLayout, true>(
-        p, words, 0xffffffffu, real_row, p.q + batch * p.q_batch_stride + row * k + value0,
-        active && row < p.q_rows, active && lane == 0 && row < p.scale_rows, batch, row, group);
+        p, words, 0xffffffffu, true, q_batch + row * k, active, active && lane == 0, batch, row,
+        group);
     return;
   }
 
-  // the row loop, for large grids (grid z of 1): each slot walks the rows of all batches with a
+  const int slot = threadIdx.x / kLanes;  // the group slot: rows fastest, then groups
+  const int groups_per_block = blockDim.x / kLanes >> tile_rows_log2;
+  const int slot_group = blockIdx.y * groups_per_block + (slot >> tile_rows_log2);
+  // the slot's first row over all batches
+  const u32 slot_row = (blockIdx.x << tile_rows_log2) + (slot & ((1 << tile_rows_log2) - 1));
+
+  // the row loop: each slot walks the rows (padding rows included) of all batches with a
   // stride of the grid, loading the next row before it quantizes the current one, so loads stay
   // in flight while it computes
   const int group = slot_group;

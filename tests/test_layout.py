@@ -165,22 +165,69 @@ def test_grid_limit_names_k_for_huge_rows():
     assert "rows" in _launch.grid_limits_error(Geometry((2**31, 128), 128, "row", False), 2)
 
 
+@pytest.mark.parametrize(
+    "d", [1, 2, 3, 7, 21, 56, 100, 127, 128, 129, 641, 6700417, 2**16 + 1, 2**30 + 3, 2**31 - 1]
+)
+def test_the_kernels_multiplicative_division_is_exact(d):
+    # the kernel's divide_u31: (n * magic) >> shift in 64 bits, for every n below 2**31
+    from fp8_group_quant._launch import divisor
+
+    magic, shift = divisor(d)
+    assert 0 < magic < 2**32 and shift < 64
+    assert 0 <= magic * d - 2**shift < 2 ** (shift - 31)  # the exactness condition (theorem 4.2)
+    rng = np.random.default_rng(d)
+    q = np.unique(np.concatenate([np.arange(0, 300), (2**31 - 1) // d - np.arange(300),
+                                  rng.integers(0, (2**31 - 1) // d + 1, 3000)]))  # fmt: skip
+    q = q[(q >= 0) & (q * d < 2**31)]
+    n = np.concatenate([q * d, q * d - 1, q * d + d - 1, [2**31 - 1]])
+    n = np.unique(n[(n >= 0) & (n < 2**31)]).astype(object)
+    assert all((v * magic) >> shift == v // d for v in n)
+
+
+def test_the_division_refuses_divisors_it_cannot_serve():
+    from fp8_group_quant._launch import divisor
+
+    for d in (0, -1, 2**31):
+        with pytest.raises(ValueError, match="divisor"):
+            divisor(d)
+
+
+@pytest.mark.parametrize("threads, ok", [(0, True), (64, True), (256, True), (96, True),
+                                         (48, False), (512, False), (-32, False)])  # fmt: skip
+def test_the_one_pass_block_size_knob_is_checked(monkeypatch, threads, ok):
+    from fp8_group_quant import _launch
+
+    monkeypatch.setattr(_launch, "ONE_PASS_THREADS", threads)
+    if ok:
+        assert _launch.one_pass_threads(1000, 8) == (threads or 128)
+    else:
+        with pytest.raises(ValueError, match="FP8_GROUP_QUANT_ONE_PASS_THREADS"):
+            _launch.one_pass_threads(1000, 8)
+
+
 class _FakeFunction:
     class kernel:  # noqa: N801 - mimics RawKernel.kernel.ptr
         ptr = 0x1234
 
 
 @pytest.mark.parametrize(
-    "shape, layout, max_waves, one_pass, grid",
+    "shape, layout, max_waves, one_pass, grid, per_sm",
     [
-        ((64, 7168), "packed", 16, True, (64, 2, 1)),  # decode size: one pass, z = one batch
-        ((2, 3, 7168), "col_tma", 16, True, (1, 7, 2)),  # 4 padded rows a batch: one tile of 4
-        ((70000, 1, 256), "row", 10**9, True, (70000, 1, 1)),  # batches beyond z fold into x
-        ((70000, 1, 256), "row", 16, False, (6336, 1, 1)),  # 70000 blocks > 16 waves: the loop
-        ((16384, 7168), "packed", 16, False, (3168, 2, 1)),  # 8 waves of 792 blocks
+        ((64, 7168), "packed", 16, True, (224, 1, 1), 6),  # decode: 3584 slots of 8 lanes
+        ((2, 3, 7168), "col_tma", 16, True, (28, 1, 1), 6),  # tiles of 4 rows (3 real), 2 batches
+        ((70000, 1, 256), "row", 16, True, (8750, 1, 1), 6),  # 140000 slots, batches flat
+        ((70000, 1, 256), "row", 1, False, (6336, 1, 1), 6),  # 8750 blocks > 1 wave: the loop
+        ((16384, 7168), "packed", 16, False, (3168, 2, 1), 6),  # 57344 blocks > 16 waves
+        # no limit given: by occupancy. 12 blocks of 128 threads (lean) take one pass at any size;
+        # 10 (a 48-register kernel) switch to the loop past 16 waves of 1320 blocks
+        ((16384, 7168), "packed", None, True, (57344, 1, 1), 12),
+        ((16384, 7168), "packed", None, False, (5280, 2, 1), 10),
+        ((2048, 7168), "packed", None, True, (7168, 1, 1), 10),
     ],
 )  # each branch of the path and grid choice, with a device of 132 SMs fitting 6 blocks each
-def test_the_launch_picks_its_path_and_grid(monkeypatch, shape, layout, max_waves, one_pass, grid):
+def test_the_launch_picks_its_path_and_grid(
+    monkeypatch, shape, layout, max_waves, one_pass, grid, per_sm
+):
     import ml_dtypes
 
     from fp8_group_quant import _jit, _launch
@@ -195,7 +242,7 @@ def test_the_launch_picks_its_path_and_grid(monkeypatch, shape, layout, max_wave
 
     monkeypatch.setattr(_jit, "get_function", get_function)
     monkeypatch.setattr(_jit, "current_device", lambda device: contextlib.nullcontext())
-    monkeypatch.setattr(_launch, "resident_blocks", lambda *args: (6, 132))
+    monkeypatch.setattr(_launch, "resident_blocks", lambda *args: (per_sm, 132))
     monkeypatch.setattr(_launch, "WAVES", None)
     monkeypatch.setattr(_launch, "ONE_PASS_MAX_WAVES", max_waves)
     monkeypatch.setattr(_launch, "pdl_supported", lambda device: False)
@@ -208,3 +255,6 @@ def test_the_launch_picks_its_path_and_grid(monkeypatch, shape, layout, max_wave
     assert loaded[-1].endswith(f"{'true' if one_pass else 'false'}>")
     assert got_grid == grid and handle == 0x1234 and block[0] % 32 == 0
     assert params.rows == request.output.rows and params.batches == request.output.batches
+    if one_pass:  # the flat grid covers every slot, with less than one block to spare
+        threads = params.slots * request.kernel_key().lanes_per_group
+        assert got_grid[0] * block[0] >= threads > (got_grid[0] - 1) * block[0]
