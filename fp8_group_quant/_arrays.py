@@ -83,19 +83,57 @@ def describe(array, name: str) -> ArrayInfo:
 
 
 def available_bytes(info: ArrayInfo) -> int | None:
-    """Bytes of the underlying allocation from ``info.ptr`` on, or None if unknown."""
+    """Bytes of the underlying allocation from ``info.ptr`` on, or None if unknown.
+
+    NOTES: the allocation is the array at the root of the view chain, not the memory pool's
+    block (CuPy rounds blocks up to 512 bytes, so a view of 31 floats sits in a block of 128
+    floats) and not numpy's ``as_strided`` helper object (a ``DummyArray`` holding the
+    original array as its base). A root that is not one dense run of memory is unknown.
+    """
     if info.kind == TORCH:
         tensor = info.obj
         return tensor.untyped_storage().nbytes() - tensor.storage_offset() * info.itemsize
-    if info.kind == CUPY:
-        memory = info.obj.data.mem
-        return memory.size - (info.ptr - memory.ptr) if memory.size else None
-    root = info.obj
-    while isinstance(root.base, np.ndarray):
-        root = root.base
-    if not root.flags.c_contiguous:
+    root = _root_array(info.obj)
+    if root is None:
         return None
-    return root.ctypes.data + root.nbytes - info.ptr
+    if info.kind == CUPY:
+        start = root.data.ptr
+        dense = root.flags.c_contiguous or root.flags.f_contiguous
+    else:
+        start = root.ctypes.data
+        dense = root.flags.c_contiguous or root.flags.f_contiguous
+    if not dense:
+        return None
+    end = start + root.nbytes
+    return end - info.ptr if start <= info.ptr <= end else None
+
+
+def _root_array(array):
+    """The array at the root of ``array``'s chain of views (through ``as_strided`` helpers)."""
+    kind = type(array)
+    root = array
+    while True:
+        base = root.base
+        if isinstance(base, kind):
+            root = base
+        elif isinstance(getattr(base, "base", None), kind) and hasattr(
+            base, "__array_interface__"
+        ):  # numpy's DummyArray from as_strided
+            root = base.base
+        else:
+            return root
+
+
+def byte_extent(ptr: int, shape, strides, itemsize: int) -> tuple[int, int]:
+    """[first, last + 1) byte addresses an array of ``shape`` and element ``strides`` touches;
+    an empty array touches none."""
+    if 0 in shape:
+        return ptr, ptr
+    low = high = ptr
+    for n, stride in zip(shape, strides):
+        span = (n - 1) * stride * itemsize
+        low, high = (low + span, high) if span < 0 else (low, high + span)
+    return low, high + itemsize
 
 
 # the hot path: cheap reads, allocation and streams in the caller's library ------------------------
@@ -244,12 +282,33 @@ def foreign_library(x) -> str | None:
     return OTHER
 
 
-def to_cupy(x):
-    """A cupy view of a foreign CUDA array, without a copy (CUDA array interface or DLPack)."""
+def to_cupy(x, name: str = "x"):
+    """A cupy view of a foreign CUDA array, without a copy (CUDA array interface or DLPack).
+
+    NOTES: the CUDA array interface has no typestr for bfloat16: exporters fall back to a void
+    type ('<V2'), which must be refused here rather than read as raw bytes.
+    """
     import cupy
 
     if hasattr(x, "__cuda_array_interface__"):
-        return cupy.asarray(x)
+        interface = x.__cuda_array_interface__
+        typestr = interface.get("typestr") if isinstance(interface, dict) else None
+        try:
+            kind = np.dtype(typestr).kind
+        except TypeError:
+            kind = None
+        if kind not in ("f", "i", "u", "b"):
+            raise TypeError(
+                f"{name}: its __cuda_array_interface__ typestr {typestr!r} is not a numeric type "
+                "(the interface has none for bfloat16: pass bfloat16 data as a torch tensor, a "
+                "cupy array or through DLPack)"
+            )
+        try:
+            return cupy.asarray(x)
+        except Exception as error:  # CuPy's own message may name nothing of ours
+            raise ValueError(
+                f"{name}: cannot read its __cuda_array_interface__: {error}"
+            ) from error
     return cupy.from_dlpack(x)
 
 

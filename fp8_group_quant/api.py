@@ -20,6 +20,7 @@ from ._arrays import (
     TORCH,
     ArrayInfo,
     available_bytes,
+    byte_extent,
     describe,
     device_allocator,
     device_signature,
@@ -126,8 +127,8 @@ def quantize(
     x_view = to_cupy(x)
     q, scales = _quantize_new(
         x_view, group_size, dtype, scale, layout, eps,
-        None if out is None else to_cupy(out),
-        None if scale_out is None else to_cupy(scale_out), pad_rows,
+        None if out is None else to_cupy(out, "out"),
+        None if scale_out is None else to_cupy(scale_out, "scale_out"), pad_rows,
     )  # fmt: skip
     q = out if out is not None else from_cupy(q, library, fmt.dtype_name if fmt.is_float8 else None)
     scales = scale_out if scale_out is not None else from_cupy(scales, library, None)
@@ -149,6 +150,7 @@ def _quantize_host(x, info: ArrayInfo, request: Request, out, scale_out):
     q_spec, scale_spec = _output_specs(request)
     q, q_info = _output(out, "out", info, q_spec)
     scales, s_info = _output(scale_out, "scale_out", info, scale_spec)
+    _check_disjoint(info, info.ptr, (("out", q_info, q_spec), ("scale_out", s_info, scale_spec)))
     geometry = request.output
     if not geometry.empty:
         reference.quantize_into(
@@ -200,7 +202,8 @@ def _output_specs(request: Request) -> tuple[OutputSpec, OutputSpec]:
 
 
 def _same_strides(shape, got, expected) -> bool:
-    return all(n <= 1 or g == e for n, g, e in zip(shape, got, expected))
+    """Strides agree where they matter: an empty array has none that do."""
+    return 0 in shape or all(n <= 1 or g == e for n, g, e in zip(shape, got, expected))
 
 
 def _output(given, name: str, x_info: ArrayInfo, spec: OutputSpec):
@@ -225,6 +228,10 @@ def _output(given, name: str, x_info: ArrayInfo, spec: OutputSpec):
         raise ValueError(
             f"{name}: expected strides {tuple(spec.strides)}, got {tuple(info.strides)}"
         )
+    if info.kind == NUMPY and not given.flags.writeable:
+        raise ValueError(f"{name}: the array is read-only")
+    if not spec.storage:  # nothing is written: an empty output's pointer and strides are moot
+        return given, info
     if name == "out" and info.ptr % VECTOR_ALIGNMENT:
         raise ValueError(
             f"{name}: expected a {VECTOR_ALIGNMENT}-byte aligned pointer, got {info.ptr:#x}"
@@ -233,12 +240,30 @@ def _output(given, name: str, x_info: ArrayInfo, spec: OutputSpec):
         raise ValueError(f"{name}: pointer {info.ptr:#x} is not aligned to its item size")
     need = spec.storage * info.itemsize
     have = available_bytes(info)
-    if spec.storage and (have is None or have < need):
+    if have is None or have < need:
         raise ValueError(
             f"{name}: the layout owns {need} bytes of storage (padding included) from the first "
             f"element, but the allocation holds {have if have is not None else 'an unknown'} bytes"
         )
     return given, info
+
+
+def _check_disjoint(x_info: ArrayInfo, x_ptr: int, outputs) -> None:
+    """Raise if an output's storage overlaps the input or the other output.
+
+    NOTES: the kernel reads x while it writes q and the scales; a shared byte is a race on the
+    GPU and a wrong answer on the host. An output's extent is the storage its layout owns
+    (padding included), the input's the bytes its view touches. ``outputs``: (name, info,
+    spec) of each output the caller gave.
+    """
+    x_range = byte_extent(x_ptr, x_info.shape, x_info.strides, x_info.itemsize)
+    ranges = [("x", x_range)]
+    for name, info, spec in outputs:
+        ranges.append((name, (info.ptr, info.ptr + spec.storage * info.itemsize)))
+    for i, (name_a, (a0, a1)) in enumerate(ranges):
+        for name_b, (b0, b1) in ranges[i + 1 :]:
+            if a0 < b1 and b0 < a1:
+                raise ValueError(f"{name_b}: its storage overlaps {name_a}'s memory")
 
 
 # GPU plans -------------------------------------------------------------------------------------
@@ -326,17 +351,22 @@ class _Plan:
         if out is None and scale_out is None:
             q, q_ptr, scales, scale_ptr = self.alloc_both()
         else:
+            given = []  # the caller's outputs, checked against x and each other before the launch
             if out is None:
                 q = self.q_alloc()
                 q_ptr = pointer(q, self.kind)
             else:
-                q, q_ptr = out, _output(out, "out", self.x_info, self.q_spec)[1].ptr
+                q_info = _output(out, "out", self.x_info, self.q_spec)[1]
+                q, q_ptr = out, q_info.ptr
+                given.append(("out", q_info, self.q_spec))
             if scale_out is None:
                 scales = self.scale_alloc()
                 scale_ptr = pointer(scales, self.kind)
             else:
-                scales = scale_out
-                scale_ptr = _output(scale_out, "scale_out", self.x_info, self.scale_spec)[1].ptr
+                s_info = _output(scale_out, "scale_out", self.x_info, self.scale_spec)[1]
+                scales, scale_ptr = scale_out, s_info.ptr
+                given.append(("scale_out", s_info, self.scale_spec))
+            _check_disjoint(self.x_info, x_ptr, given)
         if self.launch is not None:
             self.launch.launch(x_ptr, q_ptr, scale_ptr, self.stream(self.device))
         return q, scales

@@ -193,3 +193,106 @@ def test_the_plan_cache_is_safe_under_threads():
     for thread in threads:
         thread.join()
     assert not errors and len(cache) == 64
+
+
+# issue 11: the defects an adversarial run found, one regression test each ------------------------
+
+
+def test_read_only_output_is_refused_before_anything_is_written(x):  # item 1
+    q = poisoned((4, 512), np.uint8)
+    s = poisoned((1, 4), np.int32).T
+    s.flags.writeable = False
+    with pytest.raises(ValueError, match="scale_out: the array is read-only"):
+        fgq.quantize_packed(x, out=q, scale_out=s)
+    assert (q == 0x7F).all() and (s.view(np.uint32) == 0x7F7F7F7F).all()
+    q.flags.writeable = False
+    with pytest.raises(ValueError, match="out: the array is read-only"):
+        fgq.quantize_packed(x, out=q)
+
+
+@pytest.mark.parametrize(
+    "shape, layout, q_shape, s_shape",
+    [
+        ((3, 0, 5, 128), "row", (3, 0, 5, 128), (3, 0, 5, 1)),
+        ((0, 0, 256), "col_tma", (0, 0, 256), (0, 0, 2)),
+        ((4, 0), "packed", (4, 0), (4, 0)),
+        ((0, 256), "packed", (0, 256), (0, 1)),
+    ],
+)  # strides of an empty array carry no meaning; any empty output of the right shape will do
+def test_empty_outputs_of_the_right_shape_are_accepted(shape, layout, q_shape, s_shape):
+    x = np.empty(shape, BF16)
+    scale = "ue8m0" if layout == "packed" else "float32"
+    s_dtype = np.int32 if layout == "packed" else np.float32
+    out, scale_out = np.empty(q_shape, ml_dtypes.float8_e4m3fn), np.empty(s_shape, s_dtype)
+    q, s = fgq.quantize(x, 128, scale=scale, layout=layout, out=out, scale_out=scale_out)
+    assert q is out and s is scale_out
+    with pytest.raises(ValueError, match="scale_out: expected shape"):
+        fgq.quantize(x, 128, scale=scale, layout=layout, scale_out=np.empty((7,), s_dtype))
+
+
+def test_storage_check_sees_through_as_strided_views():  # item 3
+    x = activations(np.random.default_rng(3), (7, 512), "bfloat16")
+    expected = fgq.quantize(x, 128, layout="col_tma")[1]
+    storage = np.full(8 * 4, np.nan, np.float32)  # tma = 8 rows, 4 groups
+    view = np.lib.stride_tricks.as_strided(storage, (7, 4), (4, 32))
+    q, s = fgq.quantize(x, 128, layout="col_tma", scale_out=view)
+    assert s is view
+    np.testing.assert_array_equal(view, expected)
+    assert (storage.reshape(4, 8)[:, 7] == 0).all()  # the padding row, written as zeros
+    short = np.full(31, np.nan, np.float32)  # one float short of the padded storage
+    view = np.lib.stride_tricks.as_strided(short, (7, 4), (4, 32))
+    with pytest.raises(ValueError, match="scale_out: the layout owns 128 bytes .* holds 124"):
+        fgq.quantize(x, 128, layout="col_tma", scale_out=view)
+    assert np.isnan(short).all()
+
+
+def test_options_given_as_arrays_are_named(x):  # item 5
+    for kwargs in ({"scale": np.array(["ue8m0"])}, {"dtype": np.array(["e4m3"])},
+                   {"layout": np.array(["row"])}, {"eps": np.array([1e-10])},
+                   {"pad_rows": np.array([True])}):  # fmt: skip
+        name = next(iter(kwargs))
+        with pytest.raises((TypeError, ValueError), match=f"^{name}: "):
+            fgq.quantize(x, **kwargs)
+    with pytest.raises(TypeError, match="^group_size: "):
+        fgq.quantize(x, np.array([128]))
+
+
+class _CudaArrayInterface:
+    """A foreign CUDA array as some libraries export bfloat16: a void typestr."""
+
+    def __init__(self, typestr):
+        self.__cuda_array_interface__ = {
+            "shape": (2, 128), "typestr": typestr, "data": (0, False), "version": 3,
+        }  # fmt: skip
+
+
+@pytest.mark.parametrize("typestr", ["<V2", "|V0", "<c8", "bfloat16"])
+def test_cuda_array_interface_without_a_numeric_type_is_named(typestr):  # item 5
+    with pytest.raises(TypeError, match=r"x: its __cuda_array_interface__ typestr"):
+        fgq.quantize(_CudaArrayInterface(typestr))
+
+
+@pytest.mark.parametrize("which", ["out", "scale_out", "both"])
+def test_outputs_overlapping_the_input_or_each_other_are_refused(which):  # item 6
+    memory = np.zeros(4 * 512 * 2 + 4096, np.uint8)
+    x = memory[: 4 * 512 * 2].view(BF16).reshape(4, 512)
+    x[...] = activations(np.random.default_rng(6), (4, 512), "bfloat16")
+    before = memory.copy()
+    spare_q = poisoned((4, 512), np.uint8)
+    spare_s = poisoned((1, 4), np.int32).T
+    if which == "out":  # q over the second half of x
+        out, scale_out, words = memory[2048:4096].reshape(4, 512), spare_s, "out: .* overlaps x"
+    elif which == "scale_out":  # scales over x's last row
+        view = memory[4096 - 64 : 4096].view(np.int32)
+        out, scale_out, words = spare_q, view.reshape(1, 16)[:, :4].T, "scale_out: .* overlaps x"
+    else:  # the scales inside q
+        tail = memory[4096:]
+        out = tail[:2048].reshape(4, 512)
+        scale_out = tail[1024:1040].view(np.int32).reshape(1, 4).T
+        words = "scale_out: .* overlaps out"
+    with pytest.raises(ValueError, match=words):
+        fgq.quantize_packed(x, out=out, scale_out=scale_out)
+    np.testing.assert_array_equal(memory, before)
+    # disjoint neighbours are fine: q right after x
+    q, _ = fgq.quantize_packed(x, out=memory[4096 : 4096 + 2048].reshape(4, 512))
+    np.testing.assert_array_equal(q.view(np.uint8), fgq.quantize_packed(x)[0].view(np.uint8))
