@@ -20,6 +20,7 @@ import os
 import re
 import tempfile
 import threading
+import warnings
 from functools import cache
 from pathlib import Path
 
@@ -63,19 +64,36 @@ class GpuUnavailableError(RuntimeError):
 def kernel_dir() -> Path:
     """Directory holding the ``.cu`` sources.
 
-    ``$FP8_GROUP_QUANT_KERNEL_DIR`` if set; else ``fp8_group_quant/kernels`` inside an installed
-    wheel; else ``kernels/`` beside the package in a source checkout or editable install.
+    ``$FP8_GROUP_QUANT_KERNEL_DIR`` if set (it must be a directory holding ``.cu`` sources:
+    no silent fallback to the packaged ones); else ``fp8_group_quant/kernels`` inside an
+    installed wheel; else ``kernels/`` beside the package in a source checkout or editable
+    install.
     """
     override = os.environ.get(KERNEL_DIR_ENV)
-    candidates = [Path(override)] if override else []
+    if override:
+        path = Path(override)
+        if not path.is_dir():
+            raise FileNotFoundError(
+                f"{KERNEL_DIR_ENV}={override}: not a directory"
+                + (" (it is a file)" if path.exists() else " (it does not exist)")
+            )
+        if not any(path.glob("*.cu")):
+            raise FileNotFoundError(f"{KERNEL_DIR_ENV}={override}: the directory holds no .cu file")
+        return path
     package = Path(__file__).resolve().parent
-    candidates += [package / "kernels", package.parent / "kernels"]
+    candidates = [package / "kernels", package.parent / "kernels"]
     for candidate in candidates:
         if candidate.is_dir() and any(candidate.glob("*.cu")):
             return candidate
     raise FileNotFoundError(
         f"no CUDA sources found; looked in {', '.join(str(c) for c in candidates)}"
     )
+
+
+def _where(directory: Path) -> str:
+    """How to name ``directory`` in an error: by the variable that chose it, if one did."""
+    override = os.environ.get(KERNEL_DIR_ENV)
+    return f"{KERNEL_DIR_ENV}={override}" if override else str(directory)
 
 
 @cache
@@ -111,12 +129,18 @@ _QUOTED_INCLUDE = re.compile(r'\s*#\s*include\s*"([^"]+)"')
 
 
 def _inline_includes(directory: Path, filename: str, seen: set[str]) -> str:
-    """``filename`` with each quoted include of a file in ``directory`` replaced by its text
-    (once per file, as ``#pragma once`` would), numbered with ``#line`` marks."""
+    """``filename`` with each quoted include replaced by the text of that file in ``directory``
+    (once per file, as ``#pragma once`` would), numbered with ``#line`` marks; a quoted include
+    missing from ``directory`` is an error."""
     lines = []
-    for number, line in enumerate((directory / filename).read_text().splitlines(), 1):
+    path = directory / filename
+    if not path.is_file():
+        raise FileNotFoundError(f"{_where(directory)}: {filename} is missing")
+    for number, line in enumerate(path.read_text().splitlines(), 1):
         include = _QUOTED_INCLUDE.fullmatch(line)
-        if include and (directory / include.group(1)).is_file():
+        if include:
+            # NOTES: a quoted include must be ours: left to NVRTC it would be looked for in the
+            # working directory, where a stray file of that name would be compiled instead
             name = include.group(1)
             if name not in seen:
                 seen.add(name)
@@ -137,6 +161,7 @@ def nvrtc_options() -> tuple[str, ...]:
 _functions: dict[tuple[int, str, str], object] = {}
 _modules: list = []  # loaded modules stay alive with the functions taken from them
 _lock = threading.RLock()
+_loading: dict[tuple[int, str, str], threading.Lock] = {}  # one lock per function being loaded
 
 
 def cupy_module():
@@ -305,12 +330,19 @@ def cache_dir() -> Path:
     return Path(base) / "fp8_group_quant"
 
 
+_compiling: dict[str, threading.Lock] = {}  # one lock per cache key: single-flight compiles
+_compiling_lock = threading.Lock()
+_fallback_dir: Path | None = None  # a private directory when the cache directory is unusable
+
+
 def compile_cached(filename: str, name_expressions, target: str) -> tuple[Path, dict[str, str]]:
     """(path of the binary, lowered name of each expression), compiled once per key.
 
     The key hashes the source text (which carries the fingerprint of every file in
     ``kernels/``), the options, the target, the expressions and the NVRTC version. Files are
     written to a temporary name and renamed, so concurrent processes never read half a binary.
+    Threads asking for the same key at once compile it once (the others wait for that
+    compile); different keys compile concurrently.
     """
     name_expressions = tuple(name_expressions)
     key = hashlib.sha256(
@@ -318,21 +350,59 @@ def compile_cached(filename: str, name_expressions, target: str) -> tuple[Path, 
             [source_text(filename), nvrtc_options(), target, name_expressions, nvrtc_version()]
         ).encode()
     ).hexdigest()[:32]
-    directory = cache_dir()
     stem = f"{Path(filename).stem}-{target}-{key}"
-    binary_path = directory / (stem + (".ptx" if target.startswith("compute_") else ".cubin"))
-    names_path = directory / (stem + ".json")
+    suffix = ".ptx" if target.startswith("compute_") else ".cubin"
+    with _compiling_lock:
+        lock = _compiling.setdefault(key, threading.Lock())
+    with lock:
+        for directory in dict.fromkeys((cache_dir(), _fallback_dir)):
+            if directory is not None:
+                found = _read_cached(directory / (stem + suffix), directory / (stem + ".json"))
+                if found is not None and set(found[1]) == set(name_expressions):
+                    return found
+        binary, lowered, _ = _nvrtc_compile(filename, name_expressions, target)
+        data = binary if isinstance(binary, bytes) else binary.encode()
+        directory = _writable_cache_dir()
+        _write_atomically(directory / (stem + suffix), data)
+        _write_atomically(directory / (stem + ".json"), json.dumps(lowered).encode())
+        return directory / (stem + suffix), lowered
+
+
+def _read_cached(binary_path: Path, names_path: Path):
     try:
         lowered = json.loads(names_path.read_text())
-        if binary_path.is_file() and set(lowered) == set(name_expressions):
-            return binary_path, lowered
     except (OSError, ValueError):
-        pass
-    binary, lowered, _ = _nvrtc_compile(filename, name_expressions, target)
-    directory.mkdir(parents=True, exist_ok=True)
-    _write_atomically(binary_path, binary if isinstance(binary, bytes) else binary.encode())
-    _write_atomically(names_path, json.dumps(lowered).encode())
-    return binary_path, lowered
+        return None
+    return (binary_path, lowered) if binary_path.is_file() else None
+
+
+def _writable_cache_dir() -> Path:
+    """The cache directory, created if needed; if it cannot be, a private temporary directory
+    for this process, with one warning naming the variable.
+
+    NOTES: a cache directory that is a file, or that cannot be created or written, must not
+    stop the quantizer: compiling costs a second per kernel, failing costs the call.
+    """
+    global _fallback_dir
+    directory = cache_dir()
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        if os.access(directory, os.W_OK | os.X_OK):
+            return directory
+        problem = "is not writable"
+    except OSError as error:
+        problem = f"cannot be created ({error.strerror or error})"
+    with _compiling_lock:
+        if _fallback_dir is None:
+            _fallback_dir = Path(tempfile.mkdtemp(prefix="fp8_group_quant-"))
+            named = CACHE_DIR_ENV if os.environ.get(CACHE_DIR_ENV) else "the default cache"
+            warnings.warn(
+                f"fp8_group_quant: kernel cache directory {directory} ({named}) {problem}; "
+                f"compiling into {_fallback_dir} for this process only",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+    return _fallback_dir
 
 
 def _write_atomically(path: Path, data: bytes) -> None:
@@ -400,8 +470,10 @@ def _load(filename: str, name_expressions, device: int) -> None:
         for expression in name_expressions:
             function = module.get_function(lowered[expression])
             _ = function.kernel  # load the module on this device now, not at the first launch
-            _functions[(device, filename, expression)] = function
-        _modules.append(module)
+            with _lock:
+                _functions[(device, filename, expression)] = function
+        with _lock:
+            _modules.append(module)
 
 
 def get_function(filename: str, name_expression: str, device: int):
@@ -413,7 +485,9 @@ def get_function(filename: str, name_expression: str, device: int):
     key = (device, filename, name_expression)
     function = _functions.get(key)
     if function is None:
-        with _lock:
+        with _compiling_lock:
+            lock = _loading.setdefault(key, threading.Lock())
+        with lock:  # one thread compiles and loads this key; other keys go on in parallel
             if key not in _functions:
                 _load(filename, (name_expression,), device)
             function = _functions[key]

@@ -263,3 +263,121 @@ def test_driver_entry_points_declare_pointer_arguments(monkeypatch):
         assert function.argtypes == [ctypes.c_void_p] * 4 and function.restype is ctypes.c_int
     finally:
         _jit.driver_entry_point.cache_clear()
+
+
+# issue 11: compile and cache robustness ---------------------------------------------------------
+
+
+@pytest.fixture
+def toy_kernels(tmp_path, monkeypatch):
+    """A kernel directory of one small kernel, chosen through the variable, caches cleared."""
+    directory = tmp_path / "kernels"
+    directory.mkdir()
+    (directory / "toy.cu").write_text("template <int N> __global__ void k(int* d) { d[0] = N; }\n")
+    monkeypatch.setenv(_jit.KERNEL_DIR_ENV, str(directory))
+    monkeypatch.setenv(_jit.CACHE_DIR_ENV, str(tmp_path / "cache"))
+    _jit.source_text.cache_clear()
+    _jit._fingerprint.cache_clear()
+    yield directory
+    _jit.source_text.cache_clear()
+    _jit._fingerprint.cache_clear()
+
+
+def test_threads_asking_for_one_kernel_compile_it_once(toy_kernels, monkeypatch):  # item 7
+    import threading
+    import time
+
+    compiles, in_flight, most = [], [0], [0]
+    real = _jit._nvrtc_compile
+    count_lock = threading.Lock()
+
+    def counting(filename, expressions, target, extra=()):
+        with count_lock:
+            compiles.append(tuple(expressions))
+            in_flight[0] += 1
+            most[0] = max(most[0], in_flight[0])
+        time.sleep(0.2)  # widen the window in which the other threads arrive
+        try:
+            return real(filename, expressions, target, extra)
+        finally:
+            with count_lock:
+                in_flight[0] -= 1
+
+    monkeypatch.setattr(_jit, "_nvrtc_compile", counting)
+    keys = [f"k<{i % 4}>" for i in range(16)]  # 16 threads, 4 distinct kernels
+    results, barrier = {}, threading.Barrier(len(keys))
+
+    def work(i):
+        barrier.wait()
+        results[i] = _jit.compile_cached("toy.cu", [keys[i]], "sm_90")
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(keys))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(compiles) == sorted((f"k<{i}>",) for i in range(4))  # once per kernel
+    assert len({results[i][0] for i in range(16)}) == 4 and all(
+        p.is_file() for p, _ in results.values()
+    )
+    assert most[0] > 1  # distinct kernels compiled side by side, not queued behind one lock
+
+
+@pytest.mark.parametrize("problem", ["missing", "file", "empty"])
+def test_a_bad_kernel_directory_is_named_not_replaced(tmp_path, monkeypatch, problem):  # item 8
+    target = tmp_path / "kernels"
+    if problem == "file":
+        target.write_text("not a directory")
+    elif problem == "empty":
+        target.mkdir()
+    monkeypatch.setenv(_jit.KERNEL_DIR_ENV, str(target))
+    _jit.source_text.cache_clear()
+    try:
+        with pytest.raises(FileNotFoundError, match=_jit.KERNEL_DIR_ENV):
+            _jit.kernel_dir()
+        with pytest.raises(FileNotFoundError, match=_jit.KERNEL_DIR_ENV):
+            _jit.source_text(_launch.SOURCE)
+    finally:
+        _jit.source_text.cache_clear()
+
+
+@pytest.mark.parametrize("missing", ["common.cuh", "quantize.cu"])
+def test_a_kernel_directory_missing_a_file_is_named(tmp_path, monkeypatch, missing):  # item 8
+    import shutil
+
+    directory = tmp_path / "kernels"
+    shutil.copytree(_jit.kernel_dir(), directory)
+    (directory / missing).unlink()
+    (tmp_path / "common.cuh").write_text('#error "the working directory\'s common.cuh"\n')
+    monkeypatch.chdir(tmp_path)  # where NVRTC would have looked for the missing header
+    monkeypatch.setenv(_jit.KERNEL_DIR_ENV, str(directory))
+    _jit.source_text.cache_clear()
+    _jit._fingerprint.cache_clear()
+    try:
+        with pytest.raises(
+            FileNotFoundError, match=f"{_jit.KERNEL_DIR_ENV}=.*{missing} is missing"
+        ):
+            _jit.compile_offline(_launch.SOURCE, [_launch.DEFAULT_KEY.name_expression], "sm_90")
+    finally:
+        _jit.source_text.cache_clear()
+        _jit._fingerprint.cache_clear()
+
+
+@pytest.mark.parametrize("problem", ["a file", "under a file"])
+def test_an_unusable_cache_directory_warns_once_and_compiles(toy_kernels, monkeypatch, problem):
+    # item 9: the cache directory is a file, or cannot be created; the kernel still compiles
+    import warnings
+
+    blocker = toy_kernels.parent / "blocker"
+    blocker.write_text("not a directory")
+    cache = blocker if problem == "a file" else blocker / "cache"
+    monkeypatch.setenv(_jit.CACHE_DIR_ENV, str(cache))
+    monkeypatch.setattr(_jit, "_fallback_dir", None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        path, lowered = _jit.compile_cached("toy.cu", ["k<1>"], "sm_90")
+        again, _ = _jit.compile_cached("toy.cu", ["k<2>"], "sm_90")
+    messages = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+    assert len(messages) == 1 and _jit.CACHE_DIR_ENV in messages[0], messages
+    assert path.is_file() and again.parent == path.parent and cache not in path.parents
+    assert _jit.compile_cached("toy.cu", ["k<1>"], "sm_90") == (path, lowered)  # found again
