@@ -85,25 +85,23 @@ def describe(array, name: str) -> ArrayInfo:
 def available_bytes(info: ArrayInfo) -> int | None:
     """Bytes of the underlying allocation from ``info.ptr`` on, or None if unknown.
 
-    NOTES: the allocation is the array at the root of the view chain, not the memory pool's
-    block (CuPy rounds blocks up to 512 bytes, so a view of 31 floats sits in a block of 128
-    floats) and not numpy's ``as_strided`` helper object (a ``DummyArray`` holding the
-    original array as its base). A root that is not one dense run of memory is unknown.
+    NOTES: numpy: the array at the root of the view chain, seen through ``as_strided``'s
+    helper object (a ``DummyArray`` holding the original array as its base); a root that is
+    not one dense run of memory is unknown. CuPy: its ``as_strided`` and arrays made on a
+    memory pointer keep no base, so the bound is the memory block the pointer lies in, which
+    the pool rounds up to 512 bytes: a view short of the layout's storage by less than that
+    rounding is not caught on cupy (docs/spec.md, outputs).
     """
     if info.kind == TORCH:
         tensor = info.obj
         return tensor.untyped_storage().nbytes() - tensor.storage_offset() * info.itemsize
-    root = _root_array(info.obj)
-    if root is None:
-        return None
     if info.kind == CUPY:
-        start = root.data.ptr
-        dense = root.flags.c_contiguous or root.flags.f_contiguous
-    else:
-        start = root.ctypes.data
-        dense = root.flags.c_contiguous or root.flags.f_contiguous
-    if not dense:
+        memory = info.obj.data.mem
+        return memory.size - (info.ptr - memory.ptr) if memory.size else None
+    root = _root_array(info.obj)
+    if not (root.flags.c_contiguous or root.flags.f_contiguous):
         return None
+    start = root.ctypes.data
     end = start + root.nbytes
     return end - info.ptr if start <= info.ptr <= end else None
 
@@ -288,7 +286,9 @@ def to_cupy(x, name: str = "x"):
     NOTES: the CUDA array interface has no typestr for bfloat16: exporters fall back to a void
     type ('<V2'), which must be refused here rather than read as raw bytes.
     """
-    import cupy
+    from ._jit import cupy_module
+
+    cupy = cupy_module()
 
     if hasattr(x, "__cuda_array_interface__"):
         interface = x.__cuda_array_interface__

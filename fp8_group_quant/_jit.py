@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import re
+import sys
 import tempfile
 import threading
 import warnings
@@ -164,8 +165,38 @@ _lock = threading.RLock()
 _loading: dict[tuple[int, str, str], threading.Lock] = {}  # one lock per function being loaded
 
 
+CUPY_CACHE_ENV = "CUPY_CACHE_DIR"
+
+
+def _usable_cupy_cache() -> None:
+    """Before CuPy's first import: a CUPY_CACHE_DIR that is a file or cannot be created makes
+    ``import cupy`` itself fail (CuPy creates it then); point it at a private temporary
+    directory instead, with one warning naming the variable."""
+    if "cupy" in sys.modules:
+        return
+    value = os.environ.get(CUPY_CACHE_ENV)
+    if not value:
+        return
+    try:
+        Path(value).mkdir(parents=True, exist_ok=True)
+        if os.access(value, os.W_OK | os.X_OK):
+            return
+        problem = "is not writable"
+    except OSError as error:
+        problem = f"cannot be created ({error.strerror or error})"
+    fallback = tempfile.mkdtemp(prefix="fp8_group_quant-cupy-")
+    os.environ[CUPY_CACHE_ENV] = fallback
+    warnings.warn(
+        f"fp8_group_quant: {CUPY_CACHE_ENV}={value} {problem}; CuPy's cache goes to {fallback} "
+        "for this process",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+
+
 def cupy_module():
     """``cupy``, or GpuUnavailableError saying how to install it."""
+    _usable_cupy_cache()
     try:
         import cupy
     except ImportError as error:  # pragma: no cover - depends on the machine

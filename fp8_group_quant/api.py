@@ -321,7 +321,7 @@ class _Plan:
     """Everything a GPU call of one kind needs: output specs, the launch, the caller's library."""
 
     def __init__(self, x_info: ArrayInfo, request: Request, launch):
-        import cupy
+        cupy = _jit.cupy_module()
 
         # NOTES: no reference to the first input: a cached plan must not pin its memory
         self.x_info = dataclasses.replace(x_info, obj=None, ptr=0)
@@ -581,13 +581,16 @@ def unpack_scales(packed, groups: int):
         import torch
 
         parts = [(packed >> (8 * j)) & 0xFF for j in range(4)]
-        exponents = torch.stack(parts, dim=-1).reshape(*info.shape[:-1], -1)[..., :groups]
+        exponents = torch.stack(parts, dim=-1).reshape(*info.shape[:-1], 4 * info.shape[-1])
+        exponents = exponents[..., :groups]
         bits = torch.where(exponents == 0, 0x00400000, exponents << 23)
         bits = torch.where(exponents == 255, 0x7FC00000, bits)
         return bits.to(torch.int32).contiguous().view(torch.float32)
     xp = _namespace(info)
     parts = [(packed >> (8 * j)) & 0xFF for j in range(4)]
-    exponents = xp.stack(parts, axis=-1).reshape(*info.shape[:-1], -1)[..., :groups]
+    # NOTES: the width is spelled out: a -1 cannot be inferred when a leading dimension is 0
+    exponents = xp.stack(parts, axis=-1).reshape(*info.shape[:-1], 4 * info.shape[-1])
+    exponents = exponents[..., :groups]
     exponents = exponents.astype(xp.uint32)
     bits = xp.where(exponents == 0, xp.uint32(0x00400000), exponents << 23)
     bits = xp.where(exponents == 255, xp.uint32(0x7FC00000), bits)

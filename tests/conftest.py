@@ -27,3 +27,20 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(no_gpu)
         elif "multi_gpu" in item.keywords and count < 2:
             item.add_marker(one_gpu)
+
+
+# hypothesis profiles (tests/test_properties.py), chosen with HYPOTHESIS_PROFILE: "ci" (default)
+# runs the CPU property tests in about 50 s on two cores, the same examples every run; "gpu", for
+# the H200, draws fresh examples each run, enough for the kernel to meet every layout, format and
+# path many times (about 2 min for the kernel test there, 2 min for the CPU ones). Neither keeps an
+# example database (hypothesis still caches constants in .hypothesis/, which ignores itself).
+try:
+    from hypothesis import settings
+except ImportError:  # a test dependency; the files that do not use it run without it
+    pass
+else:
+    settings.register_profile(
+        "ci", max_examples=3000, deadline=None, derandomize=True, database=None
+    )
+    settings.register_profile("gpu", max_examples=8000, deadline=None, database=None)
+    settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))

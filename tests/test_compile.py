@@ -381,3 +381,30 @@ def test_an_unusable_cache_directory_warns_once_and_compiles(toy_kernels, monkey
     assert len(messages) == 1 and _jit.CACHE_DIR_ENV in messages[0], messages
     assert path.is_file() and again.parent == path.parent and cache not in path.parents
     assert _jit.compile_cached("toy.cu", ["k<1>"], "sm_90") == (path, lowered)  # found again
+
+
+def test_a_cupy_cache_path_that_is_a_file_warns_instead_of_failing_the_import(tmp_path):
+    # item 9: CuPy creates CUPY_CACHE_DIR when imported, so a file there breaks `import cupy`;
+    # imported through the package, CuPy gets a private directory and the caller one warning
+    import subprocess
+    import sys
+
+    pytest.importorskip("cupy")
+    blocker = tmp_path / "blocker"
+    blocker.write_text("not a directory")
+    env = dict(__import__("os").environ, CUPY_CACHE_DIR=str(blocker))
+    plain = subprocess.run([sys.executable, "-c", "import cupy"], env=env, capture_output=True)
+    assert plain.returncode != 0  # CuPy alone fails: the case is real
+    script = (
+        "import warnings\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    warnings.simplefilter('always')\n"
+        "    from fp8_group_quant import _jit\n"
+        "    cupy = _jit.cupy_module()\n"
+        "    _jit.cupy_module()\n"
+        "import os\n"
+        "print([str(w.message) for w in caught], os.environ['CUPY_CACHE_DIR'])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.count("CUPY_CACHE_DIR=") == 1 and str(blocker) not in done.stdout.split()[-1]

@@ -566,3 +566,154 @@ def test_bench_chain_runs_and_checks(capsys):
     assert args == 0
     out = capsys.readouterr().out
     assert "no PDL" in out and len([line for line in out.splitlines() if line[:6].strip()]) >= 3
+
+
+# issue 11: regression tests of the host layer, and extreme sizes ----------------------------------
+
+
+def test_cupy_scale_out_is_held_to_its_memory():  # item 4, as far as CuPy allows
+    import cupy
+
+    rng = np.random.default_rng(4)
+    x_host = activations(rng, (7, 512), "bfloat16")
+    x = cupy.asarray(x_host)
+    expected = fgq.quantize(x_host, 128, layout="col_tma")[1]
+    # a view made by slicing an allocation of the padded storage: written in full
+    room = cupy.full(40, np.nan, cupy.float32)
+    view = room[:32].reshape(4, 8).T[:7]  # col_tma: 4 groups x tma = 8 rows, 7 real
+    assert fgq.quantize(x, 128, layout="col_tma", scale_out=view)[1] is view
+    np.testing.assert_array_equal(view.get(), expected)
+    assert (room[:32].reshape(4, 8)[:, 7].get() == 0).all()  # the padding row, zeroed
+    assert bool(cupy.isnan(room[32:]).all())  # nothing past the layout's storage
+    # a view whose memory block ends before the storage does: refused, nothing written
+    block = cupy.cuda.alloc(512)  # one pool block of exactly 512 bytes
+    tail = cupy.ndarray((31,), cupy.float32, block + (512 - 31 * 4))
+    tail.fill(np.nan)
+    short = cupy.lib.stride_tricks.as_strided(tail, (7, 4), (4, 32))
+    with pytest.raises(ValueError, match="scale_out: the layout owns 128 bytes .* holds 124"):
+        fgq.quantize(x, 128, layout="col_tma", scale_out=short)
+    assert bool(cupy.isnan(tail).all())
+
+
+@pytest.mark.parametrize("lib", ["cupy", "torch"])
+@pytest.mark.parametrize("shape", [(4, 0), (0, 256), (2, 0, 128), (0,)])
+def test_empty_gpu_inputs_return_empty_outputs(lib, shape):  # item 5: K = 0 on the GPU
+    x = to_device(np.empty(shape, INPUT_TYPES["bfloat16"].numpy_dtype), lib)
+    for layout in ("packed", "col_tma", "row"):
+        q, s = fgq.quantize(x, 128, scale="ue8m0", layout=layout)
+        geometry = Geometry(tuple(shape), 128, layout, False)
+        assert tuple(q.shape) == tuple(shape) and tuple(s.shape) == geometry.scale_shape
+
+
+def test_gpu_outputs_overlapping_the_input_are_refused():  # item 6
+    import cupy
+
+    memory = cupy.zeros(4 * 512 * 2 + 64, cupy.uint8)
+    x = memory[: 4 * 512 * 2].view(INPUT_TYPES["bfloat16"].numpy_dtype).reshape(4, 512)
+    x[...] = cupy.asarray(activations(np.random.default_rng(6), (4, 512), "bfloat16"))
+    before = memory.copy()
+    with pytest.raises(ValueError, match="out: .* overlaps x"):
+        fgq.quantize_packed(x, out=memory[1024 : 1024 + 2048].reshape(4, 512))
+    scales = memory[4 * 512 * 2 - 8 : 4 * 512 * 2 + 8].view(cupy.int32).reshape(1, 4).T
+    with pytest.raises(ValueError, match="scale_out: .* overlaps x"):
+        fgq.quantize_packed(x, scale_out=scales)
+    fgq.quantize_packed(x)  # the plan these calls made still serves a valid call
+    assert bool((memory == before).all())
+
+
+def test_sixteen_threads_first_use_compiles_each_kernel_once(tmp_path, monkeypatch):  # item 7
+    import threading
+
+    import cupy
+
+    monkeypatch.setenv(_jit.CACHE_DIR_ENV, str(tmp_path))
+    monkeypatch.setattr(_jit, "_functions", {})
+    monkeypatch.setattr(_jit, "_loading", {})
+    from fp8_group_quant import api
+
+    monkeypatch.setattr(api, "_PLANS", api.PlanCache(api.MAX_PLANS))
+    compiles, real, lock = [], _jit._nvrtc_compile, threading.Lock()
+
+    def counting(filename, expressions, target, extra=()):
+        with lock:
+            compiles.append(tuple(expressions))
+        return real(filename, expressions, target, extra)
+
+    monkeypatch.setattr(_jit, "_nvrtc_compile", counting)
+    layouts = ["row", "col", "col_tma", "packed"]
+    x = cupy.asarray(activations(np.random.default_rng(7), (8, 1024), "bfloat16"))
+    barrier, errors = threading.Barrier(16), []
+
+    def work(i):
+        try:
+            barrier.wait()
+            fgq.quantize(x, 128, scale="ue8m0", layout=layouts[i % 4])
+            cupy.cuda.runtime.deviceSynchronize()
+        except Exception as error:  # pragma: no cover - reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors
+    assert len(compiles) == len(set(compiles)), compiles  # no kernel compiled twice
+    assert len(set(compiles)) <= 4  # row, col and col_tma may share one address function
+
+
+@pytest.mark.parametrize("variable", ["CUPY_CACHE_DIR", _jit.CACHE_DIR_ENV])
+def test_a_cache_directory_that_is_a_file_does_not_stop_a_call(tmp_path, variable):  # item 9
+    import subprocess
+    import sys
+
+    blocker = tmp_path / "blocker"
+    blocker.write_text("not a directory")
+    script = (  # warnings recorded from the import on: the import compiles the default kernel
+        "import warnings\n"
+        "caught = warnings.catch_warnings(record=True).__enter__()\n"
+        "warnings.simplefilter('always')\n"
+        "import numpy as np, torch, ml_dtypes\n"
+        "import fp8_group_quant as fgq\n"  # before cupy: CuPy's import needs its cache
+        "x = np.random.default_rng(9).standard_normal((5, 256)).astype(ml_dtypes.bfloat16)\n"
+        "xt = torch.from_numpy(x.view(np.int16).copy()).view(torch.bfloat16).cuda()\n"
+        "q, s = fgq.quantize_packed(xt)\n"
+        "q2, s2 = fgq.quantize(xt, 128, layout='col_tma')\n"
+        "q_ref, s_ref = fgq.quantize_packed(x)\n"
+        "assert (q.view(torch.uint8).cpu().numpy() == q_ref.view(np.uint8)).all()\n"
+        "assert (s.cpu().numpy() == s_ref).all()\n"
+        "print('warnings:', [str(w.message) for w in caught if w.category is RuntimeWarning])\n"
+    )
+    env = dict(os.environ, **{variable: str(blocker)})
+    if variable != _jit.CACHE_DIR_ENV:
+        env[_jit.CACHE_DIR_ENV] = str(tmp_path / "ours")
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    warned = done.stdout.split("warnings:", 1)[1]
+    assert warned.count(f"{variable}") == 1, done.stdout  # once, naming the variable
+
+
+@pytest.mark.parametrize(
+    "m, k", [(131072, 7168), (64, 16384), (1_048_576, 128), (1, 16384), (3, 128)]
+)  # many rows, the widest K, a million one-group rows, one token
+def test_extreme_sizes_sampled_rows_and_full_padding(m, k):
+    import cupy
+
+    rng = np.random.default_rng(m + k)
+    x = cupy.random.default_rng(m).standard_normal((m, k), dtype=cupy.float32)
+    x = x.astype(INPUT_TYPES["bfloat16"].numpy_dtype)
+    rows = sorted({0, 1, m // 2, m - 2, m - 1, *rng.integers(0, m, 6).tolist()} & set(range(m)))
+    x[rows[-1], -1] = 3.0e4  # an outlier in the last group of a sampled row
+    geometry = Geometry((m, k), 128, "packed", True)
+    q, s, q_buf, s_buf = poisoned_outputs(geometry, "cupy", "e4m3")
+    fgq.quantize_packed(x, out=q, scale_out=s, pad_rows=True)
+    x_rows = x[rows].get()
+    q_ref, s_ref = fgq.quantize_packed(x_rows)
+    assert_same_bytes(q[rows].get().view(np.uint8), q_ref.view(np.uint8), f"q rows {rows}")
+    assert_same_bytes(s[rows].get(), np.ascontiguousarray(s_ref), f"scales rows {rows}")
+    # every padding byte, of q and of the scales, is zero
+    tma = geometry.q_rows
+    assert bool((q_buf.reshape(tma, k)[m:] == 0).all())
+    s_words = s_buf.reshape(geometry.scale_columns, tma)
+    assert bool((s_words[:, m:] == 0).all())
+    assert not bool((s_words[:, :m] == 0x7F7F7F7F).any())  # every real word written

@@ -1,12 +1,10 @@
 """The NumPy backend against hand-checked answers and an independent scalar model of SPEC 3."""
 
-import math
-import struct
-
 import ml_dtypes
 import numpy as np
 import pytest
 from helpers import activations
+from spec_model import scalar_group
 
 import fp8_group_quant as fgq
 from fp8_group_quant import reference
@@ -17,10 +15,6 @@ FORMATS = tuple(OUTPUT_FORMATS)  # every registered format
 
 def codes(q):
     return np.asarray(q).view(np.uint8)
-
-
-def f32(value: float) -> float:
-    return struct.unpack("<f", struct.pack("<f", value))[0]
 
 
 def group(values, k=128, dtype=np.float32):
@@ -149,38 +143,7 @@ def test_one_dimensional_input_is_one_row():
     np.testing.assert_array_equal(s1, s2[0])
 
 
-# an independent scalar model of SPEC 3 ------------------------------------------------------------
-
-
-def scalar_group(values, fmt, ue8m0, eps):
-    """One group, value by value, with Python floats rounded to float32 at each step."""
-    spec = OUTPUT_FORMATS[fmt]
-    finite = [abs(v) for v in values if math.isfinite(v)]
-    amax = max([f32(eps)] + finite)
-    y = f32(amax / spec.fmax)
-    if ue8m0:
-        y = max(y, f32(1e-10))
-        mantissa, exponent = math.frexp(y)  # y = mantissa * 2**exponent, mantissa in [0.5, 1)
-        power = exponent - 1 if mantissa == 0.5 else exponent
-        scale = 2.0**power
-        scaled = [v * 2.0**-power for v in values]
-    else:
-        scale = y
-        scaled = [f32(v / scale) if math.isfinite(v) else v for v in values]
-    out = []
-    for v, t in zip(values, scaled):
-        if math.isnan(v):
-            sign = 0x80 if math.copysign(1.0, v) < 0 and spec.signed_nan else 0
-            out.append(spec.nan_code | sign)
-        elif math.isinf(v) and spec.keeps_inf:
-            out.append(spec.inf_code | (0x80 if v < 0 else 0))
-        else:
-            t = min(max(t, -spec.fmax), spec.fmax)
-            if fmt == "int8":
-                out.append(int(np.int8(round(t))) & 0xFF)  # Python round: half to even
-            else:
-                out.append(int(np.array(t, np.float32).astype(spec.numpy_dtype).view(np.uint8)))
-    return out, scale
+# the independent scalar model of SPEC 3, in spec_model.py -----------------------------------------
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

@@ -1,0 +1,260 @@
+"""An independent model of docs/spec.md sections 1 to 6, one group and one value at a time.
+
+It shares nothing with the NumPy backend (``fp8_group_quant.reference``) or the registries it
+reads: the table of section 4 and the layout table of section 6 are written out again here, each
+float32 step is a Python float rounded to float32, and ``convert`` rounds by searching the
+format's grid of values for the nearest one (ties to the even code) instead of casting. The only
+things borrowed are ml_dtypes' decoding of the 256 codes of each float8 format into values and
+numpy's float32 rounding of a Python float.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import struct
+from dataclasses import dataclass
+from functools import cached_property
+
+import ml_dtypes
+import numpy as np
+
+UE8M0_FLOOR_BITS = 0x2EDBE6FF  # F = float32(1e-10), section 3
+MIN_NORMAL = 2.0**-126
+
+
+def f32(value: float) -> float:
+    """``value`` rounded to float32 (RNE, subnormals kept, overflow to +-Inf)."""
+    with np.errstate(over="ignore"):
+        return float(np.float32(value))
+
+
+def f32_bits(value: float) -> int:
+    return struct.unpack("<I", struct.pack("<f", value))[0]
+
+
+# section 4: the output formats -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Format:
+    name: str
+    fmax: float  # the clamp
+    nan_codes: tuple[int, int]  # +NaN, -NaN
+    inf_codes: tuple[int, int]  # +Inf, -Inf
+    negative_zero: int  # the code of a result that would be -0
+    element: object  # ml_dtypes type decoding the codes, or None for int8
+
+    @cached_property
+    def grid(self) -> tuple[list[float], list[int]]:
+        """(values, codes) of the non-negative finite values up to fmax, ascending."""
+        if self.element is None:
+            return [float(i) for i in range(128)], list(range(128))
+        decoded = np.arange(128, dtype=np.uint8).view(self.element).astype(np.float64)
+        pairs = sorted(
+            (float(v), code) for code, v in enumerate(decoded) if np.isfinite(v) and v <= self.fmax
+        )
+        return [v for v, _ in pairs], [c for _, c in pairs]
+
+    def convert(self, t: float) -> int:
+        """The code of float32 ``t`` (already clamped to +-fmax): nearest value, ties to the even
+        code (the even mantissa; for int8 the even integer)."""
+        values, codes = self.grid
+        magnitude = abs(t)
+        i = bisect.bisect_left(values, magnitude)
+        if values[i] == magnitude:
+            code = codes[i]
+        else:
+            low, high = i - 1, i
+            middle = (values[low] + values[high]) / 2  # exact: few significant bits
+            if magnitude != middle:
+                code = codes[low] if magnitude < middle else codes[high]
+            else:
+                code = codes[low] if codes[low] % 2 == 0 else codes[high]
+        if math.copysign(1.0, t) > 0:
+            return code
+        if code == 0:
+            return self.negative_zero
+        return (-code) & 0xFF if self.element is None else code | 0x80
+
+
+FORMATS = {
+    f.name: f
+    for f in (
+        Format("e4m3", 448.0, (0x7F, 0xFF), (0x7E, 0xFE), 0x80, ml_dtypes.float8_e4m3fn),
+        Format("e5m2", 57344.0, (0x7E, 0xFE), (0x7C, 0xFC), 0x80, ml_dtypes.float8_e5m2),
+        Format("int8", 127.0, (0x00, 0x00), (0x7F, 0x81), 0x00, None),
+        Format("e4m3fnuz", 224.0, (0x80, 0x80), (0x7E, 0xFE), 0x00, ml_dtypes.float8_e4m3fnuz),
+    )
+}
+
+
+# section 3: one group ---------------------------------------------------------------------------
+
+
+def ue8m0_exponent(scale: float) -> int:
+    """The byte ``e`` of a power-of-two scale ``2^(e-127)``."""
+    mantissa, exponent = math.frexp(scale)
+    assert mantissa == 0.5, scale
+    return exponent - 1 + 127
+
+
+def scalar_group(values, fmt, ue8m0, eps):
+    """Codes (ints) and scale (a float) of one group of float32 ``values`` (Python floats)."""
+    spec = FORMATS[fmt]
+    amax = max([f32(eps)] + [abs(v) for v in values if math.isfinite(v)])
+    y = f32(amax / spec.fmax)  # double rounding is innocuous for one division
+    if ue8m0:
+        y = max(y, struct.unpack("<f", struct.pack("<I", UE8M0_FLOOR_BITS))[0])
+        mantissa, exponent = math.frexp(y)  # y = mantissa * 2**exponent, mantissa in [0.5, 1)
+        power = exponent - 1 if mantissa == 0.5 else exponent  # the exact ceiling
+        scale = 2.0**power
+        scaled = [f32(v * 2.0**-power) for v in values]  # exact in double, then rounded
+    else:
+        scale = y
+        scaled = [f32(v / scale) for v in values]
+    codes = []
+    for v, t in zip(values, scaled):
+        negative = math.copysign(1.0, v) < 0
+        if math.isnan(v):
+            codes.append(spec.nan_codes[negative])
+        elif math.isinf(v):
+            codes.append(spec.inf_codes[negative])
+        else:
+            codes.append(spec.convert(min(max(t, -spec.fmax), spec.fmax)))
+    return codes, scale
+
+
+# sections 1 and 6: shapes, layouts and storage ---------------------------------------------------
+
+
+def align4(value: int) -> int:
+    return -(-value // 4) * 4
+
+
+@dataclass(frozen=True)
+class Storage:
+    """What one call owns, from section 6's table."""
+
+    shape: tuple[int, ...]
+    group_size: int
+    layout: str
+    pad_rows: bool
+
+    @property
+    def batches(self) -> int:
+        return self.shape[0] if len(self.shape) >= 3 else 1
+
+    @property
+    def inner(self) -> tuple[int, ...]:
+        return self.shape[1:-1] if len(self.shape) >= 3 else self.shape[:-1]
+
+    @property
+    def rows(self) -> int:
+        return math.prod(self.inner)
+
+    @property
+    def k(self) -> int:
+        return self.shape[-1]
+
+    @property
+    def groups(self) -> int:
+        return self.k // self.group_size
+
+    @property
+    def tma(self) -> int:
+        return align4(self.rows)
+
+    @property
+    def packed(self) -> bool:
+        return self.layout in ("packed", "packed_row")
+
+    @property
+    def words(self) -> int:
+        """Words per row: ng, or kp = ceil(ng / 4) in the packed layouts."""
+        return -(-self.groups // 4) if self.packed else self.groups
+
+    @property
+    def q_rows(self) -> int:
+        return self.tma if self.pad_rows else self.rows
+
+    @property
+    def q_bytes(self) -> int:
+        return self.batches * self.q_rows * self.k
+
+    @property
+    def scale_rows(self) -> int:
+        return self.tma if self.layout in ("col_tma", "packed") else self.rows
+
+    @property
+    def scale_words(self) -> int:
+        return self.batches * self.scale_rows * self.words
+
+    @property
+    def scale_dtype(self) -> str:
+        return "int32" if self.packed else "float32"
+
+    def word_strides(self) -> tuple[int, int, int]:
+        """(batch, row, word) strides in words."""
+        per_batch = self.scale_rows * self.words
+        if self.layout in ("row", "packed_row"):
+            return per_batch, self.words, 1
+        return per_batch, 1, self.scale_rows  # col: M; col_tma and packed: tma
+
+    def _nested(self, row: int, batch: int) -> tuple[int, ...]:
+        strides, stride = [], row
+        for extent in reversed(self.inner):
+            strides.append(stride)
+            stride *= extent
+        return ((batch,) if len(self.shape) >= 3 else ()) + tuple(reversed(strides))
+
+    @property
+    def q_strides(self) -> tuple[int, ...]:
+        return self._nested(self.k, self.q_rows * self.k) + (1,)
+
+    @property
+    def scale_shape(self) -> tuple[int, ...]:
+        return self.shape[:-1] + (self.words,)
+
+    @property
+    def scale_strides(self) -> tuple[int, ...]:
+        batch, row, word = self.word_strides()
+        return self._nested(row, batch) + (word,)
+
+    def scale_offset(self, b: int, m: int, g: int) -> int:
+        """Byte offset of the scale of group ``g`` of row ``m`` of batch ``b``."""
+        batch, row, word = self.word_strides()
+        if self.packed:
+            return 4 * (b * batch + m * row + (g // 4) * word) + g % 4
+        return 4 * (b * batch + m * row + g * word)
+
+
+def quantize(x, group_size, fmt, scale, eps):
+    """(codes, scales) of ``x`` [..., K]: uint8 codes of ``x``'s shape and the float scales
+    [..., K / group_size], group by group."""
+    values = np.asarray(x).astype(np.float32)
+    k = values.shape[-1]
+    groups = values.reshape(-1, group_size).tolist() if k else []
+    codes = np.zeros(values.size, np.uint8).reshape(-1, group_size)
+    scales = np.zeros(len(groups), np.float64)
+    for i, group in enumerate(groups):
+        codes[i], scales[i] = scalar_group(group, fmt, scale == "ue8m0", eps)
+    return codes.reshape(values.shape), scales.reshape(values.shape[:-1] + (k // group_size,))
+
+
+def expected_storage(codes, scales, storage: Storage):
+    """(q bytes, scale bytes): every byte of the storage a call owns, padding zero, with the
+    model's ``codes`` and ``scales`` at the places section 6 gives them."""
+    b, m, ng = storage.batches, storage.rows, storage.groups
+    q = np.zeros((b, storage.q_rows, storage.k), np.uint8)
+    q[:, :m] = codes.reshape(b, m, storage.k)
+    scale_bytes = np.zeros(storage.scale_words * 4, np.uint8)
+    scales = scales.reshape(b, m, ng)
+    for bi, mi, gi in np.ndindex(b, m, ng):
+        offset = storage.scale_offset(bi, mi, gi)
+        s = float(scales[bi, mi, gi])
+        if storage.packed:
+            scale_bytes[offset] = ue8m0_exponent(s)
+        else:
+            scale_bytes[offset : offset + 4] = list(struct.pack("<f", s))
+    return q.reshape(-1), scale_bytes

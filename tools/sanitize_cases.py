@@ -1,0 +1,96 @@
+"""The covering set of calls that tools/sanitize.sh runs under compute-sanitizer.
+
+Every input type, output format, scale format and layout, both kernel paths, each at shapes that
+reach the edges: one token, rows that leave padding (M = 5), padded q rows, batches, K of 21
+groups (odd), an input whose rows are not 16-byte aligned (the element-wise load), and Inf/NaN
+groups. CuPy's memory pool is off, so every buffer is its own cudaMalloc of the exact size and
+a byte read or written past a buffer is an error the sanitizer sees. Each output is copied back
+whole and compared with the NumPy backend, so initcheck also sees any byte the kernel left
+unwritten. Prints one line per call and a summary; exits non-zero on a mismatch.
+"""
+
+import itertools
+import sys
+
+import cupy
+import numpy as np
+
+import fp8_group_quant as fgq
+from fp8_group_quant import _launch, api
+from fp8_group_quant._layout import SCALE_LAYOUTS, Geometry
+from fp8_group_quant._spec import GROUP_SIZES, INPUT_TYPES, OUTPUT_FORMATS, SCALE_FORMATS
+
+# every shape for every combination with --full; else one shape each, in turn (a quarter of the
+# calls: every shape still meets every format, layout and path across the set)
+FULL = "--full" in sys.argv
+SHAPES = [  # (shape, pad_rows, unaligned rows)
+    ((1, 2688), False, False),
+    ((5, 1024), True, False),
+    ((2, 3, 512), False, False),
+    ((7, 256), False, True),
+]
+
+
+def values(rng, shape, input_dtype):
+    x = rng.standard_normal(shape, dtype=np.float32) * np.float32(rng.uniform(0.01, 100))
+    flat = x.reshape(-1)
+    flat[rng.integers(0, flat.size, 3)] = [np.inf, -np.nan, -np.inf]
+    return x.astype(INPUT_TYPES[input_dtype].numpy_dtype)
+
+
+def device_input(x_host, unaligned):
+    if not unaligned:
+        return cupy.asarray(x_host)
+    wide = np.zeros(x_host.shape[:-1] + (x_host.shape[-1] + 1,), x_host.dtype)
+    wide[..., 1:] = x_host
+    return cupy.asarray(wide)[..., 1:]  # rows 2 bytes off a 16-byte boundary
+
+
+def main() -> int:
+    cupy.cuda.set_allocator(None)  # exact-size allocations: no pool to hide an overrun
+    cupy.cuda.set_pinned_memory_allocator(None)
+    fgq.warmup(variants="all")  # one module (from the disk cache after the test suite)
+    rng = np.random.default_rng(11)
+    combos = [
+        c
+        for c in itertools.product(INPUT_TYPES, OUTPUT_FORMATS, SCALE_FORMATS, SCALE_LAYOUTS)
+        if SCALE_FORMATS[c[2]].power_of_two or not SCALE_LAYOUTS[c[3]].needs_ue8m0
+    ]
+    calls = failures = 0
+    for path, limit in (("one pass", 2**62), ("row loop", 0)):
+        _launch.ONE_PASS_MAX_WAVES = limit
+        api._PLANS = api.PlanCache(api.MAX_PLANS)
+        for index, (input_dtype, fmt, scale, layout) in enumerate(combos):
+            group = GROUP_SIZES[index % len(GROUP_SIZES)]
+            shapes = SHAPES if FULL else [SHAPES[index % len(SHAPES)]]
+            for shape, pad_rows, unaligned in shapes:
+                if shape[-1] % group:  # K = 2688 holds no whole group of 256
+                    continue
+                x_host = values(rng, shape, input_dtype)
+                options = dict(dtype=fmt, scale=scale, layout=layout, pad_rows=pad_rows)
+                q, s = fgq.quantize(device_input(x_host, unaligned), group, **options)
+                q_ref, s_ref = fgq.quantize(x_host, group, **options)
+                geometry = Geometry(shape, group, layout, pad_rows)
+                # the whole padded storage of both outputs, copied back byte for byte (initcheck
+                # sees every byte) and compared with the NumPy backend's, padding included
+                same = True
+                for got, ref, size in ((q, q_ref, geometry.q_storage),
+                                       (s, s_ref, geometry.scale_storage)):  # fmt: skip
+                    storage = cupy.ndarray((size,), got.dtype, got.data).get().view(np.uint8)
+                    ref = np.asarray(ref)
+                    if ref.itemsize == 1:  # float8 codes: as_strided cannot carry ml_dtypes
+                        ref = ref.view(np.uint8)
+                    expected = np.lib.stride_tricks.as_strided(ref, (size,), (ref.itemsize,))
+                    same = same and np.array_equal(storage, expected.view(np.uint8))
+                calls += 1
+                failures += not same
+                print(f"{path:8} {input_dtype:8} G={group:<3} {fmt:8} {scale:7} {layout:10} "
+                      f"{shape} pad_rows={pad_rows} unaligned={unaligned} "
+                      f"{'ok' if same else 'MISMATCH'}")  # fmt: skip
+    cupy.cuda.runtime.deviceSynchronize()
+    print(f"# {calls} calls, {failures} mismatches")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
