@@ -1,6 +1,8 @@
 """``python -m fp8_group_quant``: quantize a realistic activation, check it, report.
 
-``python -m fp8_group_quant bench --help`` runs the benchmark instead.
+Subcommands: ``run`` (the default), ``bench`` (the benchmark, on a GPU) and ``info`` (versions,
+devices, the kernel cache); ``python -m fp8_group_quant <command> --help`` lists each one's
+options.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import time
 import ml_dtypes
 import numpy as np
 
-from . import api, reference
+from . import __version__, _jit, api, spec_model
 from ._layout import Geometry
 
 
@@ -37,24 +39,45 @@ def _gpu():
     return None
 
 
+SAMPLED_GROUPS = 64  # groups the spec's scalar model recomputes in the main job
+
+
+def spec_check(x: np.ndarray, q_bytes: np.ndarray, s_words: np.ndarray, rng) -> tuple[bool, int]:
+    """Recompute a sample of groups (the first, the last and random ones) with the spec's scalar
+    model (``spec_model``, which shares no code with the NumPy backend) and compare their codes
+    and packed exponents. Returns (all equal, groups checked)."""
+    tokens, hidden = x.shape
+    groups = hidden // 128
+    total = tokens * groups
+    if total == 0:
+        return True, 0
+    picks = {0, total - 1, *rng.integers(0, total, SAMPLED_GROUPS).tolist()}
+    x32 = x.astype(np.float32)
+    for index in sorted(picks):
+        row, group = divmod(index, groups)
+        values = [float(v) for v in x32[row, group * 128 : (group + 1) * 128]]
+        codes, scale = spec_model.scalar_group(values, "e4m3", True, 1e-10)
+        got = q_bytes.reshape(tokens, hidden)[row, group * 128 : (group + 1) * 128]
+        exponent = (int(s_words[row, group // 4]) >> (8 * (group % 4))) & 0xFF
+        if list(got) != codes or exponent != spec_model.ue8m0_exponent(scale):
+            return False, len(picks)
+    return True, len(picks)
+
+
 def main_job(tokens: int, hidden: int) -> int:
     x = activation(tokens, hidden)
     geometry = Geometry(x.shape, 128, "packed", False)
     print(f"input      x: {x.shape} bfloat16, {x.nbytes / 1e6:.1f} MB, outliers in "
           f"{max(1, hidden // 512)} channels")  # fmt: skip
 
-    # the reference, on the host
-    q_ref = np.empty(geometry.q_storage, np.uint8)
-    s_ref = np.empty(geometry.scale_storage, np.int32)
-    start = time.perf_counter()
-    reference.quantize_into(x, geometry, "e4m3", "ue8m0", 1e-10, q_ref, s_ref)
-    host_seconds = time.perf_counter() - start
-
     cupy = _gpu()
+    start = time.perf_counter()
+    q_host, s_host = api.quantize_packed(x)  # the NumPy backend
+    host_seconds = time.perf_counter() - start
+    q_host_bytes, s_host_words = np.asarray(q_host).view(np.uint8), np.asarray(s_host)
     if cupy is None:
-        backend = "NumPy reference (no CUDA device visible)"
-        q, s = api.quantize_packed(x)
-        q_bytes, s_words = np.asarray(q).view(np.uint8), np.asarray(s)
+        backend = "NumPy backend (no CUDA device visible)"
+        q_bytes, s_words = q_host_bytes, s_host_words
         seconds = host_seconds
     else:
         props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.runtime.getDevice())
@@ -73,38 +96,101 @@ def main_job(tokens: int, hidden: int) -> int:
         seconds = float(np.median(times))
         q_bytes, s_words = q.get(), cupy.asnumpy(s)
 
-    exact = np.array_equal(q_bytes.reshape(-1), q_ref) and np.array_equal(
-        s_words, s_ref.reshape(geometry.scale_columns, geometry.scale_rows).T[: geometry.rows]
-    )
+    checks = []
+    exact = True
+    if cupy is not None:  # the kernel against the NumPy backend, every code and scale
+        same = np.array_equal(q_bytes, q_host_bytes) and np.array_equal(s_words, s_host_words)
+        exact &= same
+        checks.append(f"{'bit-exact' if same else 'MISMATCH'} against the NumPy backend "
+                      f"(all {x.size} codes and {geometry.scale_storage} scale words)")  # fmt: skip
+    same, sampled = spec_check(x, q_bytes, s_words, np.random.default_rng(tokens + hidden))
+    exact &= same
+    checks.append(f"{'equal' if same else 'MISMATCH'}: {sampled} groups recomputed with the "
+                  "spec's scalar model (fp8_group_quant.spec_model)")  # fmt: skip
     x32 = x.astype(np.float32)
     x_back = api.dequantize(q_bytes.view(ml_dtypes.float8_e4m3fn), s_words)
-    error = np.linalg.norm(x_back - x32) / np.linalg.norm(x32)
+    norm = np.linalg.norm(x32)
     moved = x.nbytes + q_bytes.nbytes + geometry.scale_storage * 4
 
     print(f"backend    {backend}")
     print(f"output     q: {q_bytes.shape} float8_e4m3fn; scales: int32 {geometry.scale_shape}, "
           f"strides {geometry.scale_strides}")  # fmt: skip
     print("           (UE8M0 exponents packed 4 per int32, MN-major, TMA-aligned: DeepGEMM SM100)")
-    print(f"check      {'bit-exact' if exact else 'MISMATCH'} against the NumPy reference")
-    print(f"error      ||dequant(q) - x|| / ||x|| = {error:.3e}")
+    for number, check in enumerate(checks):
+        print(f"{'check' if number == 0 else '':10} {check}")
+    if norm:
+        print(f"error      ||dequant(q) - x|| / ||x|| = {np.linalg.norm(x_back - x32) / norm:.3e}")
     if cupy is None:
         print(f"time       {seconds * 1e3:.0f} ms (NumPy)")
-    else:
+    elif seconds:
         print(f"time       {seconds * 1e6:.1f} us per call on the GPU ({moved / seconds / 1e9:.0f} "
-              f"GB/s); NumPy reference {host_seconds * 1e3:.0f} ms")  # fmt: skip
+              f"GB/s); NumPy backend {host_seconds * 1e3:.0f} ms")  # fmt: skip
     return 0 if exact else 1
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["bench"]:
-        from . import bench
+def info() -> int:
+    """Versions and devices: what a bug report needs."""
+    import platform
 
-        return bench.main(argv[1:])
+    print(f"fp8_group_quant {__version__} (python {platform.python_version()}, "
+          f"numpy {np.__version__}, ml_dtypes {ml_dtypes.__version__})")  # fmt: skip
+    print(f"kernels    {_describe(_jit.kernel_dir)}")
+    print(f"cache      {_jit.cache_dir()} ({_jit.CACHE_DIR_ENV} overrides)")
+    try:
+        cupy = _jit.cupy_module()
+        print(f"cupy       {cupy.__version__}")
+    except Exception as error:
+        print(f"cupy       not usable: {error}")
+        cupy = None
+    print(f"nvrtc      {_describe(lambda: '.'.join(map(str, _jit.nvrtc_version())))}")
+    count = _describe(_jit.device_count)
+    print(f"devices    {count}")
+    if cupy is not None and isinstance(count, int) and count > 0:
+        print(f"driver     {_describe(cupy.cuda.runtime.driverGetVersion)}")
+        for device in range(count):
+            capability = _jit.compute_capability(device)
+            name = cupy.cuda.runtime.getDeviceProperties(device)["name"].decode()
+            target = _describe(lambda: _jit.target_for(capability))  # noqa: B023
+            print(f"  {device}: {name}, compute capability {capability}, kernels for {target}")
+    return 0
+
+
+def _describe(read):
+    """``read()``, or why it failed."""
+    try:
+        return read()
+    except Exception as error:
+        return f"unavailable ({type(error).__name__}: {error})"
+
+
+def _run_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.add_argument("--tokens", type=int, default=4096, help="rows M (default 4096)")
+    parser.add_argument("--hidden", type=int, default=7168, help="K, a multiple of 128")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from . import bench
+
+    argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="python -m fp8_group_quant", description=__doc__)
-    parser.add_argument("--tokens", type=int, default=4096)
-    parser.add_argument("--hidden", type=int, default=7168)
+    parser.add_argument("--version", action="version", version=f"fp8_group_quant {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="{run,bench,info}")
+    _run_arguments(commands.add_parser("run", help="the main job (the default)"))
+    bench_parser = commands.add_parser("bench", help="the benchmark (needs a GPU)")
+    bench.add_arguments(bench_parser)
+    commands.add_parser("info", help="versions, devices and the kernel cache")
+    _run_arguments(parser)  # the main job's options also work without the word run
     args = parser.parse_args(argv)
+    if args.command == "bench":
+        return bench.run_parsed(args, bench_parser)
+    if args.command == "info":
+        return info()
+    if args.tokens < 0:
+        parser.error(f"--tokens: expected a count of rows >= 0, got {args.tokens}")
+    if args.hidden < 1 or args.hidden % 128:
+        parser.error(f"--hidden: expected a positive multiple of 128 (the group size), "
+                     f"got {args.hidden}")  # fmt: skip
     return main_job(args.tokens, args.hidden)
 
 

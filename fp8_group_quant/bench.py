@@ -17,6 +17,7 @@ import json
 import math
 import re
 import statistics
+import sys
 import time
 
 import numpy as np
@@ -345,17 +346,21 @@ def run(args) -> list[dict]:
     return rows
 
 
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fp8_group_quant bench", description=__doc__)
-    parser.add_argument("--m", type=int, nargs="+", default=list(DEFAULT_M), help="tokens")
-    parser.add_argument("--k", type=int, nargs="+", default=list(DEFAULT_K), help="hidden size")
+def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The benchmark's options, on ``parser`` (its own, or the CLI's ``bench`` subcommand)."""
+    parser.add_argument("--m", type=_positive, nargs="+", default=list(DEFAULT_M), help="tokens")
+    parser.add_argument(
+        "--k", type=_positive, nargs="+", default=list(DEFAULT_K), help="hidden size"
+    )
     parser.add_argument("--input-dtype", default="bfloat16", choices=list(INPUT_BYTES))
     parser.add_argument("--dtype", default="e4m3", choices=list(OUTPUT_FORMATS))
     parser.add_argument("--scale", default="ue8m0", choices=list(SCALE_FORMATS))
-    parser.add_argument("--layout", default="packed")
-    parser.add_argument("--group-size", type=int, default=128)
+    parser.add_argument("--layout", default="packed", choices=list(SCALE_LAYOUTS))
+    parser.add_argument("--group-size", type=int, default=128, choices=list(GROUP_SIZES))
     parser.add_argument("--json", help="write the rows to this file")
-    parser.add_argument("--plot", help="draw GB/s and fraction of floor against M (matplotlib)")
+    parser.add_argument(
+        "--plot", help="draw GB/s and fraction of floor against M (needs the plot extra)"
+    )
     parser.add_argument(
         "--only", help="--matrix: time only variants whose 'input G dtype scale layout' matches"
     )
@@ -373,7 +378,46 @@ def main(argv: list[str]) -> int:
         action="store_true",
         help="a graph of [producer -> quantize -> consumer] steps, with and without PDL",
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
+    return value
+
+
+def gpu_missing() -> str | None:
+    """Why the benchmark cannot run here (no CuPy, no CUDA device), or None."""
+    try:
+        cupy = _jit.cupy_module()
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as error:  # no CuPy, no driver: say which
+        return f"the benchmark needs a CUDA GPU and CuPy: {error}"
+    return None if count else "the benchmark needs a CUDA GPU; none is visible"
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m fp8_group_quant bench", description=__doc__)
+    return run_parsed(add_arguments(parser).parse_args(argv), parser)
+
+
+def run_parsed(args, parser: argparse.ArgumentParser) -> int:
+    """Run the benchmark for parsed ``args``; usage errors go through ``parser``."""
+    if any(k % args.group_size for k in args.k):
+        parser.error(f"--k: every K must be a multiple of --group-size {args.group_size}")
+    if SCALE_LAYOUTS[args.layout].needs_ue8m0 and args.scale != "ue8m0":
+        parser.error(f"--layout {args.layout} needs --scale ue8m0")
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            parser.error("--plot needs matplotlib: pip install 'fp8_group_quant[plot]'")
+    missing = gpu_missing()
+    if missing:
+        print(f"python -m fp8_group_quant bench: {missing}", file=sys.stderr)
+        return 1
     import ml_dtypes
 
     args.input_dtype_np = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16,

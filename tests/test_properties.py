@@ -1,8 +1,8 @@
 """Property tests on drawn shapes, views, options and values.
 
 - CPU: the NumPy backend, through ``quantize`` on numpy input, against the scalar model of the
-  spec (spec_model.py): every byte of the storage it owns, padding included, with outputs
-  poisoned with 0x7F beforehand; and rejected calls raise cleanly and write nothing.
+  spec (fp8_group_quant/spec_model.py): every byte of the storage it owns, padding included,
+  with outputs poisoned with 0x7F beforehand; and rejected calls raise cleanly and write nothing.
 - GPU (``gpu`` marker): the CUDA kernel on cupy input against the NumPy backend, every byte of
   the full padded storage, both outputs poisoned.
 
@@ -21,15 +21,15 @@ from functools import cached_property
 import ml_dtypes
 import numpy as np
 import pytest
-import spec_model
 from helpers import NP_INPUT
 from hypothesis import example, given
 from hypothesis import strategies as st
-from spec_model import FORMATS, Storage, f32, scalar_group
 
 import fp8_group_quant as fgq
+from fp8_group_quant import spec_model
 from fp8_group_quant._layout import SCALE_LAYOUTS
 from fp8_group_quant._spec import GROUP_SIZES, OUTPUT_FORMATS, SCALE_FORMATS
+from fp8_group_quant.spec_model import FORMATS, Storage, f32, scalar_group
 
 POISON = 0x7F
 FLT_MIN = 2.0**-126

@@ -4,11 +4,11 @@ import ml_dtypes
 import numpy as np
 import pytest
 from helpers import activations
-from spec_model import scalar_group
 
 import fp8_group_quant as fgq
 from fp8_group_quant import reference
 from fp8_group_quant._spec import OUTPUT_FORMATS
+from fp8_group_quant.spec_model import scalar_group
 
 FORMATS = tuple(OUTPUT_FORMATS)  # every registered format
 
@@ -143,7 +143,7 @@ def test_one_dimensional_input_is_one_row():
     np.testing.assert_array_equal(s1, s2[0])
 
 
-# the independent scalar model of SPEC 3, in spec_model.py -----------------------------------------
+# the independent scalar model of SPEC 3 (fp8_group_quant/spec_model.py) ----------------------
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

@@ -1,0 +1,71 @@
+"""The command line: python -m fp8_group_quant [run|bench|info], its checks and its exits."""
+
+import numpy as np
+import pytest
+
+import fp8_group_quant as fgq
+from fp8_group_quant import __main__ as cli
+from fp8_group_quant import api, bench
+
+
+def test_the_main_job_checks_against_the_spec_model(capsys):
+    assert cli.main(["--tokens", "8", "--hidden", "512"]) == 0
+    out = capsys.readouterr().out
+    assert "groups recomputed with the spec's scalar model" in out and "MISMATCH" not in out
+
+
+def test_the_main_job_fails_on_a_wrong_code(capsys, monkeypatch):
+    real = api.quantize_packed
+
+    def off_by_one(x, *args, **kwargs):  # one code of the result changed
+        q, s = real(x, *args, **kwargs)
+        if isinstance(q, np.ndarray):
+            codes = q.view(np.uint8)
+            codes[0, 0] ^= 1
+        return q, s
+
+    monkeypatch.setattr(api, "quantize_packed", off_by_one)
+    monkeypatch.setattr(cli, "_gpu", lambda: None)
+    assert cli.main(["run", "--tokens", "4", "--hidden", "256"]) == 1
+    assert "MISMATCH" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--tokens", "3", "--hidden", "100"], "--hidden: expected a positive multiple of 128"),
+        (["--tokens", "-1"], "--tokens"),
+        (["bench", "--layout", "nope"], "invalid choice: 'nope'"),
+        (["bench", "--group-size", "100"], "invalid choice: 100"),
+        (["bench", "--k", "0"], "positive integer"),
+        (["bench", "--layout", "packed", "--scale", "float32"], "needs --scale ue8m0"),
+        (["nope"], "invalid choice: 'nope'"),
+    ],
+)
+def test_bad_arguments_exit_2_with_a_message(capsys, argv, words):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(argv)
+    assert exit_info.value.code == 2
+    assert words in capsys.readouterr().err
+
+
+def test_version_and_info(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--version"])
+    assert exit_info.value.code == 0 and fgq.__version__ in capsys.readouterr().out
+    assert cli.main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert "cache" in out and "kernels" in out and "devices" in out
+
+
+def test_help_lists_every_subcommand(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    out = capsys.readouterr().out
+    assert all(word in out for word in ("run", "bench", "info"))
+
+
+@pytest.mark.skipif(bench.gpu_missing() is None, reason="a GPU is visible: bench would run")
+def test_bench_without_a_gpu_says_so_and_exits_1(capsys):
+    assert cli.main(["bench", "--m", "1", "--k", "256"]) == 1
+    assert "needs a CUDA GPU" in capsys.readouterr().err
