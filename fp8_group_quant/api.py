@@ -551,9 +551,17 @@ def _decode_table(fmt_name: str) -> np.ndarray:
 
 
 def _format_of(info: ArrayInfo, dtype) -> str:
-    """The format of codes ``info``: ``dtype`` if given, else their own dtype (uint8: e4m3)."""
+    """The format of codes ``info``: ``dtype`` if given, else their own dtype (uint8: e4m3).
+    A ``dtype`` that contradicts the codes' own float8 or int8 dtype is refused."""
     if dtype is not None:
-        return output_format(dtype).name
+        fmt = output_format(dtype)
+        own = FORMATS_BY_DTYPE.get(info.dtype)
+        if own is not None and own.name != fmt.name:
+            raise ValueError(
+                f"dtype: {dtype!r} contradicts the codes' own dtype {info.dtype} (format "
+                f"{own.name!r}); leave dtype unset for typed codes"
+            )
+        return fmt.name
     if info.dtype == "uint8":
         return "e4m3"
     if info.dtype not in FORMATS_BY_DTYPE:
@@ -611,6 +619,7 @@ def dequantize(q, scales, group_size: int = 128, dtype=None):
         raise ValueError(f"q: last dimension must be a multiple of group_size={group_size}")
     groups = q_info.shape[-1] // group_size
     if s_info.dtype == "int32":
+        _check_packed_width(scales, s_info, groups, group_size)
         scales = unpack_scales(scales, groups)
     elif s_info.dtype != "float32":
         raise TypeError(f"scales: expected float32 or packed int32, got {s_info.dtype}")
@@ -633,6 +642,25 @@ def dequantize(q, scales, group_size: int = 128, dtype=None):
     else:
         values = xp.asarray(_decode_table(fmt_name))[q.view(xp.uint8)]
     return values * xp.repeat(scales, group_size, axis=-1)
+
+
+def _check_packed_width(packed, info: ArrayInfo, groups: int, group_size: int) -> None:
+    """Packed scales must hold exactly ``groups`` exponents a row: ceil(groups / 4) words, and
+    zero bytes after the last group (the kernel writes zeros there), so scales quantized with
+    another group size are refused rather than misread."""
+    words = -(-groups // 4)
+    if info.shape and info.shape[-1] != words:
+        raise ValueError(
+            f"scales: {info.shape[-1]} packed words a row, but group_size={group_size} gives "
+            f"{groups} groups in {words} word(s): were they quantized with another group_size?"
+        )
+    if groups % 4 and 0 not in info.shape:
+        spare = (packed[..., -1] >> (8 * (groups % 4))) & ((1 << (32 - 8 * (groups % 4))) - 1)
+        if bool((spare != 0).any()):
+            raise ValueError(
+                f"scales: the last packed word holds exponents past group {groups}: quantized "
+                f"with a smaller group_size than {group_size}?"
+            )
 
 
 def as_float8(q, dtype="e4m3"):

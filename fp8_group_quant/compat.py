@@ -58,26 +58,32 @@ def per_token_group_quant_fp8(
 
 
 def per_token_group_quant_fp8_packed_for_deepgemm(
-    x, group_size: int, eps: float = 1e-10, use_ue8m0: bool = True, out_q=None
+    x, group_size: int, eps: float = 1e-10, use_ue8m0: bool | None = None, out_q=None
 ):
     """vLLM's packed variant: e4m3 with UE8M0 scales packed four per int32, MN-major, TMA-aligned.
 
-    ``x`` of shape ``[..., K]`` is read as ``[M, K]`` with ``M`` the product of the leading
-    dimensions; ``x_s`` is int32 ``[M, ceil(K/G/4)]`` with strides ``(1, align(M, 4))``, what
-    DeepGEMM reads on SM100. Only ``use_ue8m0=True`` exists, as in vLLM.
+    As vLLM's (``vllm/model_executor/layers/quantization/utils/fp8_utils.py``): ``x_q`` has the
+    shape of ``x``; ``x_s`` is int32 ``[M, ceil(K/G/4)]`` with strides ``(1, align(M, 4))``,
+    ``M`` the product of ``x``'s leading dimensions, what DeepGEMM reads on SM100. vLLM's
+    ``use_ue8m0=None`` reads its DeepGEMM setting and then requires True; the packed layout holds
+    nothing else, so here None means True and False is refused.
 
     Example: ``q, s = per_token_group_quant_fp8_packed_for_deepgemm(x, 128)``.
     """
-    if not use_ue8m0:
-        raise ValueError("use_ue8m0: the packed layout holds UE8M0 exponents only; got False")
-    if len(x.shape) > 2:
-        x = x.reshape(-1, x.shape[-1])
-        if out_q is not None:
-            out_q = out_q.reshape(-1, out_q.shape[-1])
+    if use_ue8m0 is not None and not use_ue8m0:
+        raise ValueError(
+            f"use_ue8m0: the packed layout holds UE8M0 exponents only; got {use_ue8m0!r}"
+        )
+    shape = tuple(x.shape)
+    if len(shape) > 2:
+        x = x.reshape(-1, shape[-1])
+    flat_out = None if out_q is None else out_q.reshape(-1, out_q.shape[-1])
     q, scales = quantize(
-        x, group_size, dtype="e4m3", scale="ue8m0", layout=PACKED, eps=eps, out=out_q
+        x, group_size, dtype="e4m3", scale="ue8m0", layout=PACKED, eps=eps, out=flat_out
     )
-    return q, scales
+    if out_q is not None:
+        return out_q, scales
+    return (q.reshape(shape) if len(shape) > 2 else q), scales
 
 
 def sglang_per_token_group_quant_fp8(

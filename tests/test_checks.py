@@ -296,3 +296,38 @@ def test_outputs_overlapping_the_input_or_each_other_are_refused(which):  # item
     # disjoint neighbours are fine: q right after x
     q, _ = fgq.quantize_packed(x, out=memory[4096 : 4096 + 2048].reshape(4, 512))
     np.testing.assert_array_equal(q.view(np.uint8), fgq.quantize_packed(x)[0].view(np.uint8))
+
+
+# issue 12: dequantize refuses what it would misread ----------------------------------------------
+
+
+def test_dequantize_refuses_packed_scales_of_another_group_size():
+    x = activations(np.random.default_rng(12), (4, 512), "bfloat16")
+    for group_size, wrong in ((64, 128), (32, 128), (128, 256), (32, 64)):
+        q, s = fgq.quantize(x, group_size, scale="ue8m0", layout="packed")
+        with pytest.raises(ValueError, match="scales: .*group_size"):
+            fgq.dequantize(q, s, group_size=wrong)
+        got = fgq.dequantize(q, s, group_size=group_size)
+        values = np.asarray(q).astype(np.float32).reshape(4, -1, group_size)
+        scales = fgq.unpack_scales(s, 512 // group_size)
+        np.testing.assert_array_equal(got, (values * scales[..., None]).reshape(4, 512))
+
+
+def test_dequantize_refuses_a_dtype_that_contradicts_the_codes():
+    x = activations(np.random.default_rng(13), (2, 256), "bfloat16")
+    q, s = fgq.quantize(x, 128)
+    with pytest.raises(ValueError, match="dtype: 'e5m2' contradicts"):
+        fgq.dequantize(q, s, dtype="e5m2")
+    np.testing.assert_array_equal(fgq.dequantize(q, s, dtype="e4m3"), fgq.dequantize(q, s))
+    codes = np.asarray(q).view(np.uint8)  # untyped codes: dtype says which format they are
+    e5m2 = fgq.dequantize(codes, s, dtype="e5m2")
+    assert not np.array_equal(e5m2, fgq.dequantize(q, s))
+
+
+@pytest.mark.parametrize("shape", [(0, 256), (2, 0, 256), (0, 3, 128)])
+@pytest.mark.parametrize("layout, scale", [("packed", "ue8m0"), ("col_tma", "float32")])
+def test_dequantize_and_unpack_take_empty_outputs(shape, layout, scale):
+    q, s = fgq.quantize(np.zeros(shape, BF16), 128, scale=scale, layout=layout)
+    assert fgq.dequantize(q, s).shape == shape
+    if layout == "packed":
+        assert fgq.unpack_scales(s, shape[-1] // 128).shape == shape[:-1] + (shape[-1] // 128,)

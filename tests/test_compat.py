@@ -65,15 +65,32 @@ def test_vllm_dtype_and_out_q(x):
     np.testing.assert_array_equal(s, s_ref)
 
 
-def test_vllm_packed_for_deepgemm_flattens_tokens():
+# vLLM's per_token_group_quant_fp8_packed_for_deepgemm (vllm/model_executor/layers/quantization/
+# utils/fp8_utils.py): signature (x, group_size, eps=1e-10, use_ue8m0=None, out_q=None); x_q is
+# x_q_local.view_as(x), the shape of x; x_s_packed is empty_strided((mn, ceil(ng/4)),
+# (1, align(mn, 4)), int32) with mn = x.numel() // K; use_ue8m0 None reads DeepGEMM's setting
+# and is then asserted true.
+def test_vllm_packed_for_deepgemm_matches_upstream_shapes():
+    import inspect
+
+    parameters = inspect.signature(per_token_group_quant_fp8_packed_for_deepgemm).parameters
+    assert [(n, p.default) for n, p in parameters.items()][2:] == [
+        ("eps", 1e-10), ("use_ue8m0", None), ("out_q", None),
+    ]  # fmt: skip
     x = activations(np.random.default_rng(2), (2, 5, 1536), "bfloat16")
-    q, s = per_token_group_quant_fp8_packed_for_deepgemm(x, 128)
-    assert q.shape == (10, 1536) and s.dtype == np.int32
-    assert s.shape == (10, 3) and elements(s.strides) == (1, 12)
+    q, s = per_token_group_quant_fp8_packed_for_deepgemm(x, 128)  # use_ue8m0 left at None
+    assert q.shape == (2, 5, 1536) and q.dtype == ml_dtypes.float8_e4m3fn
+    assert s.dtype == np.int32 and s.shape == (10, 3) and elements(s.strides) == (1, 12)
     q_ref, s_ref = fgq.quantize_packed(x.reshape(10, 1536))
     np.testing.assert_array_equal(s, s_ref)
-    np.testing.assert_array_equal(np.asarray(q).view(np.uint8), np.asarray(q_ref).view(np.uint8))
-    with pytest.raises(ValueError, match="use_ue8m0"):
+    np.testing.assert_array_equal(
+        np.asarray(q).view(np.uint8).reshape(10, 1536), np.asarray(q_ref).view(np.uint8)
+    )
+    out = np.zeros(x.shape, ml_dtypes.float8_e4m3fn)  # out_q shaped like x comes back as is
+    q2, s2 = per_token_group_quant_fp8_packed_for_deepgemm(x, 128, use_ue8m0=True, out_q=out)
+    assert q2 is out and q2.shape == x.shape
+    np.testing.assert_array_equal(out.view(np.uint8), np.asarray(q).view(np.uint8))
+    with pytest.raises(ValueError, match="use_ue8m0: .* got False"):
         per_token_group_quant_fp8_packed_for_deepgemm(x, 128, use_ue8m0=False)
 
 
