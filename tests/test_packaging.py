@@ -1,0 +1,43 @@
+"""Packaging facts a user relies on: one version, the license shipped, no development logs."""
+
+import importlib.metadata
+import pathlib
+
+import pytest
+
+import fp8_group_quant
+
+tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def _pyproject() -> dict:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def test_the_version_has_one_source():
+    project = _pyproject()["project"]
+    assert "version" not in project and "version" in project["dynamic"]
+    assert importlib.metadata.version("fp8_group_quant") == fp8_group_quant.__version__
+
+
+def test_the_license_is_shipped_and_declared():
+    project = _pyproject()["project"]
+    assert project["license"] == "Apache-2.0" and project["license-files"] == ["LICENSE"]
+    text = (ROOT / "LICENSE").read_text()
+    assert "Apache License" in text and "Version 2.0, January 2004" in text
+    # PEP 639: the expression replaces the license classifiers, which may not be repeated
+    assert not any(c.startswith("License ::") for c in project["classifiers"])
+
+
+def test_the_sdist_leaves_out_development_records_and_keeps_the_sources():
+    sdist = _pyproject()["tool"]["hatch"]["build"]["targets"]["sdist"]
+    assert "docs/logs" in sdist["exclude"] and "kernels" in sdist["include"]
+    assert {"LICENSE", "CHANGELOG.md", "README.md"} <= set(sdist["include"])
+
+
+def test_every_optional_tool_has_an_extra():
+    extras = _pyproject()["project"]["optional-dependencies"]
+    assert any(d.startswith("matplotlib") for d in extras["plot"])
+    assert any(d.startswith("hypothesis") for d in extras["test"])
