@@ -15,7 +15,7 @@ import ml_dtypes
 import numpy as np
 
 from . import __version__, _jit, api, spec_model
-from ._layout import Geometry
+from ._layout import SCALE_LAYOUTS, Geometry
 
 
 def activation(tokens: int, hidden: int, seed: int = 0) -> np.ndarray:
@@ -66,7 +66,7 @@ def spec_check(x: np.ndarray, q_bytes: np.ndarray, s_words: np.ndarray, rng) -> 
 
 def main_job(tokens: int, hidden: int) -> int:
     x = activation(tokens, hidden)
-    geometry = Geometry(x.shape, 128, "packed", False)
+    geometry = Geometry(x.shape, 128, SCALE_LAYOUTS["packed"], False)
     print(f"input      x: {x.shape} bfloat16, {x.nbytes / 1e6:.1f} MB, outliers in "
           f"{max(1, hidden // 512)} channels")  # fmt: skip
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import sys
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -20,7 +21,7 @@ TORCH = "torch"
 @dataclass(frozen=True)
 class ArrayInfo:
     kind: str  # NUMPY, CUPY or TORCH
-    obj: object
+    obj: Any  # the caller's array (numpy, cupy or torch)
     ptr: int
     shape: tuple[int, ...]
     strides: tuple[int, ...]  # in elements
@@ -40,8 +41,8 @@ def describe(array, name: str) -> ArrayInfo:
         dtype = str(array.dtype).removeprefix("torch.")  # torch.bfloat16 -> bfloat16
         if array.device.type != "cuda":
             raise TypeError(
-                f"{name}: torch tensors must be on a CUDA device, got device {array.device}"
-                " (pass a numpy array for the CPU backend)"
+                f"{name}: expected a CUDA tensor (or a CPU tensor, with a CPU x), got device "
+                f"{array.device}"
             )
         return ArrayInfo(
             TORCH,
@@ -80,6 +81,41 @@ def describe(array, name: str) -> ArrayInfo:
         f"{name}: expected a numpy array, a cupy array or a torch CUDA tensor, "
         f"got {type(array).__module__}.{type(array).__name__}"
     )
+
+
+def is_torch_cpu(array) -> bool:
+    torch = _torch()
+    return torch is not None and isinstance(array, torch.Tensor) and array.device.type == "cpu"
+
+
+def torch_cpu_to_numpy(tensor, name: str) -> np.ndarray:
+    """A numpy view of a torch CPU tensor's memory, in the numpy dtype of its torch dtype
+    (``bfloat16`` and the float8 types through ml_dtypes, which torch's ``.numpy()`` lacks)."""
+    import ml_dtypes
+
+    torch = _torch()
+    dtype = str(tensor.dtype).removeprefix("torch.")
+    special = {
+        name: getattr(ml_dtypes, name)
+        for name in ("bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz")
+    }
+    if dtype in special:
+        carrier = torch.int16 if tensor.element_size() == 2 else torch.uint8
+        return tensor.view(carrier).numpy().view(special[dtype])
+    try:
+        return tensor.numpy()
+    except (TypeError, RuntimeError) as error:
+        raise TypeError(f"{name}: a torch CPU tensor of dtype {dtype} has no numpy view") from error
+
+
+def numpy_to_torch_cpu(array: np.ndarray):
+    """A torch CPU tensor over a numpy array's memory (float8 and bfloat16 included)."""
+    torch = _torch()
+    name = array.dtype.name
+    if name == "bfloat16" or name.startswith("float8"):
+        carrier = array.view(np.int16 if array.itemsize == 2 else np.uint8)
+        return torch.from_numpy(carrier).view(getattr(torch, name))
+    return torch.from_numpy(array)
 
 
 def available_bytes(info: ArrayInfo) -> int | None:

@@ -21,6 +21,7 @@ import re
 import sys
 import tempfile
 import threading
+import time
 import warnings
 from functools import cache
 from pathlib import Path
@@ -289,7 +290,7 @@ def driver_error(status: int) -> str:
     """The name of a CUresult, e.g. CUDA_ERROR_INVALID_VALUE."""
     name = ctypes.c_char_p()
     driver = _driver()
-    if driver is None or driver.cuGetErrorName(status, ctypes.byref(name)) != 0:
+    if driver is None or driver.cuGetErrorName(status, ctypes.byref(name)) != 0 or not name.value:
         return f"CUresult {status}"
     return name.value.decode()
 
@@ -391,7 +392,12 @@ def compile_cached(filename: str, name_expressions, target: str) -> tuple[Path, 
                 found = _read_cached(directory / (stem + suffix), directory / (stem + ".json"))
                 if found is not None and set(found[1]) == set(name_expressions):
                     return found
+        started = time.perf_counter()
         binary, lowered, _ = _nvrtc_compile(filename, name_expressions, target)
+        log.info(
+            "fp8_group_quant: compiled %d kernel(s) of %s for %s with NVRTC in %.2f s",
+            len(name_expressions), filename, target, time.perf_counter() - started,
+        )  # fmt: skip
         data = binary if isinstance(binary, bytes) else binary.encode()
         directory = _writable_cache_dir()
         _write_atomically(directory / (stem + suffix), data)
@@ -464,8 +470,8 @@ def precompile(filename: str, name_expressions) -> dict[str, BaseException]:
             compile_cached(filename, name_expressions, target)
         except Exception as error:
             failures[target] = error
-    for where, error in failures.items():
-        log.warning("fp8_group_quant: could not compile %s for %s: %s", filename, where, error)
+    for where, failure in failures.items():
+        log.warning("fp8_group_quant: could not compile %s for %s: %s", filename, where, failure)
     return failures
 
 

@@ -181,7 +181,9 @@ class Geometry:
     @property
     def scale_byte_strides(self) -> tuple[int, int, int]:
         """(batch, row, word) strides in bytes: the kernel's address function reads these."""
-        return tuple(s * self.layout.word_bytes for s in self.scale_word_strides)
+        batch, row, word = self.scale_word_strides
+        size = self.layout.word_bytes
+        return batch * size, row * size, word * size
 
     @property
     def scale_strides(self) -> tuple[int, ...]:

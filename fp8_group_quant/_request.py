@@ -112,12 +112,13 @@ def make_request(
             raise ValueError(
                 f"x: the last dimension must be contiguous (stride 1), got strides {info.strides}"
             )
-        strides = row_strides(shape, tuple(info.strides))
-        if strides is None:
+        collapsed = row_strides(shape, tuple(info.strides))
+        if collapsed is None:
             raise ValueError(
                 f"x: the dimensions between the batch and K must collapse into one row stride; "
                 f"got shape {shape} with strides {tuple(info.strides)} (make it contiguous first)"
             )
+        strides = collapsed
     batch_stride, row_stride = strides
     geometry = Geometry(output_shape(mode, shape), group_size, layout, pad_rows)
     aligned = (

@@ -81,8 +81,10 @@ class OutputFormat:
         """Codes of +fmax and -fmax."""
         values = np.array([self.fmax, -self.fmax], np.float32)
         if not self.is_float8:
-            return tuple(int(c) for c in np.rint(values).astype(np.int8).view(np.uint8))
-        return tuple(int(c) for c in values.astype(self.numpy_dtype).view(np.uint8))
+            plus, minus = (int(c) for c in np.rint(values).astype(np.int8).view(np.uint8))
+        else:
+            plus, minus = (int(c) for c in values.astype(self.numpy_dtype).view(np.uint8))
+        return plus, minus
 
     @cached_property
     def nonfinite_codes(self) -> tuple[int, int, int, int]:

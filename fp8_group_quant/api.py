@@ -26,10 +26,13 @@ from ._arrays import (
     device_signature,
     foreign_library,
     from_cupy,
+    is_torch_cpu,
+    numpy_to_torch_cpu,
     pair_allocator,
     pointer,
     stream_getter,
     to_cupy,
+    torch_cpu_to_numpy,
 )
 from ._layout import PACKED
 from ._request import VECTOR_ALIGNMENT, Request, check_options, make_request
@@ -114,6 +117,10 @@ def quantize(
         if plan is not None:
             return plan.run(signature[-1], out, scale_out)
         return _quantize_new(x, group_size, dtype, scale, layout, eps, out, scale_out, pad_rows)
+    if is_torch_cpu(x):  # the NumPy backend on zero-copy numpy views, back as torch tensors
+        return _quantize_torch_cpu(
+            x, group_size, dtype, scale, layout, eps, out, scale_out, pad_rows
+        )
     library = foreign_library(x)
     if library is None:  # numpy, or something we cannot read: describe() names it
         return _quantize_new(x, group_size, dtype, scale, layout, eps, out, scale_out, pad_rows)
@@ -133,6 +140,25 @@ def quantize(
     q = out if out is not None else from_cupy(q, library, fmt.dtype_name if fmt.is_float8 else None)
     scales = scale_out if scale_out is not None else from_cupy(scales, library, None)
     return q, scales
+
+
+def _quantize_torch_cpu(x, group_size, dtype, scale, layout, eps, out, scale_out, pad_rows):
+    """A torch CPU tensor through the NumPy backend: numpy views of the same memory in, torch
+    views of the results out (the caller's own tensors when given)."""
+    for given, name in ((out, "out"), (scale_out, "scale_out")):
+        if given is not None and not is_torch_cpu(given):
+            raise TypeError(
+                f"{name}: expected a torch CPU tensor like x, got {type(given).__name__}"
+            )
+    q, scales = _quantize_new(
+        torch_cpu_to_numpy(x, "x"), group_size, dtype, scale, layout, eps,
+        None if out is None else torch_cpu_to_numpy(out, "out"),
+        None if scale_out is None else torch_cpu_to_numpy(scale_out, "scale_out"), pad_rows,
+    )  # fmt: skip
+    return (
+        out if out is not None else numpy_to_torch_cpu(q),
+        scale_out if scale_out is not None else numpy_to_torch_cpu(scales),
+    )
 
 
 def _quantize_new(x, group_size, dtype, scale, layout, eps, out, scale_out, pad_rows):
@@ -309,6 +335,7 @@ _thread_state = threading.local()
 def _plan(info: ArrayInfo, request: Request, options: tuple) -> _Plan:
     """The plan of a GPU call, remembered under the input's signature and ``options``."""
     launch = None
+    assert info.device is not None  # a GPU array
     if not request.output.empty:
         launch = _launch.prepare(request, info.device)
     plan = _Plan(info, request, launch)
@@ -331,6 +358,7 @@ class _Plan:
         self.launch = launch
         self.q_spec, self.scale_spec = _output_specs(request)
         kind, device = x_info.kind, x_info.device
+        assert device is not None  # a GPU array
         q_allocation, scale_allocation = (
             self.q_spec.allocation(kind),
             self.scale_spec.allocation(kind),
@@ -577,6 +605,8 @@ def unpack_scales(packed, groups: int):
     Byte ``g % 4`` of word ``g // 4`` is the biased exponent ``e`` of group ``g``; the scale is
     ``2**(e - 127)`` (``e = 255`` is NaN). Works on numpy, cupy and torch arrays of any strides.
     """
+    if is_torch_cpu(packed):
+        return numpy_to_torch_cpu(unpack_scales(torch_cpu_to_numpy(packed, "packed"), groups))
     info = describe(packed, "packed")
     if info.dtype != "int32":
         raise TypeError(f"packed: expected int32 words, got {info.dtype}")
@@ -594,6 +624,12 @@ def unpack_scales(packed, groups: int):
         bits = torch.where(exponents == 0, 0x00400000, exponents << 23)
         bits = torch.where(exponents == 255, 0x7FC00000, bits)
         return bits.to(torch.int32).contiguous().view(torch.float32)
+    if info.kind == NUMPY:  # ml_dtypes decodes UE8M0 itself: 2**(e - 127), e = 255 NaN
+        import ml_dtypes
+
+        codes = np.ascontiguousarray(packed).view(np.uint8)  # byte g % 4 of word g // 4
+        codes = codes.reshape(*info.shape[:-1], 4 * info.shape[-1])[..., :groups]
+        return codes.view(ml_dtypes.float8_e8m0fnu).astype(np.float32)
     xp = _namespace(info)
     parts = [(packed >> (8 * j)) & 0xFF for j in range(4)]
     # NOTES: the width is spelled out: a -1 cannot be inferred when a leading dimension is 0
@@ -612,6 +648,11 @@ def dequantize(q, scales, group_size: int = 128, dtype=None):
     ``[..., kp]``. ``dtype`` names the format of uint8 codes (cupy's float8 container; default
     "e4m3"); other dtypes say it themselves.
     """
+    if is_torch_cpu(q) and is_torch_cpu(scales):  # through numpy views, back as a tensor
+        values = dequantize(
+            torch_cpu_to_numpy(q, "q"), torch_cpu_to_numpy(scales, "scales"), group_size, dtype
+        )
+        return numpy_to_torch_cpu(np.ascontiguousarray(values))
     q_info = describe(q, "q")
     s_info = describe(scales, "scales")
     fmt_name = _format_of(q_info, dtype)

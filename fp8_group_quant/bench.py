@@ -19,6 +19,7 @@ import re
 import statistics
 import sys
 import time
+from typing import Any
 
 import numpy as np
 
@@ -129,7 +130,8 @@ def bench_shape(cupy, torch, roofline, bandwidth: float, m: int, k: int, args) -
     inputs = [cupy.asarray(x_host) for _ in range(n_buffers)]
     outputs = [api.quantize(x, args.group_size, **options) for x in inputs]
     cupy.cuda.runtime.deviceSynchronize()
-    _check(x_host, *outputs[0], geometry, args.dtype, args.scale, cupy)
+    q_first, s_first = outputs[0]
+    _check(x_host, q_first, s_first, geometry, args.dtype, args.scale, cupy)
     calls = max(n_buffers, 32)
 
     def quantizer(i):
@@ -308,10 +310,7 @@ def run(args) -> list[dict]:
 
     _launch.PDL = False
 
-    try:
-        import torch
-    except ImportError:
-        torch = None
+    torch = _optional_torch()
     device = cupy.cuda.runtime.getDevice()
     name = cupy.cuda.runtime.getDeviceProperties(device)["name"].decode()
     bandwidth = copy_bandwidth(cupy)
@@ -379,6 +378,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="a graph of [producer -> quantize -> consumer] steps, with and without PDL",
     )
     return parser
+
+
+def _optional_torch() -> Any:
+    """torch if installed, else None: the benchmark times torch inputs too where it can."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch
 
 
 def _positive(text: str) -> int:
@@ -472,7 +480,7 @@ def run_chain(args) -> list[dict]:
     rows = []
     for m in m_values:
         x = cupy.empty((CHAIN_STEPS, m, k), dtype=np.uint16).view(ml_dtypes.bfloat16)
-        scale_words = Geometry((m, k), 128, "packed", False).scale_storage
+        scale_words = Geometry((m, k), 128, SCALE_LAYOUTS["packed"], False).scale_storage
         sink = cupy.zeros(sms * 4, dtype=np.uint32)
         times = {}
         for pdl in (False, True):
@@ -528,10 +536,7 @@ def profile_host(args) -> int:
     """Where the host time of an eager call at M = 1 goes: each step of the call timed alone."""
     import cupy
 
-    try:
-        import torch
-    except ImportError:
-        torch = None
+    torch = _optional_torch()
     from .__main__ import activation
 
     host = activation(1, args.k[0], seed=1).astype(args.input_dtype_np)

@@ -15,6 +15,7 @@ import math
 import struct
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -43,7 +44,7 @@ class Format:
     nan_codes: tuple[int, int]  # +NaN, -NaN
     inf_codes: tuple[int, int]  # +Inf, -Inf
     negative_zero: int  # the code of a result that would be -0
-    element: object  # ml_dtypes type decoding the codes, or None for int8
+    element: Any  # ml_dtypes type decoding the codes, or None for int8
 
     @cached_property
     def grid(self) -> tuple[list[float], list[int]]:

@@ -331,3 +331,20 @@ def test_dequantize_and_unpack_take_empty_outputs(shape, layout, scale):
     assert fgq.dequantize(q, s).shape == shape
     if layout == "packed":
         assert fgq.unpack_scales(s, shape[-1] // 128).shape == shape[:-1] + (shape[-1] // 128,)
+
+
+def test_unpack_scales_decodes_every_exponent_as_ue8m0():
+    # all 256 exponent bytes, in packed words of every width, against 2**(e - 127) (255: NaN)
+    exponents = np.arange(256, dtype=np.uint8)
+    for groups in (256, 255, 253):
+        words = np.zeros(64, np.uint32)
+        words.view(np.uint8)[:groups] = exponents[:groups]
+        got = fgq.unpack_scales(words.view(np.int32).reshape(1, 64), groups)[0]
+        expected = np.ldexp(np.float64(1.0), exponents[:groups].astype(int) - 127)
+        assert got.dtype == np.float32 and np.isnan(got[255:]).all()
+        np.testing.assert_array_equal(got[:255], expected[:255].astype(np.float32))
+    # MN-major strides, as the packed layout has them
+    words = np.arange(12, dtype=np.int32).reshape(3, 4).T  # strides (1, 4) elements
+    got = fgq.unpack_scales(words, 10)
+    assert got.shape == (4, 10)
+    np.testing.assert_array_equal(got[:, 0], np.ldexp(1.0, np.arange(4) - 127).astype(np.float32))

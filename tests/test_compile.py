@@ -408,3 +408,13 @@ def test_a_cupy_cache_path_that_is_a_file_warns_instead_of_failing_the_import(tm
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.count("CUPY_CACHE_DIR=") == 1 and str(blocker) not in done.stdout.split()[-1]
+
+
+def test_compiles_are_logged(toy_kernels, caplog):  # issue 12: JIT compiles through logging
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="fp8_group_quant"):
+        _jit.compile_cached("toy.cu", ["k<5>"], "sm_90")
+        _jit.compile_cached("toy.cu", ["k<5>"], "sm_90")  # a cache hit: no second record
+    compiled = [r for r in caplog.records if "compiled 1 kernel(s) of toy.cu" in r.getMessage()]
+    assert len(compiled) == 1 and "sm_90" in compiled[0].getMessage()

@@ -326,8 +326,10 @@ def test_gpu_argument_checks_write_nothing():
     s = torch.full((8, 4), 0x7F7F7F7F, dtype=torch.int32, device="cuda").t().contiguous().t()
     with pytest.raises(ValueError, match="out: expected a 16-byte aligned"):
         fgq.quantize_packed(x, out=q[1:].view(8, 512), scale_out=s[:, :1])
-    with pytest.raises(TypeError, match="x: torch tensors must be on a CUDA device"):
-        fgq.quantize_packed(x.cpu())
+    with pytest.raises(TypeError, match="out: expected a torch CPU tensor like x"):
+        fgq.quantize_packed(x.cpu(), out=torch.empty(8, 512, dtype=torch.uint8, device="cuda"))
+    with pytest.raises(TypeError, match="out: expected a CUDA tensor"):
+        fgq.quantize_packed(x, out=torch.empty(8, 512, dtype=torch.float8_e4m3fn))
     with pytest.raises(TypeError, match="out: expected a torch array like x"):
         import cupy
 
