@@ -109,13 +109,28 @@ def torch_cpu_to_numpy(tensor, name: str) -> np.ndarray:
 
 
 def numpy_to_torch_cpu(array: np.ndarray):
-    """A torch CPU tensor over a numpy array's memory (float8 and bfloat16 included)."""
+    """A torch CPU tensor over a numpy array's memory (float8 and bfloat16 included).
+
+    NOTES: the tensor's storage is the whole allocation the view lies in (a padded layout's
+    padding rows included, as on the GPU), not only the view's extent, which is all that
+    ``torch.from_numpy`` of the view itself would keep.
+    """
     torch = _torch()
+    root = _root_array(array)
+    if root.dtype != array.dtype or not root.flags.c_contiguous:
+        root = np.ascontiguousarray(array) if array.size == 0 else array
     name = array.dtype.name
+    flat = root.reshape(-1) if root.flags.c_contiguous else root
     if name == "bfloat16" or name.startswith("float8"):
-        carrier = array.view(np.int16 if array.itemsize == 2 else np.uint8)
-        return torch.from_numpy(carrier).view(getattr(torch, name))
-    return torch.from_numpy(array)
+        base = torch.from_numpy(flat.view(np.int16 if array.itemsize == 2 else np.uint8))
+        base = base.view(getattr(torch, name))
+    else:
+        base = torch.from_numpy(flat)
+    if flat is array:
+        return base
+    offset = (array.ctypes.data - root.ctypes.data) // array.itemsize
+    strides = [s // array.itemsize for s in array.strides]
+    return base.as_strided(array.shape, strides, offset)
 
 
 def available_bytes(info: ArrayInfo) -> int | None:

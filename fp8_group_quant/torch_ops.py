@@ -1,0 +1,88 @@
+"""The quantizer as a torch custom op, for ``torch.compile`` and CUDA-graph capture.
+
+Importing this module registers ``torch.ops.fp8_group_quant.quantize`` (CUDA tensors through
+the kernel, CPU tensors through the NumPy backend) with a fake implementation that gives the
+exact shapes, dtypes and strides of both outputs, padded layouts included, so dynamo traces
+through it without a graph break::
+
+    from fp8_group_quant import torch_ops
+
+    @torch.compile(fullgraph=True)
+    def step(x):
+        q, scales = torch_ops.quantize(x, 128, scale="ue8m0", layout="packed")
+        ...
+
+NOTES: the op is functional (it allocates its outputs); a direct ``fgq.quantize`` call stays
+the lowest-overhead eager path, as the dispatcher adds its own cost per call.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import api
+from ._layout import Geometry, scale_layout
+from ._request import check_options
+from ._spec import DEFAULT_EPS
+
+__all__ = ["quantize", "quantize_packed"]
+
+_TORCH_DTYPES = {"int32": torch.int32, "float32": torch.float32}
+
+
+@torch.library.custom_op("fp8_group_quant::quantize", mutates_args=(), device_types=("cuda", "cpu"))
+def _quantize_op(
+    x: torch.Tensor,
+    group_size: int,
+    dtype: str,
+    scale: str,
+    layout: str,
+    eps: float,
+    pad_rows: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    q, scales = api.quantize(
+        x, group_size, dtype=dtype, scale=scale, layout=layout, eps=eps, pad_rows=pad_rows
+    )
+    return q, scales
+
+
+@_quantize_op.register_fake
+def _quantize_fake(x, group_size, dtype, scale, layout, eps, pad_rows):
+    """Outputs shaped, typed and strided as the real call's, over storage of the same size."""
+    group_size, fmt, _, layout_row, _, pad_rows, _ = check_options(
+        group_size, dtype, scale, layout, eps, pad_rows
+    )
+    if x.shape[-1] % group_size:
+        raise ValueError(
+            f"x: the last dimension K={x.shape[-1]} is not a multiple of group_size={group_size}"
+        )
+    geometry = Geometry(tuple(x.shape), group_size, scale_layout(layout_row), pad_rows)
+    q_dtype = getattr(torch, fmt.dtype_name)
+    s_dtype = _TORCH_DTYPES[geometry.layout.dtype]
+    q = x.new_empty((geometry.q_storage,), dtype=q_dtype)
+    s = x.new_empty((geometry.scale_storage,), dtype=s_dtype)
+    return (
+        q.as_strided(geometry.shape, geometry.q_strides),
+        s.as_strided(geometry.scale_shape, geometry.scale_strides),
+    )
+
+
+def quantize(
+    x: torch.Tensor,
+    group_size: int = 128,
+    *,
+    dtype: str = "e4m3",
+    scale: str = "float32",
+    layout: str = "row",
+    eps: float = DEFAULT_EPS,
+    pad_rows: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``fgq.quantize`` through the custom op (no ``out=``): traceable by ``torch.compile``."""
+    return torch.ops.fp8_group_quant.quantize(x, group_size, dtype, scale, layout, eps, pad_rows)
+
+
+def quantize_packed(
+    x: torch.Tensor, group_size: int = 128, eps: float = DEFAULT_EPS, pad_rows: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``fgq.quantize_packed`` through the custom op: e4m3, UE8M0 scales packed for DeepGEMM."""
+    return quantize(x, group_size, scale="ue8m0", layout="packed", eps=eps, pad_rows=pad_rows)

@@ -1,0 +1,96 @@
+"""The torch custom op: schema, fake tensors and torch.compile(fullgraph=True) against eager."""
+
+import numpy as np
+import pytest
+from helpers import activations
+
+import fp8_group_quant as fgq
+
+torch = pytest.importorskip("torch")
+torch_ops = pytest.importorskip("fp8_group_quant.torch_ops")
+
+CASES = [  # (shape, group size, dtype, scale, layout, pad_rows)
+    ((6, 512), 128, "e4m3", "ue8m0", "packed", False),
+    ((2, 5, 256), 64, "e5m2", "float32", "col_tma", True),
+    ((7, 1024), 128, "int8", "float32", "row", False),
+    ((3, 2, 3, 256), 32, "e4m3fnuz", "ue8m0", "packed_row", False),
+    ((1, 256), 256, "e4m3", "float32", "col", False),
+]
+
+
+def tensor(shape, seed=0, specials=True):
+    x = activations(np.random.default_rng(seed), shape, "bfloat16", specials=specials)
+    return torch.from_numpy(x.view(np.int16).copy()).view(torch.bfloat16)
+
+
+@pytest.mark.parametrize("shape, group, dtype, scale, layout, pad_rows", CASES)
+def test_the_op_passes_torchs_own_checks(shape, group, dtype, scale, layout, pad_rows):
+    # schema, autograd registration, fake tensors (shapes, dtypes, strides) and AOT dispatch;
+    # finite data, as opcheck compares outputs with assert_close, which holds NaN unequal
+    args = (tensor(shape, specials=False), group, dtype, scale, layout, 1e-10, pad_rows)
+    results = torch.library.opcheck(torch.ops.fp8_group_quant.quantize.default, args)
+    assert all(v == "SUCCESS" for v in results.values()), results
+
+
+@pytest.mark.parametrize("shape, group, dtype, scale, layout, pad_rows", CASES)
+def test_the_fake_outputs_match_the_real_ones(shape, group, dtype, scale, layout, pad_rows):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    x = tensor(shape)
+    real = torch_ops.quantize(x, group, dtype=dtype, scale=scale, layout=layout, pad_rows=pad_rows)
+    with FakeTensorMode() as mode:
+        fake = torch_ops.quantize(
+            mode.from_tensor(x), group, dtype=dtype, scale=scale, layout=layout, pad_rows=pad_rows
+        )
+    for r, f in zip(real, fake):
+        assert (r.shape, r.stride(), r.dtype) == (f.shape, f.stride(), f.dtype)
+        assert r.untyped_storage().nbytes() == f.untyped_storage().nbytes()
+    q_ref, s_ref = fgq.quantize(x, group, dtype=dtype, scale=scale, layout=layout,
+                                pad_rows=pad_rows)  # fmt: skip
+    assert torch.equal(real[0].view(torch.uint8), q_ref.view(torch.uint8))
+    assert torch.equal(real[1], s_ref)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_a_model_step_compiles_with_fullgraph_and_matches_eager(backend):
+    weight = torch.randn(64, 512, dtype=torch.float32)
+
+    def step(x):  # a linear layer with the quantizer in front (dequantized stand-in matmul)
+        q, s = torch_ops.quantize(x, 128, scale="ue8m0", layout="col_tma")
+        values = q.to(torch.float32).reshape(x.shape[0], 4, 128) * s.unsqueeze(-1)
+        return values.reshape(x.shape[0], 512) @ weight.T, s
+
+    compiled = torch.compile(step, fullgraph=True, backend=backend)
+    for rows in (5, 8, 13):  # new shapes recompile or go dynamic; each must match eager
+        x = tensor((rows, 512), seed=rows)
+        got, expected = compiled(x), step(x)
+        # bitwise, NaN included (the data holds NaN and Inf)
+        torch.testing.assert_close(got[0], expected[0], rtol=0, atol=0, equal_nan=True)
+        assert torch.equal(got[1], expected[1])
+        assert got[1].stride() == expected[1].stride() == (1, -(-rows // 4) * 4)
+
+
+@pytest.mark.gpu
+def test_the_op_on_cuda_compiles_and_replays_in_a_cuda_graph():
+    weight = torch.randn(64, 512, device="cuda")
+
+    def step(x):
+        q, s = torch_ops.quantize_packed(x)
+        return q.to(torch.float32) @ weight.T, s
+
+    compiled = torch.compile(step, fullgraph=True)
+    x = tensor((16, 512), specials=False).cuda()
+    expected = step(x)
+    got = compiled(x)
+    assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+    static_x = x.clone()
+    graph = torch.cuda.CUDAGraph()
+    compiled(static_x)  # warm up outside the capture
+    torch.cuda.synchronize()
+    with torch.cuda.graph(graph):
+        static_out = compiled(static_x)
+    static_x.copy_(tensor((16, 512), seed=9, specials=False).cuda())
+    graph.replay()
+    torch.cuda.synchronize()
+    replayed = step(static_x)
+    assert torch.equal(static_out[0], replayed[0]) and torch.equal(static_out[1], replayed[1])
