@@ -296,6 +296,7 @@ def driver_error(status: int) -> str:
 
 
 def _nvrtc():
+    _usable_cupy_cache()  # on some installs cupy_backends imports cupy, which needs its cache
     try:
         from cupy_backends.cuda.libs import nvrtc
     except ImportError as error:

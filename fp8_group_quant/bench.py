@@ -153,20 +153,26 @@ def bench_shape(cupy, torch, roofline, bandwidth: float, m: int, k: int, args) -
     )
     prepared = api.prepare(x0, args.group_size, **options)
     eager_prepared_cupy = eager_time_us(cupy.cuda.runtime.deviceSynchronize, lambda: prepared(x0))
-    eager_torch = eager_prepared_torch = None
+    eager_torch = eager_prepared_torch = op_torch = None
     if torch is not None:
+        from . import torch_ops
+
         xt = torch.from_dlpack(x0)
         eager_torch = eager_time_us(
             torch.cuda.synchronize, lambda: api.quantize(xt, args.group_size, **options)
         )
         prepared_t = api.prepare(xt, args.group_size, **options)
         eager_prepared_torch = eager_time_us(torch.cuda.synchronize, lambda: prepared_t(xt))
+        op_torch = eager_time_us(  # through the dispatcher: the custom op (torch_ops.py)
+            torch.cuda.synchronize, lambda: torch_ops.quantize(xt, args.group_size, **options)
+        )
     floor_us = moved / bandwidth * 1e6
     return {
         "M": m, "K": k, "bytes": moved, "floor_us": floor_us, "roofline_us": roof_us,
         "ours_us": ours, "ours_over_roofline": ours / roof_us, "fraction_of_floor": floor_us / ours,
         "GBps": moved / ours / 1e3, "eager_cupy_us": eager_cupy, "eager_torch_us": eager_torch,
         "prepared_cupy_us": eager_prepared_cupy, "prepared_torch_us": eager_prepared_torch,
+        "op_torch_us": op_torch,
     }  # fmt: skip
 
 
@@ -323,7 +329,7 @@ def run(args) -> list[dict]:
     print(
         f"{'M':>6} {'K':>5} {'floor us':>9} {'roofline':>9} {'ours':>8} {'ours/roof':>9} "
         f"{'%floor':>7} {'GB/s':>7} {'eager cupy':>10} {'eager torch':>11} {'prep cupy':>9} "
-        f"{'prep torch':>10}"
+        f"{'prep torch':>10} {'torch op':>8}"
     )
     rows = []
     for k in args.k:
@@ -331,14 +337,16 @@ def run(args) -> list[dict]:
             r = bench_shape(cupy, torch, roofline, bandwidth, m, k, args)
             rows.append(r)
             nan = float("nan")
-            torch_us = r["eager_torch_us"] if r["eager_torch_us"] is not None else nan
-            prep_torch = r["prepared_torch_us"] if r["prepared_torch_us"] is not None else nan
+            torch_us, prep_torch, op_torch = (
+                nan if r[key] is None else r[key]
+                for key in ("eager_torch_us", "prepared_torch_us", "op_torch_us")
+            )
             print(
                 f"{m:>6} {k:>5} {r['floor_us']:>9.2f} {r['roofline_us']:>9.2f} "
                 f"{r['ours_us']:>8.2f} {r['ours_over_roofline']:>9.3f} "
                 f"{100 * r['fraction_of_floor']:>6.1f}% {r['GBps']:>7.0f} "
                 f"{r['eager_cupy_us']:>10.1f} {torch_us:>11.1f} {r['prepared_cupy_us']:>9.1f} "
-                f"{prep_torch:>10.1f}",
+                f"{prep_torch:>10.1f} {op_torch:>8.1f}",
                 flush=True,
             )
             cupy.get_default_memory_pool().free_all_blocks()
