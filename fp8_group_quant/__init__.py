@@ -1,6 +1,8 @@
 """FP8 per-token group quantization at memory bandwidth, with DeepGEMM-ready scale layouts."""
 
 from ._jit import CompileError, GpuUnavailableError
+from ._layout import LayoutName
+from ._spec import FormatName, ScaleName
 from .api import (
     PreparedQuantize,
     as_float8,
@@ -14,8 +16,11 @@ from .api import (
 
 __all__ = [
     "CompileError",
+    "FormatName",
     "GpuUnavailableError",
+    "LayoutName",
     "PreparedQuantize",
+    "ScaleName",
     "as_float8",
     "dequantize",
     "prepare",

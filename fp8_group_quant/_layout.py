@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
@@ -59,7 +60,12 @@ class ScaleLayout:
 
 
 TMA_ROW_ALIGN = 4  # a TMA box reads 16 bytes: four float32 or int32 scales
-ROW, COL, COL_TMA, PACKED, PACKED_ROW = "row", "col", "col_tma", "packed", "packed_row"
+LayoutName = Literal["row", "col", "col_tma", "packed", "packed_row"]  # a test keeps it = LAYOUTS
+ROW: LayoutName = "row"
+COL: LayoutName = "col"
+COL_TMA: LayoutName = "col_tma"
+PACKED: LayoutName = "packed"
+PACKED_ROW: LayoutName = "packed_row"
 SCALE_LAYOUTS = {
     layout.name: layout
     for layout in (

@@ -9,9 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import TYPE_CHECKING, Literal, Union
 
 import ml_dtypes
 import numpy as np
+
+if TYPE_CHECKING:
+    import torch
 
 GROUP_SIZES = (32, 64, 128, 256)
 DEFAULT_EPS = 1e-10
@@ -137,6 +141,14 @@ _FORMAT_NAMES = {
 }
 FORMATS_BY_DTYPE = {fmt.dtype_name: fmt for fmt in OUTPUT_FORMATS.values()}
 
+# the names of OUTPUT_FORMATS and their aliases, for type checkers (a test keeps them equal)
+FormatName = Literal[
+    "e4m3", "float8_e4m3fn", "fp8_e4m3", "e5m2", "float8_e5m2", "fp8_e5m2", "int8",
+    "e4m3fnuz", "float8_e4m3fnuz", "fp8_e4m3fnuz",
+]  # fmt: skip
+# ``dtype=`` takes a name or a numpy / ml_dtypes / torch dtype of one of the formats
+OutputDType = Union[FormatName, np.dtype, type, "torch.dtype"]
+
 
 def output_format(dtype) -> OutputFormat:
     """The format named by ``dtype``: a name, an alias, or a numpy / ml_dtypes / torch dtype."""
@@ -165,6 +177,7 @@ class ScaleFormat:
     kernel_trait: str  # the ScaleFormat code in kernels/common.cuh
 
 
+ScaleName = Literal["float32", "ue8m0"]  # the keys of SCALE_FORMATS (a test keeps them equal)
 SCALE_FORMATS = {
     s.name: s
     for s in (

@@ -9,6 +9,7 @@ import sys
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -34,9 +35,21 @@ from ._arrays import (
     to_cupy,
     torch_cpu_to_numpy,
 )
-from ._layout import PACKED
+from ._layout import PACKED, LayoutName
 from ._request import VECTOR_ALIGNMENT, Request, check_options, make_request
-from ._spec import DEFAULT_EPS, FORMATS_BY_DTYPE, INPUT_TYPES, OUTPUT_FORMATS, output_format
+from ._spec import (
+    DEFAULT_EPS,
+    FORMATS_BY_DTYPE,
+    INPUT_TYPES,
+    OUTPUT_FORMATS,
+    OutputDType,
+    ScaleName,
+    output_format,
+)
+
+Array = TypeVar(
+    "Array", bound=Any
+)  # numpy, cupy, torch (CPU or CUDA), JAX or numba: outputs match x
 
 __all__ = [
     "PreparedQuantize",
@@ -51,17 +64,17 @@ __all__ = [
 
 
 def quantize(
-    x,
+    x: Array,
     group_size: int = 128,
     *,
-    dtype="e4m3",
-    scale: str = "float32",
-    layout: str = "row",
+    dtype: OutputDType = "e4m3",
+    scale: ScaleName = "float32",
+    layout: LayoutName = "row",
     eps: float = DEFAULT_EPS,
     out=None,
     scale_out=None,
     pad_rows: bool = False,
-):
+) -> tuple[Array, Array]:
     """Quantize ``x`` per token in groups of ``group_size`` channels.
 
     For each group ``v`` of ``group_size`` consecutive values of a row:
@@ -461,9 +474,9 @@ def prepare(
     x,
     group_size: int = 128,
     *,
-    dtype="e4m3",
-    scale: str = "float32",
-    layout: str = "row",
+    dtype: OutputDType = "e4m3",
+    scale: ScaleName = "float32",
+    layout: LayoutName = "row",
     eps: float = DEFAULT_EPS,
     out=None,
     scale_out=None,
@@ -486,8 +499,13 @@ def prepare(
 
 
 def quantize_packed(
-    x, group_size: int = 128, eps: float = DEFAULT_EPS, out=None, scale_out=None, pad_rows=False
-):
+    x: Array,
+    group_size: int = 128,
+    eps: float = DEFAULT_EPS,
+    out=None,
+    scale_out=None,
+    pad_rows: bool = False,
+) -> tuple[Array, Array]:
     """FP8 e4m3 with UE8M0 scales packed four per int32 word, MN-major and TMA-aligned.
 
     The layout DeepGEMM's SM100 kernels read: ``scales`` int32 of shape ``[..., M, ceil(ng/4)]``
@@ -599,7 +617,7 @@ def _format_of(info: ArrayInfo, dtype) -> str:
     return FORMATS_BY_DTYPE[info.dtype].name
 
 
-def unpack_scales(packed, groups: int):
+def unpack_scales(packed: Array, groups: int) -> Array:
     """Packed UE8M0 words ``[..., kp]`` (int32) to float32 scales ``[..., groups]``.
 
     Byte ``g % 4`` of word ``g // 4`` is the biased exponent ``e`` of group ``g``; the scale is
@@ -618,12 +636,16 @@ def unpack_scales(packed, groups: int):
     if info.kind == TORCH:
         import torch
 
-        parts = [(packed >> (8 * j)) & 0xFF for j in range(4)]
-        exponents = torch.stack(parts, dim=-1).reshape(*info.shape[:-1], 4 * info.shape[-1])
-        exponents = exponents[..., :groups]
+        # byte g % 4 of word g // 4 (little-endian words): the bytes of a row-major copy
+        codes = packed.contiguous().view(torch.uint8)[..., :groups]
+        if hasattr(torch, "float8_e8m0fnu"):  # torch decodes UE8M0 itself (2.7 and later)
+            decoded: Any = codes.view(torch.float8_e8m0fnu).to(torch.float32)
+            return decoded.contiguous()
+        exponents = codes.to(torch.int32)  # pragma: no cover - older torch
         bits = torch.where(exponents == 0, 0x00400000, exponents << 23)
         bits = torch.where(exponents == 255, 0x7FC00000, bits)
-        return bits.to(torch.int32).contiguous().view(torch.float32)
+        decoded = bits.contiguous().view(torch.float32)
+        return decoded
     if info.kind == NUMPY:  # ml_dtypes decodes UE8M0 itself: 2**(e - 127), e = 255 NaN
         import ml_dtypes
 
@@ -641,7 +663,9 @@ def unpack_scales(packed, groups: int):
     return xp.ascontiguousarray(bits).view(xp.float32)
 
 
-def dequantize(q, scales, group_size: int = 128, dtype=None):
+def dequantize(
+    q: Array, scales: Array, group_size: int = 128, dtype: OutputDType | None = None
+) -> Array:
     """Float32 ``q_i * s_group`` with the shape of ``q``.
 
     ``scales`` is any layout ``quantize`` returns: float32 ``[..., ng]`` or packed int32
@@ -670,13 +694,12 @@ def dequantize(q, scales, group_size: int = 128, dtype=None):
     if q_info.kind == TORCH:
         import torch
 
-        codes = q.view(torch.uint8).to(torch.int64) if fmt_name != "int8" else None
-        if codes is None:
-            values = q.to(torch.float32)
+        if fmt_name == "int8":
+            decoded = q.to(torch.float32)
         else:
             table = torch.from_numpy(_decode_table(fmt_name)).to(q.device)
-            values = table[codes]
-        return values * scales.repeat_interleave(group_size, dim=-1)
+            decoded = table[q.view(torch.uint8).to(torch.int64)]
+        return decoded * scales.repeat_interleave(group_size, dim=-1)
     xp = _namespace(q_info)
     if fmt_name == "int8":
         values = q.astype(xp.float32)
@@ -704,7 +727,7 @@ def _check_packed_width(packed, info: ArrayInfo, groups: int, group_size: int) -
             )
 
 
-def as_float8(q, dtype="e4m3"):
+def as_float8(q, dtype: OutputDType = "e4m3"):
     """Reinterpret uint8 codes as a float8 dtype without copying.
 
     numpy: an ``ml_dtypes.float8_*`` view. torch: a ``torch.float8_*`` view. cupy has no float8

@@ -95,14 +95,20 @@ def sglang_per_token_group_quant_fp8(
     scale_ue8m0: bool = False,
     fuse_silu_and_mul: bool = False,
     masked_m=None,
+    *,
+    output_q=None,
+    output_s=None,
 ):
     """SGLang's ``sglang_per_token_group_quant_fp8``.
 
-    ``scale_ue8m0`` returns int32 packed UE8M0 scales ``[..., M, ceil(K/G/4)]`` with strides
-    ``(..., 1, align(M, 4))`` and needs ``column_major_scales`` and ``scale_tma_aligned``, as in
-    SGLang; otherwise float32 scales, row-major, column-major ``(1, M)`` or TMA-aligned
-    ``(1, align(M, 4))``. Fused SiLU-and-multiply and the masked MoE layout are not implemented
-    yet and raise NotImplementedError.
+    Scales as SGLang allocates them: float32 row-major ``[..., M, K/G]``, column-major
+    ``(1, M)`` or TMA-aligned ``(1, align(M, 4))`` (per batch for batched input). With
+    ``scale_ue8m0`` they are UE8M0: int32 words packed four exponents each,
+    ``[..., M, ceil(K/G/4)]`` with strides ``(..., 1, align(M, 4))``, when
+    ``column_major_scales`` and ``scale_tma_aligned`` are set; float32 powers of two row-major
+    when neither is (SGLang refuses column-major UE8M0 without TMA alignment, and so does this).
+    ``output_q`` / ``output_s`` receive the results in place. Fused SiLU-and-multiply and the
+    masked MoE layout are not implemented yet and raise NotImplementedError.
 
     Example: ``q, s = sglang_per_token_group_quant_fp8(x, 128, column_major_scales=True,
     scale_tma_aligned=True, scale_ue8m0=True)``.
@@ -111,14 +117,21 @@ def sglang_per_token_group_quant_fp8(
         raise NotImplementedError("fuse_silu_and_mul: the fused SiLU path is not implemented yet")
     if masked_m is not None:
         raise NotImplementedError("masked_m: the masked MoE layout is not implemented yet")
-    if scale_ue8m0:
-        if not (column_major_scales and scale_tma_aligned):
-            raise ValueError(
-                "scale_ue8m0: packed UE8M0 scales are column-major and TMA-aligned; pass "
-                "column_major_scales=True and scale_tma_aligned=True"
-            )
-        return quantize(x, group_size, dtype="e4m3", scale="ue8m0", layout=PACKED, eps=eps)
     layout = ROW
     if column_major_scales:
         layout = COL_TMA if scale_tma_aligned else COL
-    return quantize(x, group_size, dtype="e4m3", scale="float32", layout=layout, eps=eps)
+    if scale_ue8m0 and layout == COL:
+        raise ValueError(
+            "scale_ue8m0: column-major UE8M0 scales are packed and TMA-aligned; pass "
+            "scale_tma_aligned=True (or column_major_scales=False for float32 powers of two)"
+        )
+    return quantize(
+        x,
+        group_size,
+        dtype="e4m3",
+        scale="ue8m0" if scale_ue8m0 else "float32",
+        layout=PACKED if scale_ue8m0 and layout == COL_TMA else layout,
+        eps=eps,
+        out=output_q,
+        scale_out=output_s,
+    )

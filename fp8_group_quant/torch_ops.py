@@ -18,12 +18,14 @@ the lowest-overhead eager path, as the dispatcher adds its own cost per call.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from . import api
-from ._layout import Geometry, scale_layout
+from ._layout import Geometry, LayoutName, scale_layout
 from ._request import check_options
-from ._spec import DEFAULT_EPS
+from ._spec import DEFAULT_EPS, FormatName, ScaleName
 
 __all__ = ["quantize", "quantize_packed"]
 
@@ -40,9 +42,8 @@ def _quantize_op(
     eps: float,
     pad_rows: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    q, scales = api.quantize(
-        x, group_size, dtype=dtype, scale=scale, layout=layout, eps=eps, pad_rows=pad_rows
-    )
+    options: dict[str, Any] = dict(dtype=dtype, scale=scale, layout=layout)  # checked there
+    q, scales = api.quantize(x, group_size, eps=eps, pad_rows=pad_rows, **options)
     return q, scales
 
 
@@ -71,9 +72,9 @@ def quantize(
     x: torch.Tensor,
     group_size: int = 128,
     *,
-    dtype: str = "e4m3",
-    scale: str = "float32",
-    layout: str = "row",
+    dtype: FormatName = "e4m3",
+    scale: ScaleName = "float32",
+    layout: LayoutName = "row",
     eps: float = DEFAULT_EPS,
     pad_rows: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,5 +1,7 @@
 """Drop-in entry points: the shapes, dtypes and strides vLLM's and SGLang's functions return."""
 
+import inspect
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -12,6 +14,46 @@ from fp8_group_quant.compat import (
     sglang_per_token_group_quant_fp8,
 )
 
+EMPTY = inspect.Parameter.empty
+
+
+# Signatures taken from upstream's code: (function, source, parameters with defaults). vLLM 0.33.0
+# and SGLang 0.5.23, the wheels on PyPI; "file:line" is where the function is defined.
+UPSTREAM_SIGNATURES = [
+    (
+        per_token_group_quant_fp8,
+        "vllm/model_executor/layers/quantization/utils/fp8_utils.py:632",
+        [("x", EMPTY), ("group_size", EMPTY), ("eps", 1e-10), ("dtype", None),
+         ("column_major_scales", False), ("tma_aligned_scales", False), ("out_q", None),
+         ("use_ue8m0", None)],
+    ),
+    (
+        per_token_group_quant_fp8_packed_for_deepgemm,
+        "vllm/model_executor/layers/quantization/utils/fp8_utils.py:766",
+        [("x", EMPTY), ("group_size", EMPTY), ("eps", 1e-10), ("use_ue8m0", None),
+         ("out_q", None)],
+    ),
+    (
+        sglang_per_token_group_quant_fp8,
+        "sglang/kernels/ops/quantization/fp8_kernel.py:489",
+        [("x", EMPTY), ("group_size", EMPTY), ("eps", 1e-10), ("column_major_scales", False),
+         ("scale_tma_aligned", False), ("scale_ue8m0", False), ("fuse_silu_and_mul", False),
+         ("masked_m", None), ("output_q", None), ("output_s", None)],
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "function, source, expected", UPSTREAM_SIGNATURES, ids=lambda v: getattr(v, "__name__", "")
+)
+def test_the_signatures_are_upstreams(function, source, expected):
+    parameters = inspect.signature(function).parameters
+    got = [(name, p.default) for name, p in parameters.items()]
+    assert got == expected, source
+    if function is sglang_per_token_group_quant_fp8:  # SGLang's outputs are keyword-only
+        kinds = {name: p.kind for name, p in parameters.items()}
+        assert kinds["output_q"] == kinds["output_s"] == inspect.Parameter.KEYWORD_ONLY
+
 
 def elements(strides, itemsize=4):
     return tuple(s // itemsize for s in strides)
@@ -22,7 +64,8 @@ def x():
     return activations(np.random.default_rng(0), (5, 1024), "bfloat16", specials=True)
 
 
-# (keyword arguments, layout and scale they mean, expected scale strides for M = 5, ng = 8)
+# (keyword arguments, layout and scale they mean, expected scale strides for M = 5, ng = 8):
+# the scale allocation of vLLM 0.33.0, fp8_utils.py lines 680-701
 VLLM_CASES = [
     ({}, "row", "float32", (8, 1)),
     ({"column_major_scales": True}, "col", "float32", (1, 5)),
@@ -66,13 +109,12 @@ def test_vllm_dtype_and_out_q(x):
 
 
 # vLLM's per_token_group_quant_fp8_packed_for_deepgemm (vllm/model_executor/layers/quantization/
-# utils/fp8_utils.py): signature (x, group_size, eps=1e-10, use_ue8m0=None, out_q=None); x_q is
+# utils/fp8_utils.py:766 in 0.33.0; x_s at lines 806-811, x_q at 836): signature (x, group_size,
+# eps=1e-10, use_ue8m0=None, out_q=None); x_q is
 # x_q_local.view_as(x), the shape of x; x_s_packed is empty_strided((mn, ceil(ng/4)),
 # (1, align(mn, 4)), int32) with mn = x.numel() // K; use_ue8m0 None reads DeepGEMM's setting
 # and is then asserted true.
 def test_vllm_packed_for_deepgemm_matches_upstream_shapes():
-    import inspect
-
     parameters = inspect.signature(per_token_group_quant_fp8_packed_for_deepgemm).parameters
     assert [(n, p.default) for n, p in parameters.items()][2:] == [
         ("eps", 1e-10), ("use_ue8m0", None), ("out_q", None),
@@ -94,33 +136,54 @@ def test_vllm_packed_for_deepgemm_matches_upstream_shapes():
         per_token_group_quant_fp8_packed_for_deepgemm(x, 128, use_ue8m0=False)
 
 
+# SGLang 0.5.23, create_per_token_group_quant_fp8_output_scale (sglang/kernels/ops/quantization/
+# fp8_kernel.py:346): (keyword arguments, scale strides for M = 5 and 8 groups, dtype, layout,
+# scale) for every branch of the allocation
 SGLANG_CASES = [
-    ({}, (8, 1), np.float32, "row"),
-    ({"column_major_scales": True}, (1, 5), np.float32, "col"),
-    ({"column_major_scales": True, "scale_tma_aligned": True}, (1, 8), np.float32, "col_tma"),
-    (
-        {"column_major_scales": True, "scale_tma_aligned": True, "scale_ue8m0": True},
-        (1, 8),
-        np.int32,
-        "packed",
-    ),
-]  # fmt: skip  every branch of SGLang's scale allocation
+    ({}, (8, 1), np.float32, "row", "float32"),
+    ({"column_major_scales": True}, (1, 5), np.float32, "col", "float32"),
+    ({"column_major_scales": True, "scale_tma_aligned": True}, (1, 8), np.float32, "col_tma",
+     "float32"),
+    ({"scale_ue8m0": True}, (8, 1), np.float32, "row", "ue8m0"),  # float32 powers of two
+    ({"column_major_scales": True, "scale_tma_aligned": True, "scale_ue8m0": True}, (1, 8),
+     np.int32, "packed", "ue8m0"),
+]  # fmt: skip
 
 
-@pytest.mark.parametrize("kwargs, strides, dtype, layout", SGLANG_CASES)
-def test_sglang_per_token_group_quant_fp8(x, kwargs, strides, dtype, layout):
+@pytest.mark.parametrize("kwargs, strides, dtype, layout, scale", SGLANG_CASES)
+def test_sglang_per_token_group_quant_fp8(x, kwargs, strides, dtype, layout, scale):
     q, s = sglang_per_token_group_quant_fp8(x, 128, **kwargs)
-    assert q.dtype == ml_dtypes.float8_e4m3fn and s.dtype == dtype
+    assert q.dtype == ml_dtypes.float8_e4m3fn and q.shape == x.shape and s.dtype == dtype
     assert elements(s.strides) == strides
-    scale = "ue8m0" if dtype == np.int32 else "float32"
     q_ref, s_ref = fgq.quantize(x, 128, scale=scale, layout=layout)
     np.testing.assert_array_equal(np.asarray(q).view(np.uint8), np.asarray(q_ref).view(np.uint8))
     np.testing.assert_array_equal(s, s_ref)
-    if dtype == np.int32:
-        assert s.shape == (5, 2)
-        np.testing.assert_array_equal(s, fgq.quantize_packed(x)[1])
-    else:
-        assert s.shape == (5, 8)
+    assert s.shape == ((5, 2) if dtype == np.int32 else (5, 8))
+    if scale == "ue8m0" and dtype == np.float32:  # powers of two
+        assert (np.frexp(s)[0] == 0.5).all()
+
+
+def test_sglang_batched_scales_are_per_batch_and_outputs_in_place():
+    x = activations(np.random.default_rng(4), (3, 6, 1024), "bfloat16", specials=True)
+    # SGLang: empty((*batch, ceil(ng/4), align(M, 4))).transpose(-1, -2)[..., :M, :]
+    q, s = sglang_per_token_group_quant_fp8(
+        x, 128, column_major_scales=True, scale_tma_aligned=True, scale_ue8m0=True
+    )
+    assert s.shape == (3, 6, 2) and elements(s.strides) == (2 * 8, 1, 8)
+    # float32 TMA-aligned: empty((*batch, ng, align(M, 4))).transpose(-1, -2)[..., :M, :]
+    _, s2 = sglang_per_token_group_quant_fp8(x, 128, column_major_scales=True,
+                                             scale_tma_aligned=True)  # fmt: skip
+    assert s2.shape == (3, 6, 8) and elements(s2.strides) == (8 * 8, 1, 8)
+    q_out = np.full(x.shape, 0x55, np.uint8).view(ml_dtypes.float8_e4m3fn)
+    s_out = np.full((3, 6, 8), np.nan, np.float32)
+    q3, s3 = sglang_per_token_group_quant_fp8(x, 128, output_q=q_out, output_s=s_out)
+    assert q3 is q_out and s3 is s_out
+    q_ref, s_ref = fgq.quantize(x, 128)
+    np.testing.assert_array_equal(q_out.view(np.uint8), np.asarray(q_ref).view(np.uint8))
+    np.testing.assert_array_equal(s_out, s_ref)
+    q_packed, s_packed = fgq.quantize(x, 128, scale="ue8m0", layout="packed")
+    np.testing.assert_array_equal(np.asarray(q).view(np.uint8), q_packed.view(np.uint8))
+    np.testing.assert_array_equal(s, s_packed)
 
 
 @pytest.mark.parametrize(
@@ -128,10 +191,9 @@ def test_sglang_per_token_group_quant_fp8(x, kwargs, strides, dtype, layout):
     [
         ({"fuse_silu_and_mul": True}, NotImplementedError, "fuse_silu_and_mul"),
         ({"masked_m": np.array([3], np.int32)}, NotImplementedError, "masked_m"),
-        ({"scale_ue8m0": True}, ValueError, "scale_ue8m0: packed UE8M0"),
         ({"scale_ue8m0": True, "column_major_scales": True}, ValueError, "scale_tma_aligned=True"),
     ],
-)  # the two pending features, and SGLang's own precondition for packed scales
+)  # the two pending features, and SGLang's own precondition for column-major UE8M0
 def test_sglang_rejections(x, kwargs, error, message):
     with pytest.raises(error, match=message):
         sglang_per_token_group_quant_fp8(x, 128, **kwargs)

@@ -213,6 +213,22 @@ SHAPES = [
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("input_dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("lib", ["cupy", "torch"])
+def test_unpack_scales_on_device_decodes_every_exponent(lib):
+    # all 256 exponent bytes in MN-major packed words (the packed layout's strides), on device
+    words = np.zeros((3, 64), np.uint32)
+    words.view(np.uint8)[...] = np.arange(256 * 3, dtype=np.uint32).reshape(3, 256) % 256
+    words = words.view(np.int32)
+    device = to_device(np.ascontiguousarray(words.T), lib).T  # strides (1, 3)
+    for groups in (256, 253):
+        got = fgq.unpack_scales(device, groups)
+        host = got.get() if lib == "cupy" else got.cpu().numpy()
+        expected = fgq.unpack_scales(words, groups)  # numpy: ml_dtypes' float8_e8m0fnu
+        assert host.shape == (3, groups) and host.dtype == np.float32
+        np.testing.assert_array_equal(host, expected)
+        assert np.isnan(host[:, 255:]).all() and (host[:, :255] > 0).all()
+
+
+@pytest.mark.parametrize("lib", ["cupy", "torch"])
 def test_quantize_packed_shapes(shape, input_dtype, lib):
     rng = np.random.default_rng(list(shape))
     x = activations(rng, shape, input_dtype, specials=True)

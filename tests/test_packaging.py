@@ -1,6 +1,7 @@
 """Packaging facts a user relies on: one version, the license shipped, no development logs."""
 
 import importlib.metadata
+import inspect
 import pathlib
 import re
 
@@ -48,3 +49,18 @@ def test_every_optional_tool_has_an_extra():
     extras = _pyproject()["project"]["optional-dependencies"]
     assert any(d.startswith("matplotlib") for d in extras["plot"])
     assert any(d.startswith("hypothesis") for d in extras["test"])
+
+
+def test_the_option_types_name_every_registered_option():
+    # the Literal types users' type checkers see, against the registries the checks read
+    from typing import get_args
+
+    from fp8_group_quant import _layout, _spec
+
+    assert set(get_args(fp8_group_quant.FormatName)) == set(_spec._FORMAT_NAMES)
+    assert set(get_args(fp8_group_quant.ScaleName)) == set(_spec.SCALE_FORMATS)
+    assert set(get_args(fp8_group_quant.LayoutName)) == set(_layout.LAYOUTS)
+    signature = inspect.signature(fp8_group_quant.quantize)  # annotations stay strings
+    assert signature.parameters["layout"].annotation == "LayoutName"
+    assert signature.parameters["scale"].annotation == "ScaleName"
+    assert signature.return_annotation == "tuple[Array, Array]"
