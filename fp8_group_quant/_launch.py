@@ -13,7 +13,14 @@ from functools import cache
 
 from . import _jit
 from ._layout import SCALE_LAYOUTS, Geometry
-from ._spec import GROUP_SIZES, INPUT_TYPES, OUTPUT_FORMATS, SCALE_FORMATS, UE8M0_FLOOR
+from ._spec import (
+    GROUP_SIZES,
+    INPUT_MODES,
+    INPUT_TYPES,
+    OUTPUT_FORMATS,
+    SCALE_FORMATS,
+    UE8M0_FLOOR,
+)
 
 SOURCE = "quantize.cu"
 WARP = 32
@@ -96,6 +103,7 @@ class KernelKey:
     layout_trait: str  # a ScaleLayout.kernel_trait: the address function
     vec16: bool  # input base and strides 16-byte aligned: vector loads
     one_pass: bool = False  # one tile per block, no loop (small grids)
+    activation: str | None = None  # a key of _spec.INPUT_MODES: how x becomes the values
 
     @property
     def lanes_per_group(self) -> int:
@@ -107,7 +115,8 @@ class KernelKey:
             f"fgq::quantize_groups<{INPUT_TYPES[self.input_dtype].kernel_trait}, "
             f"{self.group_size}, {OUTPUT_FORMATS[self.output].kernel_trait}, "
             f"{SCALE_FORMATS[self.scale].kernel_trait}, {self.layout_trait}, "
-            f"{'true' if self.vec16 else 'false'}, {'true' if self.one_pass else 'false'}>"
+            f"{'true' if self.vec16 else 'false'}, {'true' if self.one_pass else 'false'}, "
+            f"{INPUT_MODES[self.activation].kernel_trait}>"
         )
 
 
@@ -116,16 +125,19 @@ def all_kernel_keys() -> list[KernelKey]:
     traits = {}  # the layouts' address functions, each with whether it needs UE8M0
     for layout in SCALE_LAYOUTS.values():
         traits[layout.kernel_trait] = layout.needs_ue8m0
+    # NOTES: the fused modes need aligned input (make_request refuses the rest) and run one
+    # pass at every size (prepare), so they add one instantiation per combination, not four
     return [
-        KernelKey(i, g, o, s, trait, v, one_pass)
+        KernelKey(i, g, o, s, trait, v, one_pass, activation)
         for i in INPUT_TYPES
         for g in GROUP_SIZES
         for o in OUTPUT_FORMATS
         for s, scale in SCALE_FORMATS.items()
         for trait, needs_ue8m0 in traits.items()
         if scale.power_of_two or not needs_ue8m0
-        for v in (True, False)
-        for one_pass in (True, False)
+        for activation in INPUT_MODES
+        for v in ((True, False) if activation is None else (True,))
+        for one_pass in ((True, False) if activation is None else (True,))
     ]
 
 
@@ -210,9 +222,14 @@ def one_pass_wave_limit(blocks_per_sm: int, threads: int) -> float:
     return math.inf if blocks_per_sm * threads >= 6 * max_threads_per_block() else 16.0
 
 
-def grid_limits_error(geometry: Geometry, itemsize: int) -> str | None:
+def grid_limits_error(geometry: Geometry, itemsize: int, activation=None) -> str | None:
     """Why ``geometry`` cannot be launched with ``itemsize``-byte input, or None."""
     total_rows = geometry.batches * geometry.grid_rows
+    if activation is not None:  # one pass only: every group slot numbered in 31 bits
+        lanes = geometry.group_size * itemsize // lane_bytes()
+        slots = one_pass_slots(geometry, tile_rows(geometry.layout, lanes))
+        if slots >= 2**31:
+            return f"x: activation={activation!r} takes at most 2**31 - 1 groups, got {slots}"
     if total_rows >= 2**31:
         return f"x: {total_rows} rows (batches included) exceed the 2**31 - 1 the kernel indexes"
     if geometry.batches > MAX_GRID_Z and total_rows > MAX_GRID_X:
@@ -398,6 +415,7 @@ def make_params(request, **pointers) -> ctypes.Structure:
         inverse_fmax=fmt.inverse_fmax,
         ue8m0_floor=UE8M0_FLOOR,
         nonfinite_codes=fmt.nonfinite_word,
+        x_up_offset=request.x_up_offset,
         **pointers,
     )
 
@@ -431,9 +449,11 @@ def prepare(request, device: int) -> Launch:
         flat_threads = one_pass_threads(slots, lanes)
         handle, per_sm, sms = loaded(one_pass=True, threads=flat_threads)
         flat_blocks = -(-slots * lanes // flat_threads)
-        if flat_blocks <= one_pass_wave_limit(per_sm, flat_threads) * per_sm * sms:
+        limit = one_pass_wave_limit(per_sm, flat_threads) if key.activation is None else math.inf
+        if flat_blocks <= limit * per_sm * sms:
             grid, block = (flat_blocks, 1, 1), (flat_threads, 1, 1)
             return Launch(handle, grid, block, make_params(request), pdl_supported(device))
+    assert key.activation is None, "make_request refuses fused grids past 2**31 slots"
     handle, per_sm, sms = loaded(one_pass=False, threads=threads)
     row_blocks = min(tiles, MAX_GRID_X)
     waves = waves_for(per_sm)

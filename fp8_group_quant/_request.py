@@ -16,17 +16,18 @@ from ._launch import KernelKey, grid_limits_error
 from ._layout import Geometry, ScaleLayout, row_strides, scale_layout
 from ._spec import (
     INPUT_TYPES,
+    InputMode,
     OutputFormat,
     ScaleFormat,
     check_eps,
     check_flag,
     check_group_size,
+    input_mode,
     output_format,
     scale_format,
 )
 
 VECTOR_ALIGNMENT = 16  # bytes: the kernel's vector loads and q's 16-byte stores
-MODES = ("quantize",)  # input modes: how the kernel reads a group's values from x
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,7 @@ class Request:
     fmt: OutputFormat
     scale: ScaleFormat
     layout: ScaleLayout
-    mode: str
+    mode: InputMode
     group_size: int
     eps: float
     pad_rows: bool
@@ -59,16 +60,24 @@ class Request:
             self.scale.name,
             self.layout.kernel_trait,
             self.x_aligned,
+            activation=self.mode.name,
         )
 
+    @property
+    def x_up_offset(self) -> int:
+        """Elements from a gate value to its up value (SiLU-and-multiply), else 0."""
+        return self.output.k if self.mode.width_factor == 2 else 0
 
-def output_shape(mode: str, input_shape: tuple[int, ...]) -> tuple[int, ...]:
+
+def output_shape(mode: InputMode, input_shape: tuple[int, ...]) -> tuple[int, ...]:
     """The shape of q for an input of ``input_shape`` in ``mode``."""
-    return tuple(input_shape)
+    if not input_shape:
+        return tuple(input_shape)
+    return (*input_shape[:-1], input_shape[-1] // mode.width_factor)
 
 
-def check_options(group_size, dtype, scale, layout, eps, pad_rows, mode="quantize"):
-    """(group size, format, scale format, layout, eps, pad_rows, mode), each checked."""
+def check_options(group_size, dtype, scale, layout, eps, pad_rows, activation=None):
+    """(group size, format, scale format, layout, eps, pad_rows, input mode), each checked."""
     group_size = check_group_size(group_size)
     fmt = output_format(dtype)
     scale = scale_format(scale)
@@ -80,26 +89,31 @@ def check_options(group_size, dtype, scale, layout, eps, pad_rows, mode="quantiz
         )
     eps = check_eps(eps)
     pad_rows = check_flag(pad_rows, "pad_rows")
-    if mode not in MODES:
-        raise ValueError(f"mode: expected one of {', '.join(MODES)}, got {mode!r}")
+    mode = input_mode(activation)
     return group_size, fmt, scale, layout, eps, pad_rows, mode
 
 
 def make_request(
-    info: ArrayInfo, group_size, dtype, scale, layout, eps, pad_rows, mode="quantize"
+    info: ArrayInfo, group_size, dtype, scale, layout, eps, pad_rows, activation=None
 ) -> Request:
     """Check every argument of a call on ``info`` (the input) and return its Request.
 
     Raises TypeError or ValueError naming the argument; nothing has been launched or written.
     """
     group_size, fmt, scale, layout, eps, pad_rows, mode = check_options(
-        group_size, dtype, scale, layout, eps, pad_rows, mode
+        group_size, dtype, scale, layout, eps, pad_rows, activation
     )
     if info.dtype not in INPUT_TYPES:
         raise TypeError(f"x: expected {', '.join(INPUT_TYPES)}, got {info.dtype}")
     if len(info.shape) == 0:
         raise ValueError("x: expected at least one dimension [..., K], got a scalar")
     k = info.shape[-1]
+    if mode.width_factor == 2 and k % (2 * group_size):
+        raise ValueError(
+            f"x: activation={mode.name!r} reads gate and up halves [..., 2N] with N a multiple "
+            f"of group_size={group_size}; the last dimension {k} is not a multiple of "
+            f"{2 * group_size}"
+        )
     if k % group_size:
         raise ValueError(
             f"x: the last dimension K={k} is not a multiple of group_size={group_size}"
@@ -127,9 +141,15 @@ def make_request(
         and (geometry.batches <= 1 or batch_stride * info.itemsize % VECTOR_ALIGNMENT == 0)
     )
     if info.kind != NUMPY and not empty:
-        error = grid_limits_error(geometry, info.itemsize)
+        error = grid_limits_error(geometry, info.itemsize, mode.name)
         if error:
             raise ValueError(error)
+        if mode.name is not None and not aligned:
+            raise ValueError(
+                f"x: activation={mode.name!r} needs a 16-byte aligned input (base, row and "
+                f"batch strides); got address {info.ptr:#x}, strides {tuple(info.strides)} "
+                f"({info.itemsize}-byte elements): pass a contiguous copy"
+            )
     return Request(
         info.dtype, shape, batch_stride, row_stride, aligned, fmt, scale, layout, mode,
         group_size, eps, pad_rows,

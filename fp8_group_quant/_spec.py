@@ -187,6 +187,36 @@ SCALE_FORMATS = {
 }
 
 
+@dataclass(frozen=True)
+class InputMode:
+    """How the kernel turns the bytes of x into the values it quantizes."""
+
+    name: str | None  # the quantize(activation=...) value, None for plain input
+    kernel_trait: str  # the Activation code in kernels/activation.cuh
+    width_factor: int  # input columns per output column
+    notes: str = ""
+
+
+ActivationName = Literal["silu_mul"]  # the named keys of INPUT_MODES (a test keeps them equal)
+INPUT_MODES = {
+    m.name: m
+    for m in (
+        InputMode(None, "fgq::kIdentity", 1),
+        InputMode("silu_mul", "fgq::kSiluMul", 2,
+                  "x [..., 2N] holds gate then up; q is [..., N] (docs/spec.md, section 5)"),
+    )
+}  # fmt: skip
+
+
+def input_mode(activation) -> InputMode:
+    if activation is not None and (
+        not isinstance(activation, str) or activation not in INPUT_MODES
+    ):
+        named = ", ".join(repr(m) for m in INPUT_MODES if m is not None)
+        raise ValueError(f"activation: expected None or one of {named}, got {activation!r}")
+    return INPUT_MODES[activation]
+
+
 def scale_format(scale) -> ScaleFormat:
     if isinstance(scale, ScaleFormat):
         return scale

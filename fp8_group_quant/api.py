@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from . import _jit, _launch, reference
+from . import activation as _activation
 from ._arrays import (
     CUPY,
     JAX,
@@ -42,6 +43,7 @@ from ._spec import (
     FORMATS_BY_DTYPE,
     INPUT_TYPES,
     OUTPUT_FORMATS,
+    ActivationName,
     OutputDType,
     ScaleName,
     output_format,
@@ -74,6 +76,7 @@ def quantize(
     out=None,
     scale_out=None,
     pad_rows: bool = False,
+    activation: ActivationName | None = None,
 ) -> tuple[Array, Array]:
     """Quantize ``x`` per token in groups of ``group_size`` channels.
 
@@ -116,6 +119,11 @@ def quantize(
         allocation that holds the padded storage.
     pad_rows : bool
         Back ``q`` with ``align(M, 4)`` rows per batch, the extra rows written as zeros.
+    activation : {None, "silu_mul"}
+        ``"silu_mul"``: ``x`` is ``[..., 2N]``, gate then up, and the values quantized are
+        ``round(round(silu(gate)) * up)`` in x's dtype (the engines' ``silu_and_mul`` output,
+        defined op by op in ``fp8_group_quant.activation``); ``q`` is ``[..., N]``. Each input
+        byte is read once; ``x`` must be 16-byte aligned on the GPU.
 
     Returns
     -------
@@ -124,19 +132,20 @@ def quantize(
         cupy: ``uint8`` holding the float8 bytes (see ``as_float8``) / ``int8``.
     scales : array of ``x``'s library, shape ``x.shape[:-1] + (ng or kp,)``, strides as above.
     """
+    options = (group_size, dtype, scale, layout, eps, pad_rows, activation)
     signature = device_signature(x)
     if signature is not None:
-        plan = _PLANS.get((*signature[:-1], group_size, dtype, scale, layout, eps, pad_rows))
+        plan = _PLANS.get(
+            (*signature[:-1], group_size, dtype, scale, layout, eps, pad_rows, activation)
+        )
         if plan is not None:
             return plan.run(signature[-1], out, scale_out)
-        return _quantize_new(x, group_size, dtype, scale, layout, eps, out, scale_out, pad_rows)
+        return _quantize_new(x, options, out, scale_out)
     if is_torch_cpu(x):  # the NumPy backend on zero-copy numpy views, back as torch tensors
-        return _quantize_torch_cpu(
-            x, group_size, dtype, scale, layout, eps, out, scale_out, pad_rows
-        )
+        return _quantize_torch_cpu(x, options, out, scale_out)
     library = foreign_library(x)
     if library is None:  # numpy, or something we cannot read: describe() names it
-        return _quantize_new(x, group_size, dtype, scale, layout, eps, out, scale_out, pad_rows)
+        return _quantize_new(x, options, out, scale_out)
     # JAX, numba, DLPack: converted up front to zero-copy cupy views, and back at the end
     if library == JAX and (out is not None or scale_out is not None):
         raise TypeError("out: JAX arrays are immutable; call without out= / scale_out=")
@@ -146,16 +155,15 @@ def quantize(
     fmt = output_format(dtype)
     x_view = to_cupy(x)
     q, scales = _quantize_new(
-        x_view, group_size, dtype, scale, layout, eps,
-        None if out is None else to_cupy(out, "out"),
-        None if scale_out is None else to_cupy(scale_out, "scale_out"), pad_rows,
+        x_view, options, None if out is None else to_cupy(out, "out"),
+        None if scale_out is None else to_cupy(scale_out, "scale_out"),
     )  # fmt: skip
     q = out if out is not None else from_cupy(q, library, fmt.dtype_name if fmt.is_float8 else None)
     scales = scale_out if scale_out is not None else from_cupy(scales, library, None)
     return q, scales
 
 
-def _quantize_torch_cpu(x, group_size, dtype, scale, layout, eps, out, scale_out, pad_rows):
+def _quantize_torch_cpu(x, options: tuple, out, scale_out):
     """A torch CPU tensor through the NumPy backend: numpy views of the same memory in, torch
     views of the results out (the caller's own tensors when given)."""
     for given, name in ((out, "out"), (scale_out, "scale_out")):
@@ -164,9 +172,9 @@ def _quantize_torch_cpu(x, group_size, dtype, scale, layout, eps, out, scale_out
                 f"{name}: expected a torch CPU tensor like x, got {type(given).__name__}"
             )
     q, scales = _quantize_new(
-        torch_cpu_to_numpy(x, "x"), group_size, dtype, scale, layout, eps,
+        torch_cpu_to_numpy(x, "x"), options,
         None if out is None else torch_cpu_to_numpy(out, "out"),
-        None if scale_out is None else torch_cpu_to_numpy(scale_out, "scale_out"), pad_rows,
+        None if scale_out is None else torch_cpu_to_numpy(scale_out, "scale_out"),
     )  # fmt: skip
     return (
         out if out is not None else numpy_to_torch_cpu(q),
@@ -174,14 +182,14 @@ def _quantize_torch_cpu(x, group_size, dtype, scale, layout, eps, out, scale_out
     )
 
 
-def _quantize_new(x, group_size, dtype, scale, layout, eps, out, scale_out, pad_rows):
+def _quantize_new(x, options: tuple, out, scale_out):
     """A call of a kind not seen before: validate into a Request, then run (and remember the
-    plan of a GPU call)."""
+    plan of a GPU call). ``options``: quantize's, from group_size to activation."""
     info = describe(x, "x")
-    request = make_request(info, group_size, dtype, scale, layout, eps, pad_rows)
+    request = make_request(info, *options)
     if info.kind == NUMPY:
         return _quantize_host(x, info, request, out, scale_out)
-    plan = _plan(info, request, (group_size, dtype, scale, layout, eps, pad_rows))
+    plan = _plan(info, request, options)
     return plan.run(info.ptr, out, scale_out)
 
 
@@ -192,8 +200,12 @@ def _quantize_host(x, info: ArrayInfo, request: Request, out, scale_out):
     _check_disjoint(info, info.ptr, (("out", q_info, q_spec), ("scale_out", s_info, scale_spec)))
     geometry = request.output
     if not geometry.empty:
+        values = x
+        if request.mode.name == "silu_mul":  # the fused input's values (activation.py)
+            n = geometry.k
+            values = _activation.silu_mul(x[..., :n], x[..., n:], request.input_dtype)
         reference.quantize_into(
-            x,
+            values,
             geometry,
             request.fmt,
             request.scale,
@@ -481,6 +493,7 @@ def prepare(
     out=None,
     scale_out=None,
     pad_rows: bool = False,
+    activation: ActivationName | None = None,
 ) -> PreparedQuantize:
     """Validate once and return a callable that quantizes arrays laid out like ``x``.
 
@@ -492,8 +505,9 @@ def prepare(
     if signature is None:
         raise TypeError(f"x: prepare needs a cupy array or torch CUDA tensor, got {type(x)}")
     info = describe(x, "x")
-    request = make_request(info, group_size, dtype, scale, layout, eps, pad_rows)
-    plan = _plan(info, request, (group_size, dtype, scale, layout, eps, pad_rows))
+    options = (group_size, dtype, scale, layout, eps, pad_rows, activation)
+    request = make_request(info, *options)
+    plan = _plan(info, request, options)
     q, scales = plan.run(info.ptr, out, scale_out)
     return PreparedQuantize(plan, signature[:-1], q, scales)
 
@@ -553,18 +567,25 @@ def warmup(device: int | None = None, variants=None) -> list[str]:
 
 def _warmup_keys(options: dict) -> list[_launch.KernelKey]:
     input_dtype = options.pop("input_dtype", "bfloat16")
-    unknown = set(options) - {"group_size", "dtype", "scale", "layout", "eps", "pad_rows"}
+    unknown = set(options) - {
+        "group_size", "dtype", "scale", "layout", "eps", "pad_rows", "activation"
+    }  # fmt: skip
     if unknown:
         raise TypeError(f"variants: unknown option(s) {', '.join(sorted(unknown))}")
-    group_size, fmt, scale, layout, *_ = check_options(
+    group_size, fmt, scale, layout, _, _, mode = check_options(
         options.get("group_size", 128), options.get("dtype", "e4m3"),
         options.get("scale", "float32"), options.get("layout", "row"),
         options.get("eps", DEFAULT_EPS), options.get("pad_rows", False),
+        options.get("activation"),
     )  # fmt: skip
     if input_dtype not in INPUT_TYPES:
         raise ValueError(f"variants: input_dtype must be one of {', '.join(INPUT_TYPES)}")
     trait = layout.kernel_trait
-    key = _launch.KernelKey(input_dtype, group_size, fmt.name, scale.name, trait, vec16=True)
+    key = _launch.KernelKey(
+        input_dtype, group_size, fmt.name, scale.name, trait, vec16=True, activation=mode.name
+    )
+    if mode.name is not None:  # the fused modes have the one-pass kernel only
+        return [dataclasses.replace(key, one_pass=True)]
     return [dataclasses.replace(key, one_pass=one_pass) for one_pass in (True, False)]  # both paths
 
 

@@ -37,6 +37,7 @@ struct Params {
   float inverse_fmax;   // RN(1 / fmax)
   float ue8m0_floor;    // floor of amax / fmax before the power-of-two ceiling
   u32 nonfinite_codes;  // codes of +NaN, -NaN, +Inf, -Inf, one byte each from the lowest
+  i64 x_up_offset;      // fused SiLU-and-multiply: elements from a gate value to its up value
 };
 
 }  // namespace fgq

@@ -20,6 +20,7 @@
 // Rows in [rows, grid_rows) of each batch are padding rows: the kernel writes zeros there (to q
 // below q_rows, to the scales below scale_rows), so callers may allocate with empty and no memset
 // is launched. The one-pass path has no slots for them: the last real row's slots write them.
+#include "activation.cuh"
 #include "common.cuh"
 #include "layouts.cuh"
 #include "params.cuh"
@@ -32,9 +33,12 @@ constexpr int kMaxThreads = 256;  // _launch.py reads this line
 // spill and keep six blocks; int8 output, exact float scales, float32 input and the element-wise
 // load fallback need up to 48 and spilled 4 to 56 bytes at 40 (ptxas -v), so they take five: no
 // instantiation spills (tests/test_compile.py checks it for sm_90).
-template <int kIn, int kOut, int kScale, bool kVec16>
+template <int kIn, int kOut, int kScale, bool kVec16, int kAct>
 constexpr int min_blocks_per_sm() {
-  return (kIn == kF32 || !Output<kOut>::kLean || kScale == kFloat32Scale || !kVec16) ? 5 : 6;
+  return (kIn == kF32 || !Output<kOut>::kLean || kScale == kFloat32Scale || !kVec16 ||
+          kAct != kIdentity)
+             ? 5
+             : 6;
 }
 
 // load one lane's 32 bytes ------------------------------------------------------------------------
@@ -56,6 +60,19 @@ __device__ __forceinline__ void load_lane(const void* src, u32 (&words)[kLaneWor
         words[i] = static_cast<u32>(__ldg(h)) | (static_cast<u32>(__ldg(h + 1)) << 16);
       }
     }
+  }
+}
+
+// one lane's values of a group: its 32 bytes of x, or with kSiluMul the SiLU-and-multiply of
+// its gate bytes and the up bytes x_up_offset elements further
+template <int kIn, bool kVec16, int kAct>
+__device__ __forceinline__ void load_values(const Params& p, const typename Input<kIn>::Storage* src,
+                                            const ExpTable& table, u32 (&words)[kLaneWords]) {
+  load_lane<kIn, kVec16>(src, words);
+  if constexpr (kAct == kSiluMul) {
+    u32 up[kLaneWords];
+    load_lane<kIn, kVec16>(src + p.x_up_offset, up);
+    silu_mul_lane<kIn>(words, up, table);
   }
 }
 
@@ -170,8 +187,10 @@ __device__ __forceinline__ void quantize_group(const Params& p, const u32 (&word
   if (store_scale) ScaleLayout<kLayout>::store(p, batch, row, group, scale, exponent, real_row);
 }
 
-template <int kIn, int kGroup, int kOut, int kScale, int kLayout, bool kVec16, bool kOnePass>
-__global__ void __launch_bounds__(kMaxThreads, (min_blocks_per_sm<kIn, kOut, kScale, kVec16>()))
+template <int kIn, int kGroup, int kOut, int kScale, int kLayout, bool kVec16, bool kOnePass,
+          int kAct>
+__global__ void __launch_bounds__(kMaxThreads,
+                                  (min_blocks_per_sm<kIn, kOut, kScale, kVec16, kAct>()))
     quantize_groups(const __grid_constant__ Params p) {
   typedef Input<kIn> In;
   typedef typename In::Storage Storage;
@@ -183,6 +202,8 @@ __global__ void __launch_bounds__(kMaxThreads, (min_blocks_per_sm<kIn, kOut, kSc
 
   const int lane = threadIdx.x % kLanes;
   const int tile_rows_log2 = p.tile_rows_log2;
+  __shared__ ExpTable table;  // used by kSiluMul only
+  if constexpr (kAct == kSiluMul) table.fill();  // before any thread returns
 
   if constexpr (kOnePass) {
     // NOTES: one group per lane set and no loop, for grids of a few waves. The slots of the
@@ -209,9 +230,9 @@ __global__ void __launch_bounds__(kMaxThreads, (min_blocks_per_sm<kIn, kOut, kSc
     // previous kernel may also still read q and the scales); once our loads are issued the
     // next kernel may start its prologue
     wait_for_producer();
-    load_lane<kIn, kVec16>(static_cast<const Storage*>(p.x) + batch * p.x_batch_stride +
-                               read_row * p.x_row_stride + value0,
-                           words);
+    load_values<kIn, kVec16, kAct>(
+        p, static_cast<const Storage*>(p.x) + batch * p.x_batch_stride + read_row * p.x_row_stride +
+               value0, table, words);
     signal_dependents();
     const i64 k = static_cast<i64>(p.groups_per_row) * kGroup;
     u8* q_batch = p.q + batch * p.q_batch_stride + value0;
@@ -255,7 +276,8 @@ __global__ void __launch_bounds__(kMaxThreads, (min_blocks_per_sm<kIn, kOut, kSc
   // a padding row reads nothing and quantizes zeros
   auto load_row = [&](u32 batch, u32 row, u32(&words)[kLaneWords]) {
     if (row < rows) {
-      load_lane<kIn, kVec16>(x_lane + batch * p.x_batch_stride + row * p.x_row_stride, words);
+      load_values<kIn, kVec16, kAct>(p, x_lane + batch * p.x_batch_stride + row * p.x_row_stride,
+                                     table, words);
     } else {
 #pragma unroll
       for (int i = 0; i < kLaneWords; ++i) words[i] = 0u;

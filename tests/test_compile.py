@@ -12,9 +12,9 @@ nvrtc = pytest.importorskip("cupy_backends.cuda.libs.nvrtc", reason="CuPy is not
 @pytest.mark.parametrize("arch", ARCHS)
 def test_every_instantiation_compiles(arch):
     keys = _launch.all_kernel_keys()
-    # inputs x group sizes x formats x (float scales, ue8m0 in float words, packed) x alignment
-    # x offset width
-    assert len(keys) == 3 * 4 * 4 * 3 * 2 * 2
+    # inputs x group sizes x formats x (float scales, ue8m0 in float words, packed), each with
+    # plain input (x alignment x the two paths) and SiLU-and-multiply (aligned, one pass)
+    assert len(keys) == 3 * 4 * 4 * 3 * (2 * 2 + 1)
     report = []
     lowered = _jit.compile_offline(_launch.SOURCE, [k.name_expression for k in keys], arch, report)
     assert len(set(lowered.values())) == len(keys)  # one distinct kernel per key

@@ -5,7 +5,7 @@ import os
 
 import numpy as np
 import pytest
-from helpers import activations, assert_same_bytes, reference_storage
+from helpers import NP_INPUT, activations, assert_same_bytes, reference_storage
 
 import fp8_group_quant as fgq
 from fp8_group_quant import _jit, _launch
@@ -735,3 +735,91 @@ def test_extreme_sizes_sampled_rows_and_full_padding(m, k):
     s_words = s_buf.reshape(geometry.scale_columns, tma)
     assert bool((s_words[:, m:] == 0).all())
     assert not bool((s_words[:, :m] == 0x7F7F7F7F).any())  # every real word written
+
+
+# the fused SiLU-and-multiply input (issue 13) -----------------------------------------------------
+
+
+def check_silu_mul(x_host, x_device, lib, group_size, dtype, scale, layout, pad_rows=False):
+    """The fused kernel into poisoned outputs against the NumPy backend's fused path, every
+    storage byte; and against quantizing the NumPy SiLU-and-multiply values on their own."""
+    from fp8_group_quant.activation import silu_mul
+
+    n = x_host.shape[-1] // 2
+    geometry = Geometry((*x_host.shape[:-1], n), group_size, layout, pad_rows)
+    q, s, q_buf, s_buf = poisoned_outputs(geometry, lib, dtype)
+    options = dict(dtype=dtype, scale=scale, layout=layout, pad_rows=pad_rows)
+    q_got, s_got = fgq.quantize(
+        x_device, group_size, **options, out=q, scale_out=s, activation="silu_mul"
+    )
+    assert q_got is q and s_got is s
+    values = silu_mul(x_host[..., :n], x_host[..., n:], x_host.dtype.name)
+    q_ref, s_ref = reference_storage(values, geometry, dtype, scale, 1e-10)
+    what = f"silu_mul {lib} {x_host.dtype} G={group_size} {dtype} {scale} {layout} {x_host.shape}"
+    assert_same_bytes(to_host_bytes(q_buf), q_ref, f"q ({what})", inputs=values)
+    assert_same_bytes(to_host_bytes(s_buf), s_ref, f"scales ({what})")
+    q_host, s_host = fgq.quantize(x_host, group_size, **options, activation="silu_mul")
+    q2, s2 = fgq.quantize(x_device, group_size, **options, activation="silu_mul")
+    assert tuple(q2.shape) == geometry.shape == q_host.shape
+    assert_same_bytes(to_host_bytes(q2), np.ascontiguousarray(q_host).view(np.uint8).ravel(),
+                      f"q, allocated ({what})")  # fmt: skip
+    assert_same_bytes(to_host_bytes(s2), to_host_bytes(s), f"scales, allocated ({what})")
+
+
+def gates_and_ups(rng, shape, input_dtype):
+    """[..., 2N] input whose gates cover every regime of the defined SiLU (|g| up to 120,
+    tiny, NaN, +-Inf, +-0) and whose ups carry outliers, NaN and Inf."""
+    gate = activations(rng, shape, input_dtype, specials=True).astype(np.float32)
+    flat = gate.reshape(-1)
+    picks = rng.random(flat.size) < 0.3
+    flat[picks] = rng.uniform(-120.0, 120.0, int(picks.sum())).astype(np.float32)
+    flat[: min(flat.size, 6)] = [np.nan, np.inf, -np.inf, 0.0, -0.0, -64.0][: min(flat.size, 6)]
+    up = activations(rng, shape, input_dtype, specials=True)
+    return np.concatenate([gate.astype(up.dtype), up], axis=-1)
+
+
+@pytest.mark.parametrize("input_dtype, group_size, dtype, scale, layout", COMBINATIONS)
+def test_silu_mul_every_combination(input_dtype, group_size, dtype, scale, layout):
+    index = COMBINATIONS.index((input_dtype, group_size, dtype, scale, layout))
+    lib = ("torch", "cupy")[index % 2]
+    rng = np.random.default_rng(1000 + index)
+    args = (lib, group_size, dtype, scale, layout)
+    x = gates_and_ups(rng, (5, 3 * group_size), input_dtype)  # odd group count, 5 rows
+    check_silu_mul(x, to_device(x, lib), *args)
+    x = gates_and_ups(rng, (2, 3, 7168 // 2), input_dtype)  # batched, padded q rows
+    check_silu_mul(x, to_device(x, lib), *args, pad_rows=True)
+    x = gates_and_ups(rng, (1, 7168), input_dtype)  # one token, N = 7168
+    check_silu_mul(x, wider_rows(x, 128, lib, 64), *args)  # rows inside a wider buffer
+
+
+@pytest.mark.parametrize("input_dtype", ["bfloat16", "float16"])
+def test_silu_mul_every_16_bit_gate(input_dtype):
+    # every 16-bit pattern as a gate (both signs of NaN, Inf, subnormals), against random ups
+    rng = np.random.default_rng(5)
+    gate = np.arange(65536, dtype=np.uint16).view(NP_INPUT[input_dtype]).reshape(256, 256)
+    up = activations(rng, (256, 256), input_dtype)
+    x = np.concatenate([gate, up], axis=-1)
+    for scale, layout in (("float32", "row"), ("ue8m0", "packed")):
+        check_silu_mul(x, to_device(x, "cupy"), "cupy", 128, "e4m3", scale, layout)
+
+
+def test_silu_mul_float32_bit_patterns():
+    rng = np.random.default_rng(6)
+    bits = rng.integers(0, 2**32, (512, 1024), dtype=np.uint64).astype(np.uint32)
+    x = bits.view(np.float32)
+    check_silu_mul(x, to_device(x, "torch"), "torch", 64, "e5m2", "float32", "col_tma")
+
+
+def test_silu_mul_refuses_what_it_cannot_read():
+    import cupy
+
+    x = cupy.asarray(activations(np.random.default_rng(7), (4, 512), "bfloat16"))
+    with pytest.raises(ValueError, match="x: activation='silu_mul' reads gate and up halves"):
+        fgq.quantize(x[:, :384], 128, activation="silu_mul")  # 384 = 2 * 192
+    wide = cupy.zeros((4, 520), x.dtype)
+    with pytest.raises(ValueError, match="x: activation='silu_mul' needs a 16-byte aligned"):
+        fgq.quantize(wide[:, 4:516], 128, activation="silu_mul")
+    with pytest.raises(ValueError, match="activation: expected None or one of 'silu_mul'"):
+        fgq.quantize(x, 128, activation="gelu")
+    q, s = fgq.quantize(cupy.zeros((0, 512), x.dtype), 128, activation="silu_mul")
+    assert q.shape == (0, 256) and s.shape == (0, 2)

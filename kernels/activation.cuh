@@ -1,0 +1,161 @@
+// The fused SiLU-and-multiply input: y = round(round(silu(gate)) * up), op by op in float32.
+//
+// NOTES: the definition is fp8_group_quant/activation.py (docs/spec.md, section 5); every step
+// here is the same IEEE operation in the same order (mul.rn / add.rn / div.rn, never contracted
+// into an FMA, since NumPy has none in float32), so both backends agree bit for bit. The
+// constants and the table are the float32 values that module computes; tests/test_activation.py
+// reads them from this file and compares.
+#pragma once
+#include "common.cuh"
+
+namespace fgq {
+
+enum Activation : int { kIdentity = 0, kSiluMul = 1 };
+
+constexpr float kInvLn2x64 = 0x1.715476p+6f;  // RN(64 / ln 2)
+constexpr float kLn2Over64Hi = 0x1.63p-7f;  // ln 2 / 64, 8 significant bits
+constexpr float kLn2Over64Lo = -0x1.bd0106p-19f;  // RN(ln 2 / 64 - kLn2Over64Hi)
+constexpr float kOneSixth = 0x1.555556p-3f;  // RN(1 / 6)
+
+// 2^(j / 64) = hi + lo: RN(2^(j / 64)) and RN(2^(j / 64) - hi), interleaved
+__constant__ float kExpTable[128] = {
+    0x1p+0f, 0x0p+0f, 0x1.02c9a4p+0f, -0x1.887fap-28f,
+    0x1.059b0ep+0f, -0x1.9d4f52p-25f, 0x1.087452p+0f, -0x1.e2990ep-26f,
+    0x1.0b5586p+0f, 0x1.9f3122p-25f, 0x1.0e3ec4p+0f, -0x1.a585ccp-25f,
+    0x1.11301ep+0f, -0x1.fdb496p-25f, 0x1.1429aap+0f, 0x1.d525bcp-25f,
+    0x1.172b84p+0f, -0x1.c15742p-27f, 0x1.1a35bep+0f, 0x1.6df96ep-25f,
+    0x1.1d4874p+0f, -0x1.d2e8cap-25f, 0x1.2063b8p+0f, 0x1.0c519ap-25f,
+    0x1.2387a6p+0f, 0x1.ceac48p-25f, 0x1.26b456p+0f, 0x1.789f38p-26f,
+    0x1.29e9ep+0f, -0x1.5c0424p-25f, 0x1.2d285ap+0f, 0x1.b900c2p-26f,
+    0x1.306fep+0f, 0x1.4636e2p-25f, 0x1.33c08cp+0f, -0x1.b37d2p-25f,
+    0x1.371a74p+0f, -0x1.18aac6p-25f, 0x1.3a7db4p+0f, -0x1.634c02p-25f,
+    0x1.3dea64p+0f, 0x1.824684p-25f, 0x1.4160a2p+0f, 0x1.f72e2ap-28f,
+    0x1.44e086p+0f, 0x1.8624b4p-30f, 0x1.486a2cp+0f, -0x1.47d866p-25f,
+    0x1.4bfdaep+0f, -0x1.593abcp-25f, 0x1.4f9b28p+0f, -0x1.2c5a6cp-25f,
+    0x1.5342b6p+0f, -0x1.2c561p-25f, 0x1.56f474p+0f, -0x1.295b04p-25f,
+    0x1.5ab07ep+0f, -0x1.5bd5ecp-27f, 0x1.5e76f2p+0f, -0x1.4a5bd8p-25f,
+    0x1.6247ecp+0f, -0x1.f8b55p-25f, 0x1.662388p+0f, 0x1.2a9112p-27f,
+    0x1.6a09e6p+0f, 0x1.9fcef4p-26f, 0x1.6dfb24p+0f, -0x1.cd72e8p-27f,
+    0x1.71f75ep+0f, 0x1.1d8beep-25f, 0x1.75feb6p+0f, -0x1.37b306p-25f,
+    0x1.7a1148p+0f, -0x1.829fdp-25f, 0x1.7e2f34p+0f, -0x1.261634p-25f,
+    0x1.82589ap+0f, -0x1.accc7cp-26f, 0x1.868d9ap+0f, -0x1.2edb44p-26f,
+    0x1.8ace54p+0f, 0x1.15506ep-27f, 0x1.8f1aeap+0f, -0x1.baa232p-26f,
+    0x1.93737cp+0f, -0x1.e64744p-25f, 0x1.97d82ap+0f, -0x1.0d8d88p-31f,
+    0x1.9c4918p+0f, 0x1.51f848p-27f, 0x1.a0c668p+0f, -0x1.2886a6p-26f,
+    0x1.a5503cp+0f, -0x1.b83b54p-25f, 0x1.a9e6b6p+0f, -0x1.50c048p-25f,
+    0x1.ae89fap+0f, -0x1.a94b14p-26f, 0x1.b33a2cp+0f, -0x1.ec3a82p-26f,
+    0x1.b7f77p+0f, -0x1.a09438p-25f, 0x1.bcc1eap+0f, -0x1.f687c6p-25f,
+    0x1.c199bep+0f, -0x1.3d56b2p-27f, 0x1.c67f12p+0f, 0x1.cafa2ap-25f,
+    0x1.cb720ep+0f, -0x1.8837ccp-27f, 0x1.d072d4p+0f, 0x1.40f13p-25f,
+    0x1.d5818ep+0f, -0x1.822dbcp-27f, 0x1.da9e6p+0f, 0x1.ed9942p-27f,
+    0x1.dfc974p+0f, -0x1.908c94p-25f, 0x1.e502eep+0f, 0x1.e2cffep-26f,
+    0x1.ea4afap+0f, 0x1.52486cp-27f, 0x1.efa1bep+0f, 0x1.cc2b44p-25f,
+    0x1.f50766p+0f, -0x1.246ebp-26f, 0x1.fa7c18p+0f, 0x1.9e90d8p-28f,
+};
+
+// the table in shared memory: the lanes of a warp index it at random, which the constant cache
+// would serialise; filled once per block before any return
+struct ExpTable {
+  float2 entries[64];
+  __device__ __forceinline__ void fill() {
+    if (threadIdx.x < 64) {
+      entries[threadIdx.x] = make_float2(kExpTable[2 * threadIdx.x], kExpTable[2 * threadIdx.x + 1]);
+    }
+    __syncthreads();
+  }
+};
+
+// v * 2^n for n in [-190, 127], rounded once: one multiply, or for n < -126 an exact scaling
+// by 2^-64 first
+__device__ __forceinline__ float power_of_two(int e) { return __uint_as_float(static_cast<u32>(e + 127) << 23); }
+
+__device__ __forceinline__ float scale_by_power_of_two(float v, int n) {
+  if (n < -126) return mul_rn(mul_rn(v, power_of_two(-64)), power_of_two(n + 64));
+  return mul_rn(v, power_of_two(n));
+}
+
+// exp(x) ~ m * 2^n for x in [-110, 110]; returns m, sets n
+__device__ __forceinline__ float exp_parts(float x, const ExpTable& table, int& n) {
+  int k;
+  asm("cvt.rni.s32.f32 %0, %1;" : "=r"(k) : "f"(mul_rn(x, kInvLn2x64)));
+  const float kf = static_cast<float>(k);  // exact: |k| < 2^14
+  const float r = add_rn(add_rn(x, -mul_rn(kf, kLn2Over64Hi)), -mul_rn(kf, kLn2Over64Lo));
+  const float p = add_rn(r, mul_rn(mul_rn(r, r), add_rn(mul_rn(r, kOneSixth), 0.5f)));
+  const float2 t = table.entries[k & 63];
+  n = (k - (k & 63)) >> 6;
+  return add_rn(t.x, add_rn(t.y, mul_rn(t.x, p)));
+}
+
+__device__ __forceinline__ float canonical_nan(float v) {
+  return v != v ? __uint_as_float(0x7fc00000u) : v;
+}
+
+// SiLU in float32, as activation.silu
+__device__ __forceinline__ float silu(float g, const ExpTable& table) {
+  const bool far = g < -64.0f;
+  float x = g >= 0.0f ? -fminf(g, 110.0f) : -g;
+  if (far) x = fmaxf(g, -110.0f);
+  if (g != g) x = 0.0f;
+  int n;
+  const float m = exp_parts(x, table, n);
+  float s;
+  if (far) {
+    s = g < -110.0f ? -0.0f : scale_by_power_of_two(mul_rn(g, m), n);
+  } else {
+    s = div_rn(g, add_rn(1.0f, scale_by_power_of_two(m, n)));
+  }
+  return canonical_nan(s);
+}
+
+// float32 -> the input type and back (round to nearest even; no flush of subnormals)
+template <int kIn> __device__ __forceinline__ float round_to_input(float v);
+template <> __device__ __forceinline__ float round_to_input<kBF16>(float v) {
+  u16 h;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(v));
+  return __uint_as_float(static_cast<u32>(h) << 16);
+}
+template <> __device__ __forceinline__ float round_to_input<kF16>(float v) {
+  u16 h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
+  return Input<kF16>::half_to_f32(h);
+}
+template <> __device__ __forceinline__ float round_to_input<kF32>(float v) { return v; }
+
+// the input type's encoding of v, rounded to nearest even (v is not NaN or is +NaN)
+template <int kIn> __device__ __forceinline__ u32 input_bits(float v) {
+  if constexpr (kIn == kBF16) {
+    u16 h;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(v));
+    return h;
+  } else if constexpr (kIn == kF16) {
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
+    return h;
+  } else {
+    return __float_as_uint(v);
+  }
+}
+
+// gate words in, y words out (the input's encoding), given the matching up words
+template <int kIn>
+__device__ __forceinline__ void silu_mul_lane(u32 (&words)[kLaneWords], const u32 (&up)[kLaneWords],
+                                              const ExpTable& table) {
+  typedef Input<kIn> In;
+  constexpr int kValues = kLaneWords * 4 / In::kBytes;
+  constexpr int kPerWord = 4 / In::kBytes;
+  u32 out[kLaneWords];
+#pragma unroll
+  for (int w = 0; w < kLaneWords; ++w) out[w] = 0u;
+#pragma unroll
+  for (int i = 0; i < kValues; ++i) {
+    const float g = __uint_as_float(In::f32_bits(words, i));
+    const float u = __uint_as_float(In::f32_bits(up, i));
+    const float s = round_to_input<kIn>(silu(g, table));
+    const u32 y = input_bits<kIn>(canonical_nan(mul_rn(s, u)));
+    out[i / kPerWord] |= y << (32 / kPerWord * (i % kPerWord));
+  }
+#pragma unroll
+  for (int w = 0; w < kLaneWords; ++w) words[w] = out[w];
+}
+
+}  // namespace fgq
