@@ -19,6 +19,7 @@ __all__ = [
     "per_token_group_quant_fp8",
     "per_token_group_quant_fp8_packed_for_deepgemm",
     "sglang_per_token_group_quant_fp8",
+    "silu_mul_per_token_group_quant_fp8_colmajor",
 ]
 
 
@@ -107,14 +108,14 @@ def sglang_per_token_group_quant_fp8(
     ``[..., M, ceil(K/G/4)]`` with strides ``(..., 1, align(M, 4))``, when
     ``column_major_scales`` and ``scale_tma_aligned`` are set; float32 powers of two row-major
     when neither is (SGLang refuses column-major UE8M0 without TMA alignment, and so does this).
-    ``output_q`` / ``output_s`` receive the results in place. Fused SiLU-and-multiply and the
-    masked MoE layout are not implemented yet and raise NotImplementedError.
+    ``output_q`` / ``output_s`` receive the results in place. ``fuse_silu_and_mul`` reads
+    ``x`` as ``[..., 2N]`` (gate then up) and quantizes ``round(round(silu(gate)) * up)``
+    (``fp8_group_quant.activation``) into ``[..., N]``. The masked MoE layout (``masked_m``) is
+    not implemented yet and raises NotImplementedError.
 
     Example: ``q, s = sglang_per_token_group_quant_fp8(x, 128, column_major_scales=True,
     scale_tma_aligned=True, scale_ue8m0=True)``.
     """
-    if fuse_silu_and_mul:
-        raise NotImplementedError("fuse_silu_and_mul: the fused SiLU path is not implemented yet")
     if masked_m is not None:
         raise NotImplementedError("masked_m: the masked MoE layout is not implemented yet")
     layout = ROW
@@ -134,4 +135,50 @@ def sglang_per_token_group_quant_fp8(
         eps=eps,
         out=output_q,
         scale_out=output_s,
+        activation="silu_mul" if fuse_silu_and_mul else None,
+    )
+
+
+def silu_mul_per_token_group_quant_fp8_colmajor(
+    input,
+    output=None,
+    use_ue8m0: bool | None = None,
+    eps: float = 1e-10,
+    clamp_limit: float | None = None,
+    group_size: int = 128,
+    alpha: float = 1.0,
+    beta: float = 0.0,
+    *,
+    expert_ends=None,
+    expert_alignment: int = 0,
+):
+    """vLLM's ``silu_mul_per_token_group_quant_fp8_colmajor``: SiLU-and-multiply, then e4m3.
+
+    ``input`` ``[M, 2N]`` holds gate then up; returns ``(output [M, N] e4m3, scales)`` with
+    float32 scales ``[M, N/G]`` column-major, strides ``(1, M)``; ``use_ue8m0`` makes them
+    powers of two (None means False here; vLLM reads its DeepGEMM setting). Values follow this
+    library's contract: vLLM scales by a rounded ``1/448`` and takes ``exp`` from Triton, so a
+    few codes differ (docs/spec.md, section 8). The gate variants vLLM adds (``clamp_limit``,
+    ``alpha``/``beta`` for SwiGLU-OAI) and the expert-ends layout are not implemented and raise
+    NotImplementedError; unlike vLLM, ``M`` need not be a multiple of 8.
+    """
+    for name, value, default in (
+        ("clamp_limit", clamp_limit, None), ("alpha", alpha, 1.0), ("beta", beta, 0.0),
+        ("expert_ends", expert_ends, None), ("expert_alignment", expert_alignment, 0),
+    ):  # fmt: skip
+        if value != default if default is not None else value is not None:
+            raise NotImplementedError(
+                f"{name}: only SiLU ({name}={default!r}) is implemented, got {value!r}"
+            )
+    if len(getattr(input, "shape", ())) != 2:
+        raise ValueError(f"input: expected [M, 2N], got shape {getattr(input, 'shape', None)}")
+    return quantize(
+        input,
+        group_size,
+        dtype="e4m3",
+        scale="ue8m0" if use_ue8m0 else "float32",
+        layout=COL,
+        eps=eps,
+        out=output,
+        activation="silu_mul",
     )

@@ -24,8 +24,8 @@ import torch
 
 from . import api
 from ._layout import Geometry, LayoutName, scale_layout
-from ._request import check_options
-from ._spec import DEFAULT_EPS, FormatName, ScaleName
+from ._request import check_options, output_shape
+from ._spec import DEFAULT_EPS, ActivationName, FormatName, ScaleName
 
 __all__ = ["quantize", "quantize_packed"]
 
@@ -39,12 +39,12 @@ _TORCH_DTYPES = {"int32": torch.int32, "float32": torch.float32}
 _LIBRARY = torch.library.Library("fp8_group_quant", "DEF")
 _LIBRARY.define(
     "quantize(Tensor x, int group_size, str dtype, str scale, str layout, float eps, "
-    "bool pad_rows) -> (Tensor, Tensor)"
+    "bool pad_rows, str? activation=None) -> (Tensor, Tensor)"
 )
 
 
-def _quantize_op(x, group_size, dtype, scale, layout, eps, pad_rows):
-    options: dict[str, Any] = dict(dtype=dtype, scale=scale, layout=layout)  # checked there
+def _quantize_op(x, group_size, dtype, scale, layout, eps, pad_rows, activation=None):
+    options: dict[str, Any] = dict(dtype=dtype, scale=scale, layout=layout, activation=activation)
     q, scales = api.quantize(x, group_size, eps=eps, pad_rows=pad_rows, **options)
     return q, scales
 
@@ -54,16 +54,18 @@ for _key in ("CUDA", "CPU"):
 
 
 @torch.library.register_fake("fp8_group_quant::quantize", lib=_LIBRARY)
-def _quantize_fake(x, group_size, dtype, scale, layout, eps, pad_rows):
+def _quantize_fake(x, group_size, dtype, scale, layout, eps, pad_rows, activation=None):
     """Outputs shaped, typed and strided as the real call's, over storage of the same size."""
-    group_size, fmt, _, layout_row, _, pad_rows, _ = check_options(
-        group_size, dtype, scale, layout, eps, pad_rows
+    group_size, fmt, _, layout_row, _, pad_rows, mode = check_options(
+        group_size, dtype, scale, layout, eps, pad_rows, activation
     )
-    if x.shape[-1] % group_size:
+    if x.shape[-1] % (group_size * mode.width_factor):
         raise ValueError(
-            f"x: the last dimension K={x.shape[-1]} is not a multiple of group_size={group_size}"
+            f"x: the last dimension K={x.shape[-1]} is not a multiple of "
+            f"{group_size * mode.width_factor} (group_size={group_size}, activation={activation!r})"
         )
-    geometry = Geometry(tuple(x.shape), group_size, scale_layout(layout_row), pad_rows)
+    shape = output_shape(mode, tuple(x.shape))
+    geometry = Geometry(shape, group_size, scale_layout(layout_row), pad_rows)
     q_dtype = getattr(torch, fmt.dtype_name)
     s_dtype = _TORCH_DTYPES[geometry.layout.dtype]
     q = x.new_empty((geometry.q_storage,), dtype=q_dtype)
@@ -83,9 +85,12 @@ def quantize(
     layout: LayoutName = "row",
     eps: float = DEFAULT_EPS,
     pad_rows: bool = False,
+    activation: ActivationName | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``fgq.quantize`` through the custom op (no ``out=``): traceable by ``torch.compile``."""
-    return torch.ops.fp8_group_quant.quantize(x, group_size, dtype, scale, layout, eps, pad_rows)
+    return torch.ops.fp8_group_quant.quantize(
+        x, group_size, dtype, scale, layout, eps, pad_rows, activation
+    )
 
 
 def quantize_packed(

@@ -8,10 +8,12 @@ import pytest
 from helpers import activations
 
 import fp8_group_quant as fgq
+from fp8_group_quant.activation import silu_mul
 from fp8_group_quant.compat import (
     per_token_group_quant_fp8,
     per_token_group_quant_fp8_packed_for_deepgemm,
     sglang_per_token_group_quant_fp8,
+    silu_mul_per_token_group_quant_fp8_colmajor,
 )
 
 EMPTY = inspect.Parameter.empty
@@ -39,6 +41,13 @@ UPSTREAM_SIGNATURES = [
         [("x", EMPTY), ("group_size", EMPTY), ("eps", 1e-10), ("column_major_scales", False),
          ("scale_tma_aligned", False), ("scale_ue8m0", False), ("fuse_silu_and_mul", False),
          ("masked_m", None), ("output_q", None), ("output_s", None)],
+    ),
+    (
+        silu_mul_per_token_group_quant_fp8_colmajor,
+        "vllm/model_executor/layers/quantization/utils/fp8_utils.py:472",
+        [("input", EMPTY), ("output", None), ("use_ue8m0", None), ("eps", 1e-10),
+         ("clamp_limit", None), ("group_size", 128), ("alpha", 1.0), ("beta", 0.0),
+         ("expert_ends", None), ("expert_alignment", 0)],
     ),
 ]  # fmt: skip
 
@@ -136,6 +145,45 @@ def test_vllm_packed_for_deepgemm_matches_upstream_shapes():
         per_token_group_quant_fp8_packed_for_deepgemm(x, 128, use_ue8m0=False)
 
 
+@pytest.mark.parametrize("use_ue8m0", [False, True])
+def test_vllm_silu_mul_colmajor(use_ue8m0):
+    # vLLM 0.33.0 fp8_utils.py:504-509: output [M, N/2] e4m3; scales empty((N/2/G, M)).T
+    x = activations(np.random.default_rng(8), (6, 1024), "bfloat16", specials=True)
+    q, s = silu_mul_per_token_group_quant_fp8_colmajor(x, use_ue8m0=use_ue8m0)
+    assert q.shape == (6, 512) and q.dtype == ml_dtypes.float8_e4m3fn
+    assert s.shape == (6, 4) and s.dtype == np.float32 and elements(s.strides) == (1, 6)
+    values = silu_mul(x[:, :512], x[:, 512:], "bfloat16").astype(ml_dtypes.bfloat16)
+    q_ref, s_ref = fgq.quantize(values, 128, scale="ue8m0" if use_ue8m0 else "float32")
+    np.testing.assert_array_equal(q.view(np.uint8), q_ref.view(np.uint8))
+    np.testing.assert_array_equal(s, s_ref)
+    out = np.zeros((6, 512), ml_dtypes.float8_e4m3fn)
+    q2, _ = silu_mul_per_token_group_quant_fp8_colmajor(x, out, use_ue8m0=use_ue8m0)
+    assert q2 is out and np.array_equal(out.view(np.uint8), q.view(np.uint8))
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"clamp_limit": 7.0}, {"alpha": 1.702}, {"beta": 1.0}, {"expert_alignment": 8}]
+)
+def test_vllm_silu_mul_variants_not_implemented_are_named(kwargs):
+    x = activations(np.random.default_rng(9), (8, 512), "bfloat16")
+    with pytest.raises(NotImplementedError, match=next(iter(kwargs))):
+        silu_mul_per_token_group_quant_fp8_colmajor(x, **kwargs)
+
+
+def test_sglang_fuse_silu_and_mul():
+    # SGLang: out_shape = (*x.shape[:-1], K // 2), scales allocated for out_shape
+    x = activations(np.random.default_rng(10), (2, 5, 1024), "bfloat16", specials=True)
+    q, s = sglang_per_token_group_quant_fp8(
+        x, 128, column_major_scales=True, scale_tma_aligned=True, scale_ue8m0=True,
+        fuse_silu_and_mul=True,
+    )  # fmt: skip
+    assert q.shape == (2, 5, 512) and s.shape == (2, 5, 1) and elements(s.strides) == (8, 1, 8)
+    values = silu_mul(x[..., :512], x[..., 512:], "bfloat16").astype(ml_dtypes.bfloat16)
+    q_ref, s_ref = fgq.quantize(values, 128, scale="ue8m0", layout="packed")
+    np.testing.assert_array_equal(q.view(np.uint8), q_ref.view(np.uint8))
+    np.testing.assert_array_equal(s, s_ref)
+
+
 # SGLang 0.5.23, create_per_token_group_quant_fp8_output_scale (sglang/kernels/ops/quantization/
 # fp8_kernel.py:346): (keyword arguments, scale strides for M = 5 and 8 groups, dtype, layout,
 # scale) for every branch of the allocation
@@ -189,7 +237,6 @@ def test_sglang_batched_scales_are_per_batch_and_outputs_in_place():
 @pytest.mark.parametrize(
     "kwargs, error, message",
     [
-        ({"fuse_silu_and_mul": True}, NotImplementedError, "fuse_silu_and_mul"),
         ({"masked_m": np.array([3], np.int32)}, NotImplementedError, "masked_m"),
         ({"scale_ue8m0": True, "column_major_scales": True}, ValueError, "scale_tma_aligned=True"),
     ],

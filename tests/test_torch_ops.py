@@ -9,12 +9,13 @@ import fp8_group_quant as fgq
 torch = pytest.importorskip("torch")
 torch_ops = pytest.importorskip("fp8_group_quant.torch_ops")
 
-CASES = [  # (shape, group size, dtype, scale, layout, pad_rows)
-    ((6, 512), 128, "e4m3", "ue8m0", "packed", False),
-    ((2, 5, 256), 64, "e5m2", "float32", "col_tma", True),
-    ((7, 1024), 128, "int8", "float32", "row", False),
-    ((3, 2, 3, 256), 32, "e4m3fnuz", "ue8m0", "packed_row", False),
-    ((1, 256), 256, "e4m3", "float32", "col", False),
+CASES = [  # (shape, group size, dtype, scale, layout, pad_rows, activation)
+    ((6, 512), 128, "e4m3", "ue8m0", "packed", False, None),
+    ((2, 5, 256), 64, "e5m2", "float32", "col_tma", True, None),
+    ((7, 1024), 128, "int8", "float32", "row", False, None),
+    ((3, 2, 3, 256), 32, "e4m3fnuz", "ue8m0", "packed_row", False, None),
+    ((1, 256), 256, "e4m3", "float32", "col", False, None),
+    ((3, 4, 512), 64, "e4m3", "ue8m0", "packed", True, "silu_mul"),  # q is [3, 4, 256]
 ]
 
 
@@ -23,30 +24,32 @@ def tensor(shape, seed=0, specials=True):
     return torch.from_numpy(x.view(np.int16).copy()).view(torch.bfloat16)
 
 
-@pytest.mark.parametrize("shape, group, dtype, scale, layout, pad_rows", CASES)
-def test_the_op_passes_torchs_own_checks(shape, group, dtype, scale, layout, pad_rows):
+@pytest.mark.parametrize("shape, group, dtype, scale, layout, pad_rows, activation", CASES)
+def test_the_op_passes_torchs_own_checks(shape, group, dtype, scale, layout, pad_rows, activation):
     # schema, autograd registration, fake tensors (shapes, dtypes, strides) and AOT dispatch;
     # finite data, as opcheck compares outputs with assert_close, which holds NaN unequal
-    args = (tensor(shape, specials=False), group, dtype, scale, layout, 1e-10, pad_rows)
+    args = (tensor(shape, specials=False), group, dtype, scale, layout, 1e-10, pad_rows, activation)
     results = torch.library.opcheck(torch.ops.fp8_group_quant.quantize.default, args)
     assert all(v == "SUCCESS" for v in results.values()), results
 
 
-@pytest.mark.parametrize("shape, group, dtype, scale, layout, pad_rows", CASES)
-def test_the_fake_outputs_match_the_real_ones(shape, group, dtype, scale, layout, pad_rows):
+@pytest.mark.parametrize("shape, group, dtype, scale, layout, pad_rows, activation", CASES)
+def test_the_fake_outputs_match_the_real_ones(
+    shape, group, dtype, scale, layout, pad_rows, activation
+):
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     x = tensor(shape)
-    real = torch_ops.quantize(x, group, dtype=dtype, scale=scale, layout=layout, pad_rows=pad_rows)
+    options = dict(
+        dtype=dtype, scale=scale, layout=layout, pad_rows=pad_rows, activation=activation
+    )
+    real = torch_ops.quantize(x, group, **options)
     with FakeTensorMode() as mode:
-        fake = torch_ops.quantize(
-            mode.from_tensor(x), group, dtype=dtype, scale=scale, layout=layout, pad_rows=pad_rows
-        )
+        fake = torch_ops.quantize(mode.from_tensor(x), group, **options)
     for r, f in zip(real, fake):
         assert (r.shape, r.stride(), r.dtype) == (f.shape, f.stride(), f.dtype)
         assert r.untyped_storage().nbytes() == f.untyped_storage().nbytes()
-    q_ref, s_ref = fgq.quantize(x, group, dtype=dtype, scale=scale, layout=layout,
-                                pad_rows=pad_rows)  # fmt: skip
+    q_ref, s_ref = fgq.quantize(x, group, **options)
     assert torch.equal(real[0].view(torch.uint8), q_ref.view(torch.uint8))
     assert torch.equal(real[1], s_ref)
 
