@@ -486,9 +486,14 @@ def test_warmup_loads_the_variants_asked_for():
     loaded = fgq.warmup(device, [{"input_dtype": "float16", "dtype": "e4m3fnuz", "layout": "col"}])
     expression = (
         "fgq::quantize_groups<fgq::kF16, 128, fgq::kE4M3FNUZ, fgq::kFloat32Scale, "
-        "fgq::kFloatWords, true, {}>"
+        "fgq::kFloatWords, true, {}, fgq::kIdentity>"
     )
     assert loaded == [expression.format("true"), expression.format("false")]  # both paths
+    fused = fgq.warmup(device, [{"scale": "ue8m0", "layout": "packed", "activation": "silu_mul"}])
+    assert fused == [  # the fused modes have the one-pass kernel only
+        "fgq::quantize_groups<fgq::kBF16, 128, fgq::kE4M3, fgq::kUE8M0Scale, "
+        "fgq::kPackedExponents, true, true, fgq::kSiluMul>"
+    ]
     assert all((device, _launch.SOURCE, e) in _jit._functions for e in loaded)
     assert fgq.warmup(device) == [key.name_expression for key in _launch.DEFAULT_KEYS]
     with pytest.raises(TypeError, match="variants: unknown option"):

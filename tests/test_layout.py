@@ -252,7 +252,7 @@ def test_the_launch_picks_its_path_and_grid(
         _launch, "Launch", lambda handle, grid, block, params, pdl: (handle, grid, block, params)
     )
     handle, got_grid, block, params = _launch.prepare(request, 0)
-    assert loaded[-1].endswith(f"{'true' if one_pass else 'false'}>")
+    assert loaded[-1].endswith(f"{'true' if one_pass else 'false'}, fgq::kIdentity>")
     assert got_grid == grid and handle == 0x1234 and block[0] % 32 == 0
     assert params.rows == request.output.rows and params.batches == request.output.batches
     if one_pass:  # the flat grid covers every slot, with less than one block to spare
