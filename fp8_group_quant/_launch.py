@@ -67,6 +67,11 @@ def max_threads_per_block() -> int:
     return cpp_constant("kMaxThreads")
 
 
+def max_experts() -> int:
+    """The most batches (experts) the masked layout takes: its kernel's shared scan."""
+    return cpp_constant("kMaxExperts")
+
+
 _CTYPES = {
     "const void*": ctypes.c_uint64,
     "u8*": ctypes.c_uint64,
@@ -104,6 +109,7 @@ class KernelKey:
     vec16: bool  # input base and strides 16-byte aligned: vector loads
     one_pass: bool = False  # one tile per block, no loop (small grids)
     activation: str | None = None  # a key of _spec.INPUT_MODES: how x becomes the values
+    masked: bool = False  # the masked MoE layout's persistent kernel (aligned, one pass)
 
     @property
     def lanes_per_group(self) -> int:
@@ -111,6 +117,13 @@ class KernelKey:
 
     @property
     def name_expression(self) -> str:
+        if self.masked:
+            return (
+                f"fgq::quantize_masked<{INPUT_TYPES[self.input_dtype].kernel_trait}, "
+                f"{self.group_size}, {OUTPUT_FORMATS[self.output].kernel_trait}, "
+                f"{SCALE_FORMATS[self.scale].kernel_trait}, {self.layout_trait}, "
+                f"{INPUT_MODES[self.activation].kernel_trait}>"
+            )
         return (
             f"fgq::quantize_groups<{INPUT_TYPES[self.input_dtype].kernel_trait}, "
             f"{self.group_size}, {OUTPUT_FORMATS[self.output].kernel_trait}, "
@@ -128,7 +141,7 @@ def all_kernel_keys() -> list[KernelKey]:
     # NOTES: the fused modes need aligned input (make_request refuses the rest) and run one
     # pass at every size (prepare), so they add one instantiation per combination, not four
     return [
-        KernelKey(i, g, o, s, trait, v, one_pass, activation)
+        KernelKey(i, g, o, s, trait, v, one_pass, activation, masked)
         for i in INPUT_TYPES
         for g in GROUP_SIZES
         for o in OUTPUT_FORMATS
@@ -136,8 +149,9 @@ def all_kernel_keys() -> list[KernelKey]:
         for trait, needs_ue8m0 in traits.items()
         if scale.power_of_two or not needs_ue8m0
         for activation in INPUT_MODES
-        for v in ((True, False) if activation is None else (True,))
-        for one_pass in ((True, False) if activation is None else (True,))
+        for masked in (False, True)
+        for v in ((True, False) if activation is None and not masked else (True,))
+        for one_pass in ((True, False) if activation is None and not masked else (True,))
     ]
 
 
@@ -222,14 +236,16 @@ def one_pass_wave_limit(blocks_per_sm: int, threads: int) -> float:
     return math.inf if blocks_per_sm * threads >= 6 * max_threads_per_block() else 16.0
 
 
-def grid_limits_error(geometry: Geometry, itemsize: int, activation=None) -> str | None:
-    """Why ``geometry`` cannot be launched with ``itemsize``-byte input, or None."""
+def grid_limits_error(geometry: Geometry, itemsize: int, one_pass_only=None) -> str | None:
+    """Why ``geometry`` cannot be launched with ``itemsize``-byte input, or None.
+    ``one_pass_only`` names the option (an activation, masked_m) that has one-pass kernels
+    only, which number every group slot in 31 bits."""
     total_rows = geometry.batches * geometry.grid_rows
-    if activation is not None:  # one pass only: every group slot numbered in 31 bits
+    if one_pass_only is not None:
         lanes = geometry.group_size * itemsize // lane_bytes()
         slots = one_pass_slots(geometry, tile_rows(geometry.layout, lanes))
         if slots >= 2**31:
-            return f"x: activation={activation!r} takes at most 2**31 - 1 groups, got {slots}"
+            return f"x: {one_pass_only} takes at most 2**31 - 1 group slots, got {slots}"
     if total_rows >= 2**31:
         return f"x: {total_rows} rows (batches included) exceed the 2**31 - 1 the kernel indexes"
     if geometry.batches > MAX_GRID_Z and total_rows > MAX_GRID_X:
@@ -275,6 +291,27 @@ def waves_for(blocks_per_sm: int) -> float:
     if WAVES is not None:
         return WAVES
     return 8.0 if blocks_per_sm >= 6 else 1.0
+
+
+def _prepare_masked(request, key: KernelKey, device: int) -> Launch:
+    """The masked layout's persistent grid: as many blocks as the worst case (every row of
+    every expert) needs, at most one resident wave, or fewer for an ``expected_m`` hint.
+
+    NOTES: the grid is fixed when the plan is made, so a CUDA graph replays it with any counts;
+    the blocks walk the real slots with a stride of the grid (kernels/quantize.cu).
+    """
+    geometry = request.output
+    threads = cpp_constant("kMaskedThreads")
+    function = _jit.get_function(SOURCE, key.name_expression, device)
+    with _jit.current_device(device):
+        handle = function.kernel.ptr
+        per_sm, sms = resident_blocks(handle, key.name_expression, threads, device)
+    rows = tile_rows(geometry.layout, key.lanes_per_group)
+    expected = geometry.rows if request.expected_m is None else request.expected_m
+    slots = geometry.batches * -(-max(1, expected) // rows) * rows * geometry.groups
+    blocks = max(1, min(-(-slots * key.lanes_per_group // threads), per_sm * sms))
+    params = make_params(request)
+    return Launch(handle, (blocks, 1, 1), (threads, 1, 1), params, pdl_supported(device))
 
 
 # the launch -------------------------------------------------------------------------------------
@@ -380,6 +417,13 @@ class Launch(KernelLaunch):
             params.x, params.q, params.scales = x_ptr, q_ptr, scale_ptr
             self._launch_locked(stream)
 
+    def launch_masked(self, x_ptr, q_ptr, scale_ptr, masked_ptr, stream: int) -> None:
+        """The masked layout's launch: the counts' address changes per call too."""
+        params = self.params
+        with self._lock:
+            params.x, params.q, params.scales, params.masked_m = x_ptr, q_ptr, scale_ptr, masked_ptr
+            self._launch_locked(stream)
+
 
 def make_params(request, **pointers) -> ctypes.Structure:
     """The Params of ``request`` (a ``_request.Request``); pointers default to zero."""
@@ -416,6 +460,7 @@ def make_params(request, **pointers) -> ctypes.Structure:
         ue8m0_floor=UE8M0_FLOOR,
         nonfinite_codes=fmt.nonfinite_word,
         x_up_offset=request.x_up_offset,
+        masked_i64=1 if request.masked == "int64" else 0,
         **pointers,
     )
 
@@ -433,6 +478,8 @@ def prepare(request, device: int) -> Launch:
     key = request.kernel_key()
     lanes = key.lanes_per_group
     rows = tile_rows(geometry.layout, lanes)
+    if key.masked:
+        return _prepare_masked(request, key, device)
     threads, blocks_per_row = block_shape(geometry.groups, lanes, rows)
     tiles = -(-geometry.batches * geometry.grid_rows // rows)  # row tiles over all batches
 

@@ -11,8 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
+import numpy as np
+
 from ._arrays import NUMPY, ArrayInfo
-from ._launch import KernelKey, grid_limits_error
+from ._launch import KernelKey, grid_limits_error, max_experts
 from ._layout import Geometry, ScaleLayout, row_strides, scale_layout
 from ._spec import (
     INPUT_TYPES,
@@ -46,6 +48,8 @@ class Request:
     group_size: int
     eps: float
     pad_rows: bool
+    masked: str | None = None  # masked layout: the dtype of masked_m (int32 or int64)
+    expected_m: int | None = None  # masked layout: rows per expert the grid is sized for
 
     @cached_property
     def output(self) -> Geometry:
@@ -61,6 +65,7 @@ class Request:
             self.layout.kernel_trait,
             self.x_aligned,
             activation=self.mode.name,
+            masked=self.masked is not None,
         )
 
     @property
@@ -94,11 +99,21 @@ def check_options(group_size, dtype, scale, layout, eps, pad_rows, activation=No
 
 
 def make_request(
-    info: ArrayInfo, group_size, dtype, scale, layout, eps, pad_rows, activation=None
+    info: ArrayInfo,
+    group_size,
+    dtype,
+    scale,
+    layout,
+    eps,
+    pad_rows,
+    activation=None,
+    masked_info: ArrayInfo | None = None,
+    expected_m=None,
 ) -> Request:
     """Check every argument of a call on ``info`` (the input) and return its Request.
 
-    Raises TypeError or ValueError naming the argument; nothing has been launched or written.
+    ``masked_info`` describes ``masked_m`` for the masked MoE layout. Raises TypeError or
+    ValueError naming the argument; nothing has been launched or written.
     """
     group_size, fmt, scale, layout, eps, pad_rows, mode = check_options(
         group_size, dtype, scale, layout, eps, pad_rows, activation
@@ -140,17 +155,52 @@ def make_request(
         and (geometry.rows <= 1 or row_stride * info.itemsize % VECTOR_ALIGNMENT == 0)
         and (geometry.batches <= 1 or batch_stride * info.itemsize % VECTOR_ALIGNMENT == 0)
     )
+    masked = _check_masked(info, masked_info, expected_m)
+    fused = mode.name if mode.name is not None else ("masked_m" if masked else None)
     if info.kind != NUMPY and not empty:
-        error = grid_limits_error(geometry, info.itemsize, mode.name)
+        error = grid_limits_error(geometry, info.itemsize, fused)
         if error:
             raise ValueError(error)
-        if mode.name is not None and not aligned:
+        if fused is not None and not aligned:
+            what = f"activation={mode.name!r}" if mode.name is not None else "masked_m"
             raise ValueError(
-                f"x: activation={mode.name!r} needs a 16-byte aligned input (base, row and "
-                f"batch strides); got address {info.ptr:#x}, strides {tuple(info.strides)} "
-                f"({info.itemsize}-byte elements): pass a contiguous copy"
+                f"x: {what} needs a 16-byte aligned input (base, row and batch strides); got "
+                f"address {info.ptr:#x}, strides {tuple(info.strides)} ({info.itemsize}-byte "
+                f"elements): pass a contiguous copy"
             )
     return Request(
         info.dtype, shape, batch_stride, row_stride, aligned, fmt, scale, layout, mode,
-        group_size, eps, pad_rows,
+        group_size, eps, pad_rows, masked, None if expected_m is None else int(expected_m),
     )  # fmt: skip
+
+
+def _check_masked(info: ArrayInfo, masked: ArrayInfo | None, expected_m) -> str | None:
+    """The dtype of a valid ``masked_m`` for input ``info`` (None without one)."""
+    if masked is None:
+        if expected_m is not None:
+            raise ValueError("expected_m: a hint for the masked layout; pass masked_m too")
+        return None
+    if len(info.shape) != 3:
+        raise ValueError(f"x: masked_m needs x of shape [E, T, K], got shape {tuple(info.shape)}")
+    experts, tokens = info.shape[0], info.shape[1]
+    if masked.kind != info.kind or masked.device != info.device:
+        where = f"{masked.kind} on device {masked.device}"
+        raise ValueError(
+            f"masked_m: expected an array of x's library on x's device ({info.kind}, device "
+            f"{info.device}), got {where}"
+        )
+    if masked.dtype not in ("int32", "int64"):
+        raise TypeError(f"masked_m: expected int32 or int64 counts, got {masked.dtype}")
+    if tuple(masked.shape) != (experts,):
+        raise ValueError(f"masked_m: expected shape ({experts},), one count per expert, got "
+                         f"{tuple(masked.shape)}")  # fmt: skip
+    if experts > 1 and masked.strides[0] != 1:
+        raise ValueError(f"masked_m: expected a contiguous array, got strides {masked.strides}")
+    if experts > max_experts():
+        raise ValueError(f"x: masked_m takes at most {max_experts()} experts, got {experts}")
+    if expected_m is not None and (
+        isinstance(expected_m, bool) or not isinstance(expected_m, int | np.integer)
+        or not 0 <= expected_m <= tokens
+    ):  # fmt: skip
+        raise ValueError(f"expected_m: expected an int in [0, {tokens}], got {expected_m!r}")
+    return masked.dtype

@@ -77,6 +77,8 @@ def quantize(
     scale_out=None,
     pad_rows: bool = False,
     activation: ActivationName | None = None,
+    masked_m=None,
+    expected_m: int | None = None,
 ) -> tuple[Array, Array]:
     """Quantize ``x`` per token in groups of ``group_size`` channels.
 
@@ -124,6 +126,16 @@ def quantize(
         ``round(round(silu(gate)) * up)`` in x's dtype (the engines' ``silu_and_mul`` output,
         defined op by op in ``fp8_group_quant.activation``); ``q`` is ``[..., N]``. Each input
         byte is read once; ``x`` must be 16-byte aligned on the GPU.
+    masked_m : array of int32 or int64, shape ``[E]``, optional
+        The masked MoE layout: ``x`` is ``[E, T, K]`` (``[E, T, 2N]`` with an activation) and
+        only rows ``t < masked_m[e]`` of expert ``e`` are read and written (counts clamped to
+        ``[0, T]``; read on the device, without a host synchronisation, so a CUDA graph replays
+        with new counts). Every other row of ``q`` and of the scales, TMA padding rows included,
+        is left as it was: with library-allocated outputs those bytes are unspecified.
+        ``masked_m`` lives with ``x`` (same library and device); at most 1024 experts.
+    expected_m : int, optional
+        With ``masked_m``: the rows per expert the persistent grid is sized for (DeepGEMM's
+        hint); any counts are still handled. Default: ``T``.
 
     Returns
     -------
@@ -133,6 +145,8 @@ def quantize(
     scales : array of ``x``'s library, shape ``x.shape[:-1] + (ng or kp,)``, strides as above.
     """
     options = (group_size, dtype, scale, layout, eps, pad_rows, activation)
+    if masked_m is not None or expected_m is not None:
+        return _quantize_masked(x, options, masked_m, expected_m, out, scale_out)
     signature = device_signature(x)
     if signature is not None:
         plan = _PLANS.get(
@@ -193,7 +207,39 @@ def _quantize_new(x, options: tuple, out, scale_out):
     return plan.run(info.ptr, out, scale_out)
 
 
-def _quantize_host(x, info: ArrayInfo, request: Request, out, scale_out):
+def _quantize_masked(x, options: tuple, masked_m, expected_m, out, scale_out):
+    """The masked MoE layout. Every call checks ``masked_m`` (its address changes per call)."""
+    if masked_m is None:
+        raise ValueError("expected_m: a hint for the masked layout; pass masked_m too")
+    if is_torch_cpu(x):
+        if not is_torch_cpu(masked_m):
+            raise ValueError("masked_m: expected a torch CPU tensor like x")
+        q, scales = _quantize_masked(
+            torch_cpu_to_numpy(x, "x"), options, torch_cpu_to_numpy(masked_m, "masked_m"),
+            expected_m, None if out is None else torch_cpu_to_numpy(out, "out"),
+            None if scale_out is None else torch_cpu_to_numpy(scale_out, "scale_out"),
+        )  # fmt: skip
+        return (
+            out if out is not None else numpy_to_torch_cpu(q),
+            scale_out if scale_out is not None else numpy_to_torch_cpu(scales),
+        )
+    info = describe(x, "x")
+    masked_info = describe(masked_m, "masked_m")
+    group_size, dtype, scale, layout, eps, pad_rows, activation = options
+    request = make_request(
+        info, group_size, dtype, scale, layout, eps, pad_rows, activation, masked_info, expected_m
+    )
+    if info.kind == NUMPY:
+        return _quantize_host(x, info, request, out, scale_out, counts=np.asarray(masked_m))
+    signature = device_signature(x)
+    key = (*signature[:-1], *options, masked_info.dtype, request.expected_m)
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _plan(info, request, (*options, masked_info.dtype, request.expected_m))
+    return plan.run(info.ptr, out, scale_out, masked_info.ptr)
+
+
+def _quantize_host(x, info: ArrayInfo, request: Request, out, scale_out, counts=None):
     q_spec, scale_spec = _output_specs(request)
     q, q_info = _output(out, "out", info, q_spec)
     scales, s_info = _output(scale_out, "scale_out", info, scale_spec)
@@ -204,15 +250,15 @@ def _quantize_host(x, info: ArrayInfo, request: Request, out, scale_out):
         if request.mode.name == "silu_mul":  # the fused input's values (activation.py)
             n = geometry.k
             values = _activation.silu_mul(x[..., :n], x[..., n:], request.input_dtype)
-        reference.quantize_into(
-            values,
-            geometry,
-            request.fmt,
-            request.scale,
-            request.eps,
+        storages = (
             _flat_storage(q_info, geometry.q_storage).view(np.uint8),
             _flat_storage(s_info, geometry.scale_storage),
         )
+        arguments = (values, geometry, request.fmt, request.scale, request.eps, *storages)
+        if counts is None:
+            reference.quantize_into(*arguments)
+        else:
+            reference.quantize_into_masked(*arguments, counts)
     return q, scales
 
 
@@ -394,13 +440,13 @@ class _Plan:
         self.stream = stream_getter(x_info.kind)
         self._get_device = cupy.cuda.runtime.getDevice
 
-    def run(self, x_ptr: int, out, scale_out):
+    def run(self, x_ptr: int, out, scale_out, masked_ptr=None):
         if self.ready():
-            return self._run(x_ptr, out, scale_out)
+            return self._run(x_ptr, out, scale_out, masked_ptr)
         with self.on_device():
-            return self._run(x_ptr, out, scale_out)
+            return self._run(x_ptr, out, scale_out, masked_ptr)
 
-    def _run(self, x_ptr: int, out, scale_out):
+    def _run(self, x_ptr: int, out, scale_out, masked_ptr=None):
         if out is None and scale_out is None:
             q, q_ptr, scales, scale_ptr = self.alloc_both()
         else:
@@ -420,8 +466,13 @@ class _Plan:
                 scales, scale_ptr = scale_out, s_info.ptr
                 given.append(("scale_out", s_info, self.scale_spec))
             _check_disjoint(self.x_info, x_ptr, given)
-        if self.launch is not None:
+        if self.launch is None:
+            pass
+        elif masked_ptr is None:
             self.launch.launch(x_ptr, q_ptr, scale_ptr, self.stream(self.device))
+        else:
+            stream = self.stream(self.device)
+            self.launch.launch_masked(x_ptr, q_ptr, scale_ptr, masked_ptr, stream)
         return q, scales
 
     def ready(self) -> bool:

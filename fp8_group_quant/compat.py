@@ -12,7 +12,8 @@ fp8_group_quant's contract (see the README). Swap by changing an import::
 
 from __future__ import annotations
 
-from ._layout import COL, COL_TMA, PACKED, ROW
+from ._layout import COL, COL_TMA, PACKED, ROW, Geometry, LayoutName, scale_layout
+from ._spec import ScaleName
 from .api import quantize
 
 __all__ = [
@@ -20,6 +21,7 @@ __all__ = [
     "per_token_group_quant_fp8_packed_for_deepgemm",
     "sglang_per_token_group_quant_fp8",
     "silu_mul_per_token_group_quant_fp8_colmajor",
+    "persistent_masked_m_silu_mul_quant",
 ]
 
 
@@ -110,14 +112,13 @@ def sglang_per_token_group_quant_fp8(
     when neither is (SGLang refuses column-major UE8M0 without TMA alignment, and so does this).
     ``output_q`` / ``output_s`` receive the results in place. ``fuse_silu_and_mul`` reads
     ``x`` as ``[..., 2N]`` (gate then up) and quantizes ``round(round(silu(gate)) * up)``
-    (``fp8_group_quant.activation``) into ``[..., N]``. The masked MoE layout (``masked_m``) is
-    not implemented yet and raises NotImplementedError.
+    (``fp8_group_quant.activation``) into ``[..., N]``. ``masked_m`` (int32 or int64 ``[E]``,
+    with ``x`` ``[E, T, K]``) quantizes rows ``t < masked_m[e]`` only; the other rows of both
+    outputs are left unwritten, as in SGLang.
 
     Example: ``q, s = sglang_per_token_group_quant_fp8(x, 128, column_major_scales=True,
     scale_tma_aligned=True, scale_ue8m0=True)``.
     """
-    if masked_m is not None:
-        raise NotImplementedError("masked_m: the masked MoE layout is not implemented yet")
     layout = ROW
     if column_major_scales:
         layout = COL_TMA if scale_tma_aligned else COL
@@ -136,7 +137,84 @@ def sglang_per_token_group_quant_fp8(
         out=output_q,
         scale_out=output_s,
         activation="silu_mul" if fuse_silu_and_mul else None,
+        masked_m=masked_m,
     )
+
+
+_SCALE_FMTS: dict[str, tuple[ScaleName, LayoutName]] = {  # DeepGemmQuantScaleFMT: (scale, layout)
+    "FLOAT32": ("float32", COL),
+    "FLOAT32_CEIL_UE8M0": ("ue8m0", COL),
+    "UE8M0": ("ue8m0", PACKED),
+}
+
+
+def persistent_masked_m_silu_mul_quant(
+    y,
+    tokens_per_expert,
+    num_parallel_tokens=16,
+    group_size: int = 128,
+    quant_scale_fmt="FLOAT32",
+):
+    """vLLM's ``persistent_masked_m_silu_mul_quant`` (batched DeepGEMM MoE experts).
+
+    ``y`` ``[E, T, 2H]`` (gate then up) and ``tokens_per_expert`` ``[E]``: the SiLU-and-multiply
+    of the first ``tokens_per_expert[e]`` tokens of each expert, quantized to e4m3 ``[E, T, H]``.
+    Scales as vLLM allocates them: ``quant_scale_fmt`` ``FLOAT32`` (or
+    ``FLOAT32_CEIL_UE8M0``, powers of two) gives float32 ``[E, T, H/G]`` with strides
+    ``(T*H/G, 1, T)``; ``UE8M0`` gives int32 ``[E, T, ceil(H/G/4)]`` with strides
+    ``(T*ceil(H/G/4), 1, T)`` (``T`` a multiple of 4 here: this library pads the packed layout
+    to TMA alignment). As in vLLM, the scales of tokens past the counts are zero and their codes
+    unwritten. ``quant_scale_fmt`` is vLLM's ``DeepGemmQuantScaleFMT`` or its name;
+    ``num_parallel_tokens`` is vLLM's tuning knob and is ignored.
+    """
+    name = getattr(quant_scale_fmt, "name", quant_scale_fmt)
+    if name not in _SCALE_FMTS:
+        raise ValueError(
+            f"quant_scale_fmt: expected one of {', '.join(_SCALE_FMTS)}, got {quant_scale_fmt!r}"
+        )
+    scale, layout = _SCALE_FMTS[name]
+    shape = tuple(getattr(y, "shape", ()))
+    if len(shape) != 3:
+        raise ValueError(f"y: expected [E, T, 2H], got shape {shape}")
+    if layout == PACKED and shape[1] % 4:
+        raise ValueError(
+            f"y: quant_scale_fmt=UE8M0 needs T to be a multiple of 4 here, got T={shape[1]}"
+        )
+    geometry = Geometry(
+        (shape[0], shape[1], shape[2] // 2), group_size, scale_layout(layout), False
+    )
+    scale_out = _zeroed_like(y, geometry)
+    return quantize(
+        y,
+        group_size,
+        dtype="e4m3",
+        scale=scale,
+        layout=layout,
+        scale_out=scale_out,
+        activation="silu_mul",
+        masked_m=tokens_per_expert,
+    )
+
+
+def _zeroed_like(x, geometry: Geometry):
+    """Zeroed scale storage of ``geometry``'s layout in ``x``'s library and device."""
+    import numpy as np
+
+    shape, strides = geometry.scale_shape, geometry.scale_strides
+    dtype = geometry.layout.dtype
+    module = type(x).__module__.split(".")[0]
+    if module == "torch":
+        import torch
+
+        zeros = torch.zeros(geometry.scale_storage, dtype=getattr(torch, dtype), device=x.device)
+        return zeros.as_strided(shape, strides)
+    if module == "cupy":
+        import cupy
+
+        device_zeros = cupy.zeros(geometry.scale_storage, dtype)
+        return cupy.lib.stride_tricks.as_strided(device_zeros, shape, tuple(4 * s for s in strides))
+    host_zeros = np.zeros(geometry.scale_storage, dtype)
+    return np.lib.stride_tricks.as_strided(host_zeros, shape, tuple(4 * s for s in strides))
 
 
 def silu_mul_per_token_group_quant_fp8_colmajor(

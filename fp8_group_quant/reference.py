@@ -12,7 +12,9 @@ import numpy as np
 from ._layout import Geometry
 from ._spec import UE8M0_FLOOR, OutputFormat, ScaleFormat, output_format, scale_format
 
-__all__ = ["quantize_groups", "encode", "ue8m0_exponents", "quantize_into"]
+__all__ = [
+    "quantize_groups", "encode", "ue8m0_exponents", "quantize_into", "quantize_into_masked"
+]  # fmt: skip
 
 _ABS_MASK = np.uint32(0x7FFFFFFF)
 _INF_BITS = np.uint32(0x7F800000)
@@ -99,3 +101,37 @@ def quantize_into(
     storage[...] = 0
     offsets = geometry.scale_byte_offsets()[..., None] + np.arange(width)
     storage[offsets] = scale_bytes
+
+
+def quantize_into_masked(
+    x: np.ndarray,
+    geometry: Geometry,
+    fmt: OutputFormat | str,
+    scale: ScaleFormat | str,
+    eps: float,
+    q_storage: np.ndarray,
+    scale_storage: np.ndarray,
+    counts: np.ndarray,
+) -> None:
+    """The masked MoE layout: as ``quantize_into``, for rows ``t < counts[e]`` of each batch
+    ``e`` only (counts clamped to ``[0, T]``). Every other byte of both storages, padding rows
+    included, is left as it was; the unused bytes of a written row's last packed word are zero.
+    """
+    b, m, ng, g = geometry.batches, geometry.rows, geometry.groups, geometry.group_size
+    counts = np.clip(np.asarray(counts).astype(np.int64), 0, m)
+    valid = np.arange(m)[None, :] < counts[:, None]  # [b, m]
+    values = np.asarray(x).astype(np.float32).reshape(b, m, ng, g)
+    codes, scales, exponents = quantize_groups(values, fmt, scale, eps)
+    q = q_storage.reshape(b, geometry.q_rows, geometry.k)
+    q[:, :m][valid] = codes.reshape(b, m, geometry.k)[valid]
+
+    storage = scale_storage.view(np.uint8)
+    offsets = geometry.scale_byte_offsets()[valid]  # [rows written, ng]
+    if geometry.layout.scale_bytes == 4:
+        scale_bytes = scales.astype("<f4").view(np.uint8).reshape(b, m, ng, 4)[valid]
+        storage[offsets[..., None] + np.arange(4)] = scale_bytes
+        return
+    storage[offsets] = exponents.astype(np.uint8).reshape(b, m, ng)[valid]
+    if ng % 4:  # the bytes after the last group in its word
+        last = offsets[:, -1:] + np.arange(1, 4 - ng % 4 + 1)
+        storage[last] = 0

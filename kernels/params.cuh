@@ -38,6 +38,8 @@ struct Params {
   float ue8m0_floor;    // floor of amax / fmax before the power-of-two ceiling
   u32 nonfinite_codes;  // codes of +NaN, -NaN, +Inf, -Inf, one byte each from the lowest
   i64 x_up_offset;      // fused SiLU-and-multiply: elements from a gate value to its up value
+  const void* masked_m; // masked layout: rows of each batch to quantize (int32 or int64), or 0
+  u32 masked_i64;       // masked layout: 1 when masked_m holds int64 counts
 };
 
 }  // namespace fgq

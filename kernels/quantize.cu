@@ -20,6 +20,10 @@
 // Rows in [rows, grid_rows) of each batch are padding rows: the kernel writes zeros there (to q
 // below q_rows, to the scales below scale_rows), so callers may allocate with empty and no memset
 // is launched. The one-pass path has no slots for them: the last real row's slots write them.
+//
+// kAct (activation.cuh) turns the loaded bytes into the values quantized: kIdentity, or
+// kSiluMul, which loads a gate lane and its up lane and computes the engines' silu_and_mul.
+// quantize_masked, at the end, is the masked MoE layout's persistent kernel over the same steps.
 #include "activation.cuh"
 #include "common.cuh"
 #include "layouts.cuh"
@@ -317,6 +321,104 @@ __global__ void __launch_bounds__(kMaxThreads,
     if (next_batch >= batches) break;
     batch = next_batch;
     row = next_row;
+  }
+}
+
+// the masked MoE layout: x [E, T, K], only rows t < masked_m[e] of expert e --------------------
+// NOTES: a persistent grid whose work scales with sum(masked_m), not with E * T, and which
+// reads masked_m on the device (no host synchronisation, so a CUDA graph replays it with new
+// counts). Each block clamps the counts to [0, T] and scans their row tiles into shared
+// memory; the group slots of the real tiles are numbered as in the one-pass kernel and walked
+// with a stride of the grid; a slot finds its expert by binary search over the scan. Rows at
+// or past masked_m[e], and TMA padding rows, are not written.
+constexpr int kMaxExperts = 1024;  // _launch.py reads this line
+constexpr int kMaskedThreads = 128;  // _launch.py reads this line
+
+template <int kIn, int kGroup, int kOut, int kScale, int kLayout, int kAct>
+__global__ void __launch_bounds__(kMaskedThreads, 8) quantize_masked(const __grid_constant__ Params p) {
+  typedef Input<kIn> In;
+  typedef typename In::Storage Storage;
+  constexpr int kValues = kLaneWords * 4 / In::kBytes;
+  constexpr int kLanes = kGroup / kValues;
+  constexpr int kWarps = kMaskedThreads / 32;
+  __shared__ ExpTable table;
+  __shared__ u32 first_tile[kMaxExperts + 1];  // row tiles of the experts before e
+  __shared__ u32 expert_rows[kMaxExperts];     // clamped masked_m
+  __shared__ u32 warp_totals[kWarps];
+  if constexpr (kAct == kSiluMul) table.fill();
+
+  const u32 experts = p.batches;
+  const int tile_rows_log2 = p.tile_rows_log2;
+  const u32 tile_rows = 1u << tile_rows_log2;
+  wait_for_producer();  // PDL: masked_m and x may come from the previous kernel
+  // each thread clamps and counts the tiles of a run of consecutive experts
+  const u32 per_thread = (experts + kMaskedThreads - 1) / kMaskedThreads;
+  const u32 first_expert = threadIdx.x * per_thread;
+  u32 local = 0u;
+  for (u32 i = 0; i < per_thread; ++i) {
+    const u32 e = first_expert + i;
+    if (e < experts) {
+      long long count = p.masked_i64 ? static_cast<const long long*>(p.masked_m)[e]
+                                     : static_cast<const int*>(p.masked_m)[e];
+      count = count < 0 ? 0 : (count > p.rows ? p.rows : count);
+      expert_rows[e] = static_cast<u32>(count);
+      local += (static_cast<u32>(count) + tile_rows - 1u) >> tile_rows_log2;
+    }
+  }
+  // exclusive scan of the runs: within each warp by shuffles, then over the warps
+  const u32 warp_lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+  u32 inclusive = local;
+#pragma unroll
+  for (int offset = 1; offset < 32; offset *= 2) {
+    const u32 before = __shfl_up_sync(0xffffffffu, inclusive, offset);
+    if (warp_lane >= static_cast<u32>(offset)) inclusive += before;
+  }
+  if (warp_lane == 31u) warp_totals[warp] = inclusive;
+  __syncthreads();
+  u32 start = inclusive - local;
+  for (u32 w = 0; w < warp; ++w) start += warp_totals[w];
+  for (u32 i = 0; i < per_thread; ++i) {
+    const u32 e = first_expert + i;
+    if (e < experts) {
+      first_tile[e] = start;
+      start += (expert_rows[e] + tile_rows - 1u) >> tile_rows_log2;
+    }
+  }
+  if (threadIdx.x == kMaskedThreads - 1) first_tile[experts] = start;  // the total
+  __syncthreads();
+  signal_dependents();
+
+  const u32 tile_slots = static_cast<u32>(p.groups_per_row) << tile_rows_log2;
+  const u32 total_slots = first_tile[experts] * tile_slots;
+  const u32 slots_per_block = kMaskedThreads / kLanes;
+  const int lane = threadIdx.x % kLanes;
+  const i64 k = static_cast<i64>(p.groups_per_row) * kGroup;
+  // NOTES: `base` is uniform over the block, so every lane runs every iteration and the
+  // shuffles name the whole warp; a slot past the end works on the last one and stores nothing
+  for (u32 base = blockIdx.x * slots_per_block; base < total_slots;
+       base += gridDim.x * slots_per_block) {
+    const u32 slot_raw = base + threadIdx.x / kLanes;
+    const u32 slot = min(slot_raw, total_slots - 1u);
+    const u32 tile = divide_u31(slot, p.tile_slots_magic, p.tile_slots_shift);
+    const u32 within = slot - tile * tile_slots;
+    const int group = static_cast<int>(within >> tile_rows_log2);
+    u32 lo = 0u, hi = experts;  // the last expert whose first tile is at or before `tile`
+    while (hi - lo > 1u) {
+      const u32 mid = (lo + hi) >> 1;
+      if (first_tile[mid] <= tile) lo = mid; else hi = mid;
+    }
+    const u32 batch = lo;
+    const u32 row = ((tile - first_tile[batch]) << tile_rows_log2) + (within & (tile_rows - 1u));
+    const u32 rows = expert_rows[batch];  // at least 1: the expert owns this tile
+    const bool active = slot_raw < total_slots && row < rows;
+    const i64 value0 = static_cast<i64>(group) * kGroup + lane * kValues;
+    u32 words[kLaneWords];
+    load_values<kIn, true, kAct>(
+        p, static_cast<const Storage*>(p.x) + batch * p.x_batch_stride +
+               min(row, rows - 1u) * p.x_row_stride + value0, table, words);
+    quantize_group<kIn, kGroup, kOut, kScale, kLayout, true>(
+        p, words, 0xffffffffu, true, p.q + batch * p.q_batch_stride + row * k + value0, active,
+        active && lane == 0, batch, row, group);
   }
 }
 

@@ -237,10 +237,10 @@ def test_sglang_batched_scales_are_per_batch_and_outputs_in_place():
 @pytest.mark.parametrize(
     "kwargs, error, message",
     [
-        ({"masked_m": np.array([3], np.int32)}, NotImplementedError, "masked_m"),
+        ({"masked_m": np.array([3], np.int32)}, ValueError, r"x: masked_m needs x of shape"),
         ({"scale_ue8m0": True, "column_major_scales": True}, ValueError, "scale_tma_aligned=True"),
     ],
-)  # the two pending features, and SGLang's own precondition for column-major UE8M0
+)  # a masked call on 2-D input, and SGLang's own precondition for column-major UE8M0
 def test_sglang_rejections(x, kwargs, error, message):
     with pytest.raises(error, match=message):
         sglang_per_token_group_quant_fp8(x, 128, **kwargs)

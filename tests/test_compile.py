@@ -13,12 +13,14 @@ nvrtc = pytest.importorskip("cupy_backends.cuda.libs.nvrtc", reason="CuPy is not
 def test_every_instantiation_compiles(arch):
     keys = _launch.all_kernel_keys()
     # inputs x group sizes x formats x (float scales, ue8m0 in float words, packed), each with
-    # plain input (x alignment x the two paths) and SiLU-and-multiply (aligned, one pass)
-    assert len(keys) == 3 * 4 * 4 * 3 * (2 * 2 + 1)
+    # plain input (x alignment x the two paths), SiLU-and-multiply (aligned, one pass) and the
+    # masked kernel for both (aligned)
+    assert len(keys) == 3 * 4 * 4 * 3 * (2 * 2 + 1 + 2)
     report = []
     lowered = _jit.compile_offline(_launch.SOURCE, [k.name_expression for k in keys], arch, report)
     assert len(set(lowered.values())) == len(keys)  # one distinct kernel per key
-    assert all(name.startswith("_ZN3fgq15quantize_groups") for name in lowered.values())
+    assert all(name.startswith(("_ZN3fgq15quantize_groups", "_ZN3fgq15quantize_masked"))
+               for name in lowered.values())  # fmt: skip
     # ptxas's resource report: one spill line per kernel, and on Hopper, where the register
     # bounds were measured, no kernel spills (a spill in the loop cost int8 and float-scale
     # variants 10-20% on the H200, docs/perf.md step 8)

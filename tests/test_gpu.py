@@ -828,3 +828,104 @@ def test_silu_mul_refuses_what_it_cannot_read():
         fgq.quantize(x, 128, activation="gelu")
     q, s = fgq.quantize(cupy.zeros((0, 512), x.dtype), 128, activation="silu_mul")
     assert q.shape == (0, 256) and s.shape == (0, 2)
+
+
+# the masked MoE layout (issue 13) -----------------------------------------------------------------
+
+
+def host_poisoned(geometry: Geometry, fmt: str):
+    """numpy views over storage poisoned as poisoned_outputs poisons the device's."""
+    q_buf = np.full(geometry.q_storage, Q_POISON, np.uint8)
+    s_buf = np.full(geometry.scale_storage * 4, SCALE_POISON, np.uint8)
+    q = np.lib.stride_tricks.as_strided(q_buf, geometry.shape, geometry.q_strides)
+    words = s_buf.view(geometry.layout.dtype)
+    s = np.lib.stride_tricks.as_strided(
+        words, geometry.scale_shape, tuple(4 * v for v in geometry.scale_strides)
+    )
+    return q.view(OUTPUT_FORMATS[fmt].numpy_dtype), s, q_buf, s_buf
+
+
+def check_masked(x_host, counts, lib, group_size, dtype, scale, layout, activation, **kwargs):
+    """The masked kernel into poisoned device storage against the NumPy backend into poisoned
+    host storage: every byte, the untouched ones included."""
+    n = x_host.shape[-1] // (2 if activation else 1)
+    geometry = Geometry((*x_host.shape[:-1], n), group_size, layout, False)
+    options = dict(dtype=dtype, scale=scale, layout=layout, activation=activation)
+    q, s, q_buf, s_buf = poisoned_outputs(geometry, lib, dtype)
+    counts_device = to_device(counts, lib)
+    fgq.quantize(to_device(x_host, lib), group_size, **options, masked_m=counts_device, out=q,
+                 scale_out=s, **kwargs)  # fmt: skip
+    hq, hs, hq_buf, hs_buf = host_poisoned(geometry, dtype)
+    fgq.quantize(x_host, group_size, **options, masked_m=counts, out=hq, scale_out=hs)
+    what = f"masked {lib} {x_host.dtype} G={group_size} {dtype} {scale} {layout} {activation} "
+    what += f"{x_host.shape} counts={list(counts)[:8]}"
+    assert_same_bytes(to_host_bytes(q_buf), hq_buf, f"q ({what})")
+    assert_same_bytes(to_host_bytes(s_buf), hs_buf, f"scales ({what})")
+
+
+@pytest.mark.parametrize("input_dtype, group_size, dtype, scale, layout", COMBINATIONS)
+def test_masked_every_combination(input_dtype, group_size, dtype, scale, layout):
+    index = COMBINATIONS.index((input_dtype, group_size, dtype, scale, layout))
+    lib = ("cupy", "torch")[index % 2]
+    activation = ("silu_mul", None)[index // 2 % 2]
+    rng = np.random.default_rng(2000 + index)
+    width = 3 * group_size * (2 if activation else 1)  # three groups: a partly used word
+    x = activations(rng, (5, 7, width), input_dtype, specials=True)
+    counts = np.array([0, 7, 3, -1, 12], (np.int32, np.int64)[index % 3 == 0])
+    check_masked(x, counts, lib, group_size, dtype, scale, layout, activation)
+
+
+@pytest.mark.parametrize("lib", ["cupy", "torch"])
+def test_masked_many_experts_and_unbalanced_counts(lib):
+    rng = np.random.default_rng(8)
+    x = activations(rng, (32, 64, 2 * 1024), "bfloat16", specials=True)
+    for counts in (
+        rng.integers(0, 65, 32),  # random, some zero, some full
+        np.where(np.arange(32) == 5, 64, 0),  # one expert holds every token
+        np.zeros(32, np.int64),  # nothing at all
+        np.full(32, 64),  # everything
+    ):
+        for hint in ({}, {"expected_m": 1}):  # a small hint still covers every row
+            check_masked(x, counts.astype(np.int32), lib, 128, "e4m3", "ue8m0", "packed",
+                         "silu_mul", **hint)  # fmt: skip
+    one = activations(rng, (1, 300, 7168), "bfloat16")  # E = 1, many rows
+    check_masked(one, np.array([257], np.int64), lib, 128, "e4m3", "float32", "col_tma", None)
+
+
+def test_masked_replays_in_a_cuda_graph_with_new_counts():
+    import torch
+
+    rng = np.random.default_rng(9)
+    x_host = activations(rng, (8, 32, 2048), "bfloat16", specials=True)
+    x = to_device(x_host, "torch")
+    counts = torch.zeros(8, dtype=torch.int32, device="cuda")
+    geometry = Geometry((8, 32, 1024), 128, "packed", False)
+    q, s, q_buf, s_buf = poisoned_outputs(geometry, "torch", "e4m3")
+    options = dict(scale="ue8m0", layout="packed", activation="silu_mul")
+    fgq.quantize(x, 128, **options, masked_m=counts, out=q, scale_out=s)  # plan and warm up
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fgq.quantize(x, 128, **options, masked_m=counts, out=q, scale_out=s)
+    for step in range(4):
+        new = rng.integers(0, 33, 8).astype(np.int32)
+        counts.copy_(torch.from_numpy(new))
+        q_buf.fill_(Q_POISON), s_buf.fill_(SCALE_POISON)
+        graph.replay()
+        torch.cuda.synchronize()
+        hq, hs, hq_buf, hs_buf = host_poisoned(geometry, "e4m3")
+        fgq.quantize(x_host, 128, **options, masked_m=new, out=hq, scale_out=hs)
+        assert_same_bytes(to_host_bytes(q_buf), hq_buf, f"q, replay {step}, counts {new}")
+        assert_same_bytes(to_host_bytes(s_buf), hs_buf, f"scales, replay {step}, counts {new}")
+
+
+def test_masked_m_must_live_with_x():
+    import cupy
+    import torch
+
+    x = to_device(activations(np.random.default_rng(10), (2, 4, 256), "bfloat16"), "torch")
+    with pytest.raises(ValueError, match="masked_m: expected an array of x's library"):
+        fgq.quantize(x, 128, masked_m=cupy.asarray(np.array([1, 2], np.int32)))
+    with pytest.raises((ValueError, TypeError), match="masked_m"):
+        fgq.quantize(x, 128, masked_m=torch.tensor([1, 2], dtype=torch.int32))  # on the CPU
+    with pytest.raises(TypeError, match="masked_m: expected int32 or int64"):
+        fgq.quantize(x, 128, masked_m=torch.tensor([1, 2], dtype=torch.int16, device="cuda"))

@@ -28,6 +28,34 @@ def main():
           f"{'unfused':>8} {'fused/floor':>11} {'unfused/fused':>13}")  # fmt: skip
     for m in (1, 64, 512, 4096):
         measure(m, bandwidth)
+    masked()
+
+
+def masked(experts: int = 32, tokens: int = 1024, k: int = 7168, share: float = 0.05) -> None:
+    """The masked layout with sum(masked_m) = share * E * T against the plain quantizer on the
+    same number of rows, and against the masked grid with every row counted."""
+    print(f"# masked: E = {experts}, T = {tokens}, K = {k}, sum(masked_m) = {share:.0%} of E*T")
+    x = torch.randn(experts, tokens, k, device="cuda", dtype=torch.bfloat16)
+    rng = np.random.default_rng(0)
+    counts = rng.multinomial(int(share * experts * tokens), [1 / experts] * experts)
+    counts_t = torch.from_numpy(counts.astype(np.int32)).cuda()
+    full_t = torch.full((experts,), tokens, dtype=torch.int32, device="cuda")
+    rows = int(counts.sum())
+    plain_x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
+    options = dict(scale="ue8m0", layout="packed")
+    q, s = fgq.quantize(x, 128, **options, masked_m=counts_t)
+    pq, ps = fgq.quantize(plain_x, 128, **options)
+
+    def run_masked(c):
+        return lambda: fgq.quantize(x, 128, **options, masked_m=c, out=q, scale_out=s)
+
+    t_masked = torch_graph_time_us([run_masked(counts_t)] * 32)
+    t_full = torch_graph_time_us([run_masked(full_t)] * 4)
+    t_plain = torch_graph_time_us(
+        [lambda: fgq.quantize(plain_x, 128, **options, out=pq, scale_out=ps)] * 32
+    )
+    print(f"masked {t_masked:.2f} us, plain on the same {rows} rows {t_plain:.2f} us "
+          f"(ratio {t_masked / t_plain:.2f}); every row counted {t_full:.2f} us")  # fmt: skip
 
 
 def measure(m: int, bandwidth: float) -> None:
