@@ -909,7 +909,8 @@ def test_masked_replays_in_a_cuda_graph_with_new_counts():
     for step in range(4):
         new = rng.integers(0, 33, 8).astype(np.int32)
         counts.copy_(torch.from_numpy(new))
-        q_buf.fill_(Q_POISON), s_buf.fill_(SCALE_POISON)
+        q_buf.fill_(Q_POISON)
+        s_buf.view(torch.uint8).fill_(SCALE_POISON)  # bytewise: s_buf is the int32 view
         graph.replay()
         torch.cuda.synchronize()
         hq, hs, hq_buf, hs_buf = host_poisoned(geometry, "e4m3")
