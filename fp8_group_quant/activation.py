@@ -122,3 +122,76 @@ def silu_mul(gate: np.ndarray, up: np.ndarray, input_dtype: str) -> np.ndarray:
 def _canonical_nan(values: np.ndarray) -> np.ndarray:
     bits = values.view(np.uint32)
     return np.where(np.isnan(values), CANONICAL_NAN, bits).view(F32)
+
+
+# fused RMSNorm ------------------------------------------------------------------------------------
+# y = round(x * rsqrt(mean(x^2) + eps_norm) * weight) over a whole row, x optionally replaced by
+# round(x + residual) (written back to residual). The row's sum of squares has one fixed order,
+# the one a kernel holding 32 input bytes per lane and 32 lanes per warp reduces in: each lane
+# folds its squares in half (value i plus value i + V/2, and so on), each warp folds its 32 lane
+# partials in half (what xor shuffles with offsets 16, 8, 4, 2, 1 leave in lane 0), and the warp
+# totals are folded in half over 32 slots; missing lanes and warps count as +0, which changes no
+# sum of squares. Then mean = total / K, d = mean + eps_norm, r = 1 / sqrt(d) (sqrt and divide
+# each correctly rounded: r is within 1 ulp of the exact reciprocal square root), and
+# y = round(RN(x * r) * weight). NaN results are the canonical +NaN.
+
+LANE_BYTES = 32
+MAX_NORM_LANES = 1024  # a row of at most 32 warps of 32 lanes (K <= 16384 for 16-bit input)
+
+
+def _fold_in_half(a: np.ndarray, width: int) -> np.ndarray:
+    """Fold the last axis (``width``, a power of two; zero-padded up to it) in half until one
+    value is left: a[i] + a[i + width/2], and so on."""
+    if a.shape[-1] < width:
+        pad = np.zeros((*a.shape[:-1], width - a.shape[-1]), F32)
+        a = np.concatenate([a, pad], axis=-1)
+    while width > 1:
+        width //= 2
+        a = (a[..., :width] + a[..., width:]).astype(F32)
+    return a[..., 0]
+
+
+def sum_of_squares(rows: np.ndarray, itemsize: int) -> np.ndarray:
+    """The sum of squares of each row of float32 ``rows`` [R, K], in the defined order."""
+    r, k = rows.shape
+    per_lane = LANE_BYTES // itemsize
+    lanes = k // per_lane
+    with np.errstate(over="ignore", invalid="ignore"):
+        squares = (rows * rows).astype(F32).reshape(r, lanes, per_lane)
+        lane_sums = _fold_in_half(squares, per_lane)  # [R, lanes]
+        warps = -(-lanes // 32)
+        padded = np.zeros((r, warps * 32), F32)
+        padded[:, :lanes] = lane_sums
+        warp_sums = _fold_in_half(padded.reshape(r, warps, 32), 32)  # [R, warps <= 32]
+        return _fold_in_half(warp_sums, 32)
+
+
+def rsqrt(d: np.ndarray) -> np.ndarray:
+    """RN(1 / RN(sqrt(d))) in float32."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return (F32(1.0) / np.sqrt(np.asarray(d, F32))).astype(F32)
+
+
+def rms_norm(
+    x: np.ndarray,
+    weight: np.ndarray,
+    eps_norm: float,
+    input_dtype: str,
+    residual: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """(y as float32 values of ``input_dtype``, the new residual or None) for ``x`` [..., K]."""
+    k = x.shape[-1]
+    values = np.asarray(x).astype(F32).reshape(-1, k)
+    new_residual = None
+    if residual is not None:
+        with np.errstate(over="ignore", invalid="ignore"):
+            added = values + np.asarray(residual).astype(F32).reshape(-1, k)
+        values = _canonical_nan(round_to(added.astype(F32), input_dtype))
+        new_residual = values.reshape(x.shape)
+    itemsize = INPUT_TYPES[input_dtype].itemsize
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        mean = (sum_of_squares(values, itemsize) / F32(k)).astype(F32)
+        r = rsqrt((mean + F32(eps_norm)).astype(F32))
+        y = ((values * r[:, None]).astype(F32) * np.asarray(weight).astype(F32)).astype(F32)
+    y = _canonical_nan(round_to(_canonical_nan(y), input_dtype))
+    return y.reshape(x.shape), new_residual

@@ -79,6 +79,8 @@ def quantize(
     activation: ActivationName | None = None,
     masked_m=None,
     expected_m: int | None = None,
+    norm: tuple | None = None,
+    residual=None,
 ) -> tuple[Array, Array]:
     """Quantize ``x`` per token in groups of ``group_size`` channels.
 
@@ -136,6 +138,13 @@ def quantize(
     expected_m : int, optional
         With ``masked_m``: the rows per expert the persistent grid is sized for (DeepGEMM's
         hint); any counts are still handled. Default: ``T``.
+    norm : (weight, eps_norm), optional
+        Fused RMSNorm: quantize ``round(x * rsqrt(mean(x^2) + eps_norm) * weight)`` over each
+        row (``weight`` ``[K]`` of x's dtype; the float32 steps and the order of the row's sum
+        are defined in ``docs/spec.md``, section 2b). NumPy and torch CPU inputs for now.
+    residual : array like ``x``, optional
+        With ``norm``: ``x + residual`` (rounded to x's dtype) is normalised instead of ``x`` and
+        written back to ``residual``, as the engines' fused add-RMSNorm does.
 
     Returns
     -------
@@ -145,6 +154,8 @@ def quantize(
     scales : array of ``x``'s library, shape ``x.shape[:-1] + (ng or kp,)``, strides as above.
     """
     options = (group_size, dtype, scale, layout, eps, pad_rows, activation)
+    if norm is not None or residual is not None:
+        return _quantize_norm(x, options, norm, residual, out, scale_out, masked_m)
     if masked_m is not None or expected_m is not None:
         return _quantize_masked(x, options, masked_m, expected_m, out, scale_out)
     signature = device_signature(x)
@@ -205,6 +216,73 @@ def _quantize_new(x, options: tuple, out, scale_out):
         return _quantize_host(x, info, request, out, scale_out)
     plan = _plan(info, request, options)
     return plan.run(info.ptr, out, scale_out)
+
+
+def _quantize_norm(x, options: tuple, norm, residual, out, scale_out, masked_m):
+    """Fused RMSNorm (and add), on the NumPy backend; every argument is checked before the
+    residual or an output is written."""
+    if norm is None:
+        raise ValueError("residual: the fused add needs norm=(weight, eps_norm) too")
+    if not isinstance(norm, tuple) or len(norm) != 2:
+        raise TypeError(f"norm: expected a (weight, eps_norm) tuple, got {type(norm).__name__}")
+    if options[-1] is not None:
+        raise ValueError("norm: cannot be combined with activation")
+    if masked_m is not None:
+        raise ValueError("norm: cannot be combined with masked_m")
+    weight, eps_norm = norm
+    if is_torch_cpu(x):  # numpy views of the same memory: the residual is written through them
+        host = [torch_cpu_to_numpy(a, name) if a is not None else None
+                for a, name in ((x, "x"), (weight, "norm"), (residual, "residual"),
+                                (out, "out"), (scale_out, "scale_out"))]  # fmt: skip
+        q, scales = _quantize_norm(host[0], options, (host[1], eps_norm), host[2], host[3],
+                                   host[4], None)  # fmt: skip
+        return (
+            out if out is not None else numpy_to_torch_cpu(q),
+            scale_out if scale_out is not None else numpy_to_torch_cpu(scales),
+        )
+    info = describe(x, "x")
+    request = make_request(info, *options)
+    if info.kind != NUMPY:
+        raise NotImplementedError(
+            "norm: the fused RMSNorm runs on the NumPy backend only for now (numpy arrays and "
+            "torch CPU tensors); the CUDA kernel is not written yet"
+        )
+    k = info.shape[-1] if info.shape else 0
+    w_info = describe(weight, "norm")
+    if w_info.kind != NUMPY or w_info.dtype != info.dtype or tuple(w_info.shape) != (k,):
+        raise ValueError(
+            f"norm: the weight must be a {info.dtype} array of shape ({k},) like x's rows, got "
+            f"{w_info.dtype} of shape {tuple(w_info.shape)}"
+        )
+    eps_value = np.float32(eps_norm) if isinstance(eps_norm, (int, float, np.floating)) else None
+    if isinstance(eps_norm, bool) or eps_value is None or not (np.isfinite(eps_value)
+                                                              and eps_value > 0):  # fmt: skip
+        raise ValueError(f"norm: eps_norm must be a positive finite float, got {eps_norm!r}")
+    row_bytes = _activation.MAX_NORM_LANES * _activation.LANE_BYTES
+    if k * info.itemsize > row_bytes:
+        raise ValueError(
+            f"x: norm takes rows of at most {row_bytes // info.itemsize} {info.dtype} values "
+            f"(one thread block a row), got K={k}"
+        )
+    if residual is not None:
+        r_info = describe(residual, "residual")
+        if r_info.kind != NUMPY or r_info.dtype != info.dtype or r_info.shape != info.shape:
+            raise ValueError(
+                f"residual: expected a {info.dtype} array of x's shape {tuple(info.shape)}, got "
+                f"{r_info.dtype} of shape {tuple(r_info.shape)}"
+            )
+        if not residual.flags.writeable:
+            raise ValueError("residual: the array is read-only; the fused add writes it")
+        if np.shares_memory(residual, x):
+            raise ValueError("residual: overlaps x; pass a separate buffer")
+        for given, name in ((out, "out"), (scale_out, "scale_out")):
+            if given is not None and np.shares_memory(residual, given):
+                raise ValueError(f"residual: overlaps {name}")
+    values, new_residual = _activation.rms_norm(x, weight, float(eps_value), info.dtype, residual)
+    q, scales = _quantize_host(values, info, request, out, scale_out)  # checks the outputs
+    if new_residual is not None:
+        residual[...] = new_residual.astype(residual.dtype)
+    return q, scales
 
 
 def _quantize_masked(x, options: tuple, masked_m, expected_m, out, scale_out):

@@ -930,3 +930,14 @@ def test_masked_m_must_live_with_x():
         fgq.quantize(x, 128, masked_m=torch.tensor([1, 2], dtype=torch.int32))  # on the CPU
     with pytest.raises(TypeError, match="masked_m: expected int32 or int64"):
         fgq.quantize(x, 128, masked_m=torch.tensor([1, 2], dtype=torch.int16, device="cuda"))
+
+
+def test_norm_on_a_gpu_array_is_not_implemented_yet_and_writes_nothing():
+    import torch
+
+    x = to_device(activations(np.random.default_rng(11), (4, 256), "bfloat16"), "torch")
+    w = torch.ones(256, dtype=torch.bfloat16, device="cuda")
+    residual = torch.zeros_like(x)
+    with pytest.raises(NotImplementedError, match="norm: the fused RMSNorm runs on the NumPy"):
+        fgq.quantize(x, 128, norm=(w, 1e-6), residual=residual)
+    assert not residual.any()

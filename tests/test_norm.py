@@ -1,0 +1,169 @@
+"""Fused RMSNorm (and add) on the CPU: the defined float32 steps, their accuracy, the entry
+point and its checks."""
+
+import ml_dtypes
+import numpy as np
+import pytest
+from helpers import activations
+
+import fp8_group_quant as fgq
+from fp8_group_quant import activation
+
+
+def scalar_sum_of_squares(row: np.ndarray, itemsize: int) -> np.float32:
+    """The defined order, one value at a time: lanes of 32 bytes folded in half, 32 lanes a
+    warp folded in half, the warp totals folded in half over 32 slots."""
+
+    def fold(values):
+        values = list(values)
+        while len(values) > 1:
+            half = len(values) // 2
+            values = [np.float32(values[i] + values[i + half]) for i in range(half)]
+        return values[0]
+
+    per_lane = 32 // itemsize
+    squares = [np.float32(v * v) for v in row.astype(np.float32)]
+    lanes = [fold(squares[i : i + per_lane]) for i in range(0, len(squares), per_lane)]
+    lanes += [np.float32(0)] * (-len(lanes) % 32)
+    warps = [fold(lanes[i : i + 32]) for i in range(0, len(lanes), 32)]
+    return fold(warps + [np.float32(0)] * (32 - len(warps)))
+
+
+@pytest.mark.parametrize("k, itemsize", [(256, 2), (7168, 2), (16384, 2), (128, 4), (8192, 4)])
+def test_the_sum_of_squares_follows_the_defined_order(k, itemsize):
+    rng = np.random.default_rng(k)
+    rows = (rng.standard_normal((3, k)) * np.exp(rng.standard_normal((3, 1)) * 3)).astype(
+        np.float32
+    )
+    got = activation.sum_of_squares(rows, itemsize)
+    for r in range(3):
+        assert got[r] == scalar_sum_of_squares(rows[r], itemsize)
+
+
+def test_rsqrt_is_within_1_ulp():
+    rng = np.random.default_rng(0)
+    d = np.concatenate([
+        np.exp(rng.uniform(-80, 80, 2_000_000)).astype(np.float32),
+        np.arange(np.float32(1).view(np.uint32), np.float32(4).view(np.uint32), 7,
+                  dtype=np.uint32).view(np.float32),  # every 7th float32 in [1, 4)
+    ])  # fmt: skip
+    got = activation.rsqrt(d).astype(np.float64)
+    exact = 1 / np.sqrt(d.astype(np.float64))
+    ordinal = lambda v: v.astype(np.float32).view(np.int32).astype(np.int64)  # noqa: E731
+    assert np.abs(ordinal(got) - ordinal(exact)).max() <= 1
+
+
+@pytest.mark.parametrize("input_dtype", ["bfloat16", "float16", "float32"])
+def test_rms_norm_is_accurate_and_rounds_once(input_dtype):
+    rng = np.random.default_rng(1)
+    x = activations(rng, (16, 2048), input_dtype)
+    w = activations(rng, (2048,), input_dtype)
+    y, _ = activation.rms_norm(x, w, 1e-6, input_dtype)
+    x64 = x.astype(np.float64)
+    exact = x64 / np.sqrt((x64**2).mean(-1, keepdims=True) + 1e-6) * w.astype(np.float64)
+    # one rounding to the input dtype: within one step of the dtype (plus float32 noise)
+    step = np.spacing(np.abs(exact).astype(x.dtype)).astype(np.float64)
+    assert (np.abs(y - exact) <= step * 0.5 + np.abs(exact) * 2e-6).mean() > 0.999
+    assert np.array_equal(y, y.astype(x.dtype).astype(np.float32))  # values of the dtype
+
+
+def test_quantize_with_norm_and_residual():
+    rng = np.random.default_rng(2)
+    x = activations(rng, (2, 3, 1024), "bfloat16", specials=True)
+    w = activations(rng, (1024,), "bfloat16")
+    residual = activations(rng, (2, 3, 1024), "bfloat16")
+    before = residual.copy()
+    q, s = fgq.quantize(x, 128, scale="ue8m0", layout="packed", norm=(w, 1e-5),
+                        residual=residual)  # fmt: skip
+    added = (x.astype(np.float32) + before.astype(np.float32)).astype(ml_dtypes.bfloat16)
+    added[np.isnan(added)] = np.float32("nan")  # any NaN is written as the positive quiet NaN
+    assert np.isnan(added).any() and added.view(np.uint16)[np.isnan(added)].tolist()[0] == 0x7FC0
+    np.testing.assert_array_equal(residual.view(np.uint16), added.view(np.uint16))
+    values, _ = activation.rms_norm(added, w, 1e-5, "bfloat16")
+    q_ref, s_ref = fgq.quantize(values.astype(ml_dtypes.bfloat16), 128, scale="ue8m0",
+                                layout="packed")  # fmt: skip
+    np.testing.assert_array_equal(q.view(np.uint8), q_ref.view(np.uint8))
+    np.testing.assert_array_equal(s, s_ref)
+    # without a residual, x itself is normalised and nothing else changes
+    q2, _ = fgq.quantize(added, 128, scale="ue8m0", layout="packed", norm=(w, 1e-5))
+    np.testing.assert_array_equal(q2.view(np.uint8), q.view(np.uint8))
+
+
+def test_torch_cpu_norm_writes_the_residual_in_place():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(3)
+    x = activations(rng, (4, 512), "bfloat16")
+    w = activations(rng, (512,), "bfloat16")
+    r = activations(rng, (4, 512), "bfloat16")
+
+    def tensor(a):
+        return torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16)
+
+    rt = tensor(r)
+    q, s = fgq.quantize(tensor(x), 128, norm=(tensor(w), 1e-6), residual=rt)
+    r_np = r.copy()
+    q_ref, s_ref = fgq.quantize(x, 128, norm=(w, 1e-6), residual=r_np)
+    assert np.array_equal(rt.view(torch.int16).numpy(), r_np.view(np.int16))
+    assert np.array_equal(q.view(torch.uint8).numpy(), q_ref.view(np.uint8))
+    assert np.array_equal(s.numpy(), s_ref)
+
+
+def test_vllm_style_rounding_differs_in_few_codes():
+    # vLLM's RMSNorm rounds x * rsqrt to the dtype before the weight multiply (two roundings);
+    # this library rounds once. Measured on random data: the share of codes that differ.
+    rng = np.random.default_rng(4)
+    x = activations(rng, (64, 4096), "bfloat16")
+    w = activations(rng, (4096,), "bfloat16")
+    ours, _ = activation.rms_norm(x, w, 1e-6, "bfloat16")
+    xf = x.astype(np.float32)
+    r = activation.rsqrt(activation.sum_of_squares(xf, 2) / np.float32(4096) + np.float32(1e-6))
+    twice = activation.round_to(activation.round_to(xf * r[:, None], "bfloat16") * w, "bfloat16")
+    q1, _ = fgq.quantize(ours.astype(ml_dtypes.bfloat16), 128)
+    q2, _ = fgq.quantize(twice.astype(ml_dtypes.bfloat16), 128)
+    differ = (q1.view(np.uint8) != q2.view(np.uint8)).mean()
+    assert 0 < differ < 0.05, differ  # docs/spec.md quotes this share
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        ({"norm": ("w", 1e-6)}, TypeError, "norm"),
+        ({"norm": (np.ones(512, ml_dtypes.bfloat16), 1e-6)}, ValueError, r"norm: the weight"),
+        ({"norm": (np.ones(256, np.float32), 1e-6)}, ValueError, r"norm: the weight"),
+        ({"norm": (np.ones(256, ml_dtypes.bfloat16), 0.0)}, ValueError, "norm: eps_norm"),
+        ({"norm": (np.ones(256, ml_dtypes.bfloat16), float("nan"))}, ValueError, "eps_norm"),
+        ({"norm": [np.ones(256, ml_dtypes.bfloat16), 1e-6]}, TypeError, "norm: expected a"),
+        ({"residual": np.ones((4, 256), ml_dtypes.bfloat16)}, ValueError, "residual: the fused"),
+        ({"norm": (np.ones(256, ml_dtypes.bfloat16), 1e-6),
+          "residual": np.ones((4, 128), ml_dtypes.bfloat16)}, ValueError, "residual: expected"),
+        ({"norm": (np.ones(256, ml_dtypes.bfloat16), 1e-6), "activation": "silu_mul"},
+         ValueError, "norm: cannot be combined with activation"),
+    ],
+)  # fmt: skip
+def test_bad_norm_arguments_are_named_and_nothing_is_written(kwargs, error, message):
+    x = activations(np.random.default_rng(5), (4, 256), "bfloat16")
+    out = np.full((4, 256), 0x55, np.uint8).view(ml_dtypes.float8_e4m3fn)
+    with pytest.raises(error, match=message):
+        fgq.quantize(x, 128, out=out, **kwargs)
+    assert (out.view(np.uint8) == 0x55).all()
+
+
+def test_a_residual_that_cannot_be_written_is_refused_untouched():
+    rng = np.random.default_rng(6)
+    x = activations(rng, (4, 256), "bfloat16")
+    w = activations(rng, (256,), "bfloat16")
+    frozen = activations(rng, (4, 256), "bfloat16")
+    frozen.flags.writeable = False
+    with pytest.raises(ValueError, match="residual: the array is read-only"):
+        fgq.quantize(x, 128, norm=(w, 1e-6), residual=frozen)
+    with pytest.raises(ValueError, match="residual: overlaps x"):
+        fgq.quantize(x, 128, norm=(w, 1e-6), residual=x)
+    residual = activations(rng, (4, 256), "bfloat16")
+    before = residual.copy()
+    bad_out = np.empty((4, 128), ml_dtypes.float8_e4m3fn)  # wrong shape: refused
+    with pytest.raises(ValueError, match="out"):
+        fgq.quantize(x, 128, norm=(w, 1e-6), residual=residual, out=bad_out)
+    assert np.array_equal(residual.view(np.uint16), before.view(np.uint16))
+    wide = activations(rng, (2, 16384 + 256), "bfloat16")
+    with pytest.raises(ValueError, match="x: norm takes rows of at most 16384"):
+        fgq.quantize(wide, 128, norm=(np.ones(16640, ml_dtypes.bfloat16), 1e-6))
