@@ -381,6 +381,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "--profile-host", action="store_true", help="time each host step of one small call"
     )
     parser.add_argument(
+        "--fused",
+        action="store_true",
+        help="the fused SiLU-and-multiply and masked paths against a same-traffic roof and the "
+        "unfused steps (needs torch; --k sets N)",
+    )
+    parser.add_argument(
         "--chain",
         action="store_true",
         help="a graph of [producer -> quantize -> consumer] steps, with and without PDL",
@@ -440,7 +446,11 @@ def run_parsed(args, parser: argparse.ArgumentParser) -> int:
                            "float32": np.float32}[args.input_dtype]  # fmt: skip
     if args.profile_host:
         return profile_host(args)
-    if args.chain:
+    if args.fused:
+        from .bench_fused import run_fused
+
+        rows = run_fused(args)
+    elif args.chain:
         rows = run_chain(args)
     else:
         rows = run_matrix(args) if args.matrix else run(args)

@@ -234,6 +234,8 @@ def test_the_benchmarks_chain_kernels_compile():
     for arch in ARCHS:
         lowered = _jit.compile_offline("chain.cu", ["fgq::produce_bf16", "fgq::consume"], arch)
         assert len(set(lowered.values())) == 2
+        roofs = ["fgq::roofline_copy", "fgq::roofline_gated"]  # bench's ceilings, plain and fused
+        assert len(set(_jit.compile_offline("roofline.cu", roofs, arch).values())) == 2
 
 
 def test_launch_config_mirrors_the_driver_structs():

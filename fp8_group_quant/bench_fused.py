@@ -1,0 +1,159 @@
+"""``bench --fused``: the fused inputs against a same-traffic roof and against unfused steps.
+
+For each M (``--k`` gives N, default 7168; bf16 -> e4m3, packed UE8M0 scales), CUDA-graph
+replay in torch graphs over rotating buffers, median us per call: the fused SiLU-and-multiply
+quantizer; the roofline kernel with its traffic (kernels/roofline.cu, ``roofline_gated``:
+32 gate and 32 up bytes read and 16 written per thread); the plain quantizer on [M, N]; torch's
+SiLU-and-multiply alone; the unfused pair; the floor. Then the masked layout (E = 32,
+T = 1024, K = 7168, 5% of the rows real) against the plain quantizer on as many rows. Every
+fused result is checked against the NumPy backend first. Needs torch.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any
+
+import numpy as np
+
+from . import _jit, api
+from .bench import ROOFLINE_THREADS, copy_bandwidth
+
+FUSED_M = (1, 64, 512, 4096)
+ROTATE_BYTES = 256 << 20
+OPTIONS: dict[str, Any] = dict(scale="ue8m0", layout="packed")
+
+
+def torch_graph_time_us(torch, calls, replays: int = 7) -> float:
+    """Median GPU time per call of ``calls`` captured in one torch CUDA graph."""
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        for call in calls[:2]:  # warm up outside the capture
+            call()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        for call in calls:
+            call()
+    times = []
+    for _ in range(replays + 1):  # replay() runs on the current stream: time it there
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / len(calls))
+    return statistics.median(times[1:])
+
+
+def run_fused(args) -> list[dict]:
+    import cupy
+    import torch
+
+    bandwidth = copy_bandwidth(cupy)
+    n = args.k[0] if args.k else 7168
+    roof = _jit.get_function("roofline.cu", "fgq::roofline_gated", cupy.cuda.runtime.getDevice())
+    print(f"# fused SiLU-and-multiply, N = {n}, bf16 -> e4m3, packed scales; copy "
+          f"{bandwidth / 1e12:.2f} TB/s")  # fmt: skip
+    print(f"{'M':>6} {'floor':>7} {'roof':>7} {'fused':>7} {'x roof':>7} {'plain':>7} "
+          f"{'torch act':>9} {'unfused':>8} {'unfused/fused':>13}")  # fmt: skip
+    rows = [_silu_row(torch, roof, bandwidth, m, n) for m in FUSED_M]
+    rows.append(_masked_row(torch))
+    return rows
+
+
+def _silu_row(torch, roof, bandwidth: float, m: int, n: int) -> dict:
+    buffers = max(2, min(32, math.ceil(ROTATE_BYTES / (m * 2 * n * 2))))
+    xs = [torch.randn(m, 2 * n, device="cuda", dtype=torch.bfloat16) * 3 for _ in range(buffers)]
+    ys = [torch.randn(m, n, device="cuda", dtype=torch.bfloat16) for _ in range(buffers)]
+    outs = [api.quantize(x, 128, **OPTIONS, activation="silu_mul") for x in xs]
+    _check(torch, xs[0], outs[0])
+    calls = max(buffers, 32)
+    chunks = m * n * 2 // 32  # 16 output bytes per thread
+    grid = (-(-chunks // ROOFLINE_THREADS), 1, 1)
+
+    def fused(i):
+        x, (q, s) = xs[i % buffers], outs[i % buffers]
+        return lambda: api.quantize(x, 128, **OPTIONS, activation="silu_mul", out=q, scale_out=s)
+
+    def roofline(i):
+        x, (q, _) = xs[i % buffers], outs[i % buffers]
+        args = (np.uint64(x.data_ptr()), np.uint64(q.data_ptr()), np.int64(chunks),
+                np.int64(n * 2 // 32))  # fmt: skip
+
+        def launch():
+            with _cupy_stream(torch):  # the capture stream
+                roof(grid, (ROOFLINE_THREADS, 1, 1), args)
+
+        return launch
+
+    def plain(i):
+        y, (q, s) = ys[i % buffers], outs[i % buffers]
+        return lambda: api.quantize(y, 128, **OPTIONS, out=q, scale_out=s)
+
+    def act(i):  # the engines' silu_and_mul: SiLU rounded to bf16, then the product
+        x, y = xs[i % buffers], ys[i % buffers]
+        return lambda: torch.mul(torch.nn.functional.silu(x[:, :n]), x[:, n:], out=y)
+
+    def unfused(i):
+        a, p = act(i), plain(i)
+        return lambda: (a(), p())
+
+    times = {
+        name: torch_graph_time_us(torch, [make(i) for i in range(calls)])
+        for name, make in (("fused", fused), ("roof", roofline), ("plain", plain),
+                           ("act", act), ("unfused", unfused))
+    }  # fmt: skip
+    moved = m * 2 * n * 2 + m * n + m * math.ceil(n / 512) * 4
+    floor = moved / bandwidth * 1e6
+    print(f"{m:>6} {floor:>7.2f} {times['roof']:>7.2f} {times['fused']:>7.2f} "
+          f"{times['fused'] / times['roof']:>7.2f} {times['plain']:>7.2f} {times['act']:>9.2f} "
+          f"{times['unfused']:>8.2f} {times['unfused'] / times['fused']:>13.2f}",
+          flush=True)  # fmt: skip
+    return {"path": "silu_mul", "M": m, "N": n, "floor_us": floor, **{f"{k}_us": v for k, v in
+            times.items()}}  # fmt: skip
+
+
+def _cupy_stream(torch):
+    import cupy
+
+    return cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+
+
+def _check(torch, x, outputs) -> None:
+    """The fused result is the NumPy backend's, bit for bit."""
+    import ml_dtypes
+
+    host = x.view(torch.int16).cpu().numpy().view(ml_dtypes.bfloat16)
+    q, s = outputs
+    q_ref, s_ref = api.quantize(host, 128, **OPTIONS, activation="silu_mul")
+    assert np.array_equal(q.view(torch.uint8).cpu().numpy(), q_ref.view(np.uint8))
+    assert np.array_equal(s.cpu().numpy(), s_ref)
+
+
+def _masked_row(torch, experts: int = 32, tokens: int = 1024, k: int = 7168) -> dict:
+    share = 0.05
+    x = torch.randn(experts, tokens, k, device="cuda", dtype=torch.bfloat16)
+    rng = np.random.default_rng(0)
+    counts = rng.multinomial(int(share * experts * tokens), [1 / experts] * experts)
+    counts_t = torch.from_numpy(counts.astype(np.int32)).cuda()
+    full_t = torch.full((experts,), tokens, dtype=torch.int32, device="cuda")
+    rows = int(counts.sum())
+    plain_x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
+    q, s = api.quantize(x, 128, **OPTIONS, masked_m=counts_t)
+    pq, ps = api.quantize(plain_x, 128, **OPTIONS)
+
+    def masked(c):
+        return lambda: api.quantize(x, 128, **OPTIONS, masked_m=c, out=q, scale_out=s)
+
+    t_masked = torch_graph_time_us(torch, [masked(counts_t)] * 32)
+    t_full = torch_graph_time_us(torch, [masked(full_t)] * 4)
+    t_plain = torch_graph_time_us(
+        torch, [lambda: api.quantize(plain_x, 128, **OPTIONS, out=pq, scale_out=ps)] * 32
+    )
+    print(f"# masked, E = {experts}, T = {tokens}, K = {k}, {rows} real rows ({share:.0%}): "
+          f"{t_masked:.2f} us; plain on {rows} rows {t_plain:.2f} us (x {t_masked / t_plain:.2f});"
+          f" every row counted {t_full:.2f} us")  # fmt: skip
+    return {"path": "masked", "E": experts, "T": tokens, "K": k, "rows": rows,
+            "masked_us": t_masked, "plain_us": t_plain, "full_us": t_full}  # fmt: skip
