@@ -22,6 +22,7 @@ __all__ = [
     "sglang_per_token_group_quant_fp8",
     "silu_mul_per_token_group_quant_fp8_colmajor",
     "persistent_masked_m_silu_mul_quant",
+    "rms_norm_per_block_quant",
 ]
 
 
@@ -260,3 +261,49 @@ def silu_mul_per_token_group_quant_fp8_colmajor(
         out=output,
         activation="silu_mul",
     )
+
+
+def rms_norm_per_block_quant(
+    input,
+    weight,
+    epsilon: float,
+    quant_dtype,
+    group_size: list[int],
+    scale_ub=None,
+    residual=None,
+    is_scale_transposed: bool = False,
+    tma_alignment: int = 0,
+):
+    """vLLM's ``rms_norm_per_block_quant`` (``vllm/_custom_ops.py``): fused (add-)RMSNorm, then
+    per-token-group quantization to ``quant_dtype`` (float8_e4m3fn or int8).
+
+    ``group_size`` is vLLM's ``[1, G]``. Scales as vLLM allocates them: float32
+    ``[rows, K/G]`` row-major, with ``is_scale_transposed`` column-major ``(1, rows)`` (rows =
+    every leading dimension flattened), or with ``tma_alignment=4`` TMA-aligned and per batch
+    for 3-D input. ``residual`` is updated in place to ``input + residual``. Values follow
+    ``docs/spec.md`` section 2b (one rounding after the weight; vLLM rounds before it too).
+    The NumPy backend only in this release (numpy and torch CPU); ``scale_ub`` is not
+    implemented.
+    """
+    if scale_ub is not None:
+        raise NotImplementedError("scale_ub: an upper bound on the scales is not implemented")
+    if list(group_size)[:1] != [1] or len(group_size) != 2:
+        raise ValueError(f"group_size: expected [1, G] as vLLM takes it, got {group_size!r}")
+    if tma_alignment not in (0, 4):
+        raise ValueError(f"tma_alignment: expected 0 or 4, got {tma_alignment!r}")
+    layout = ROW
+    if is_scale_transposed:
+        layout = COL_TMA if tma_alignment else COL
+    shape = tuple(input.shape)
+    flatten = len(shape) > 2 and layout != COL_TMA  # vLLM's row and col scales are 2-D
+    x = input.reshape(-1, shape[-1]) if flatten else input
+    r = residual.reshape(-1, shape[-1]) if flatten and residual is not None else residual
+    q, scales = quantize(
+        x, group_size[1], dtype=quant_dtype, layout=layout, norm=(weight, epsilon), residual=r
+    )
+    if r is not None and r is not residual:  # a reshape may have copied: write the sum back
+        if hasattr(residual, "copy_"):
+            residual.copy_(r.reshape(shape))
+        else:
+            residual[...] = r.reshape(shape)
+    return (q.reshape(shape) if flatten else q), scales

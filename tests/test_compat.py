@@ -12,6 +12,8 @@ from fp8_group_quant.activation import silu_mul
 from fp8_group_quant.compat import (
     per_token_group_quant_fp8,
     per_token_group_quant_fp8_packed_for_deepgemm,
+    persistent_masked_m_silu_mul_quant,
+    rms_norm_per_block_quant,
     sglang_per_token_group_quant_fp8,
     silu_mul_per_token_group_quant_fp8_colmajor,
 )
@@ -48,6 +50,19 @@ UPSTREAM_SIGNATURES = [
         [("input", EMPTY), ("output", None), ("use_ue8m0", None), ("eps", 1e-10),
          ("clamp_limit", None), ("group_size", 128), ("alpha", 1.0), ("beta", 0.0),
          ("expert_ends", None), ("expert_alignment", 0)],
+    ),
+    (
+        persistent_masked_m_silu_mul_quant,
+        "vllm/model_executor/layers/fused_moe/experts/batched_deep_gemm_moe.py:134",
+        [("y", EMPTY), ("tokens_per_expert", EMPTY), ("num_parallel_tokens", 16),
+         ("group_size", 128), ("quant_scale_fmt", "FLOAT32")],  # vLLM: the enum's FLOAT32
+    ),
+    (
+        rms_norm_per_block_quant,
+        "vllm/_custom_ops.py:456",
+        [("input", EMPTY), ("weight", EMPTY), ("epsilon", EMPTY), ("quant_dtype", EMPTY),
+         ("group_size", EMPTY), ("scale_ub", None), ("residual", None),
+         ("is_scale_transposed", False), ("tma_alignment", 0)],
     ),
 ]  # fmt: skip
 

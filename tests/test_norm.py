@@ -167,3 +167,31 @@ def test_a_residual_that_cannot_be_written_is_refused_untouched():
     wide = activations(rng, (2, 16384 + 256), "bfloat16")
     with pytest.raises(ValueError, match="x: norm takes rows of at most 16384"):
         fgq.quantize(wide, 128, norm=(np.ones(16640, ml_dtypes.bfloat16), 1e-6))
+
+
+@pytest.mark.parametrize(
+    "shape, kwargs, layout, scale_shape",
+    [
+        ((2, 3, 512), {}, "row", (6, 4)),  # vLLM flattens the leading dimensions
+        ((2, 3, 512), {"is_scale_transposed": True}, "col", (6, 4)),
+        ((2, 3, 512), {"is_scale_transposed": True, "tma_alignment": 4}, "col_tma", (2, 3, 4)),
+    ],
+)
+def test_vllm_rms_norm_per_block_quant(shape, kwargs, layout, scale_shape):
+    from fp8_group_quant.compat import rms_norm_per_block_quant
+
+    rng = np.random.default_rng(7)
+    x = activations(rng, shape, "bfloat16")
+    w = activations(rng, shape[-1:], "bfloat16")
+    residual = activations(rng, shape, "bfloat16")
+    expected_residual = residual.copy()
+    q, s = rms_norm_per_block_quant(x, w, 1e-6, "e4m3", [1, 128], residual=residual, **kwargs)
+    assert q.shape == shape and s.shape == scale_shape
+    q_ref, s_ref = fgq.quantize(x.reshape(scale_shape[:-1] + (512,)), 128, layout=layout,
+                                norm=(w, 1e-6), residual=expected_residual.reshape(
+                                    scale_shape[:-1] + (512,)))  # fmt: skip
+    np.testing.assert_array_equal(q.view(np.uint8).reshape(-1), q_ref.view(np.uint8).reshape(-1))
+    np.testing.assert_array_equal(s, s_ref)
+    np.testing.assert_array_equal(residual.view(np.uint16), expected_residual.view(np.uint16))
+    with pytest.raises(NotImplementedError, match="scale_ub"):
+        rms_norm_per_block_quant(x, w, 1e-6, "e4m3", [1, 128], scale_ub=np.ones(1, np.float32))
