@@ -28,6 +28,8 @@ canonical positive NaN, as GPUs produce it: the quantizer then writes the code o
 
 from __future__ import annotations
 
+import decimal
+
 import numpy as np
 
 from ._spec import INPUT_TYPES
@@ -47,11 +49,17 @@ CANONICAL_NAN = np.uint32(0x7FC00000)
 
 
 def _table() -> np.ndarray:
-    """[64, 2] float32: T_hi[j] = RN(2^(j/64)), T_lo[j] = RN(2^(j/64) - T_hi[j])."""
-    exact = np.exp2(np.arange(64, dtype=np.float64) / 64)  # float64: 2^-53 relative
-    hi = exact.astype(np.float32)
-    lo = (exact - hi.astype(np.float64)).astype(np.float32)
-    return np.stack([hi, lo], axis=-1)
+    """[64, 2] float32: T_hi[j] = RN(2^(j/64)), T_lo[j] = RN(2^(j/64) - T_hi[j]), from 2^(j/64)
+    to 50 digits (a float64 exp2 is off by an ulp for j = 29 and 43, which moves T_lo)."""
+    context = decimal.Context(prec=50)
+    ln2 = context.ln(decimal.Decimal(2))
+    rows = []
+    for j in range(64):
+        exact = context.exp(context.multiply(decimal.Decimal(j) / 64, ln2))
+        hi = np.float32(float(exact))
+        lo = np.float32(float(context.subtract(exact, decimal.Decimal(float(hi)))))
+        rows.append((hi, lo))
+    return np.array(rows, np.float32)
 
 
 EXP_TABLE = _table()

@@ -11,6 +11,7 @@ numpy's float32 rounding of a Python float.
 from __future__ import annotations
 
 import bisect
+import decimal
 import math
 import struct
 from dataclasses import dataclass
@@ -259,3 +260,54 @@ def expected_storage(codes, scales, storage: Storage):
         else:
             scale_bytes[offset : offset + 4] = list(struct.pack("<f", s))
     return q.reshape(-1), scale_bytes
+
+
+# section 2a: the fused SiLU, one value at a time ---------------------------------------------
+# Written from the spec's text, not from activation.py: Python floats (binary64) rounded to
+# float32 after every operation, which for +, -, *, / and sqrt equals the float32 operation
+# (binary64 carries more than twice float32's precision, so the double rounding is innocuous).
+
+_SILU_C = f32(64 / math.log(2))
+_SILU_L1 = float.fromhex("0x1.63p-7")
+_SILU_L2 = f32(math.log(2) / 64 - _SILU_L1)
+
+
+def _round_half_even(v: float) -> int:
+    return int(round(v))  # Python's round() ties to even
+
+
+def silu_exp_parts(x: float) -> tuple[float, int]:
+    """Step 1 of section 2a: (m, n) with exp(x) ~ m * 2**n."""
+    k = _round_half_even(f32(x * _SILU_C))
+    r = f32(f32(x - f32(k * _SILU_L1)) - f32(k * _SILU_L2))
+    p = f32(r + f32(f32(r * r) * f32(f32(r * f32(1 / 6)) + 0.5)))
+    j = k % 64
+    context = decimal.Context(prec=50)  # 2^(j/64) to 50 digits, then the two roundings
+    exact = context.exp(context.multiply(decimal.Decimal(j) / 64, context.ln(decimal.Decimal(2))))
+    hi = f32(float(exact))
+    lo = f32(float(context.subtract(exact, decimal.Decimal(hi))))
+    return f32(hi + f32(lo + f32(hi * p))), (k - j) // 64
+
+
+def _times_power_of_two(v: float, n: int) -> float:
+    if n >= -126:
+        return f32(v * 2.0**n)
+    return f32(f32(v * 2.0**-64) * 2.0 ** (n + 64))
+
+
+def silu(g: float) -> float:
+    """Steps 2 to 4 of section 2a for the float32 value ``g``."""
+    if math.isnan(g):
+        return math.nan
+    if g >= 0:
+        x = -min(g, 110.0)
+    elif g >= -64:
+        x = -g
+    elif g >= -110:
+        x = g
+    else:
+        return -0.0
+    m, n = silu_exp_parts(f32(x))
+    if g >= -64:
+        return f32(g / f32(1.0 + _times_power_of_two(m, n)))
+    return _times_power_of_two(f32(g * m), n)

@@ -1,6 +1,7 @@
 """The fused SiLU-and-multiply input on the CPU: its definition's accuracy, the kernel's copy of
 its constants, the NumPy path and its argument checks."""
 
+import math
 import re
 from pathlib import Path
 
@@ -156,3 +157,22 @@ def test_an_output_of_the_full_width_is_refused():
         fgq.quantize(x, 128, out=out, activation="silu_mul")
     q, s = fgq.quantize(np.empty((0, 512), ml_dtypes.bfloat16), 128, activation="silu_mul")
     assert q.shape == (0, 256) and s.shape == (0, 2)
+
+
+def test_the_vectorised_silu_follows_the_spec_text():
+    # fp8_group_quant.spec_model transcribes section 2a one value at a time, from the text
+    from fp8_group_quant import spec_model
+
+    rng = np.random.default_rng(11)
+    gates = np.concatenate([
+        np.arange(0, 65536, 7, dtype=np.uint16).view(ml_dtypes.bfloat16).astype(np.float32),
+        rng.uniform(-130, 130, 3000).astype(np.float32),
+        np.array([0.0, -0.0, 110.0, -110.0, -64.0, 64.0, np.inf, -np.inf, 1e-45], np.float32),
+    ])  # fmt: skip
+    got = activation.silu(gates)
+    for g, value in zip(gates.tolist(), got.tolist()):
+        expected = spec_model.silu(g)
+        if math.isnan(expected):
+            assert math.isnan(value), g
+        else:
+            assert np.float32(value).view(np.uint32) == np.float32(expected).view(np.uint32), g
