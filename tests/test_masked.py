@@ -4,9 +4,12 @@ import ml_dtypes
 import numpy as np
 import pytest
 from helpers import activations
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import fp8_group_quant as fgq
 from fp8_group_quant._layout import Geometry
+from fp8_group_quant._spec import output_format
 from fp8_group_quant.activation import silu_mul
 from fp8_group_quant.compat import (
     persistent_masked_m_silu_mul_quant,
@@ -28,12 +31,13 @@ def poisoned(geometry: Geometry):
     return q.view(ml_dtypes.float8_e4m3fn), s, q_buf, s_buf
 
 
-def expected_storage(x, counts, geometry, scale, activation):
+def expected_storage(x, counts, geometry, scale, activation, fmt="e4m3"):
     """Poisoned storage with each expert's first rows written as a plain call writes them."""
     q_buf = np.full(geometry.q_storage, Q_POISON, np.uint8)
     s_buf = np.full(geometry.scale_storage * 4, SCALE_POISON, np.uint8)
     full_q, full_s, fq_buf, fs_buf = poisoned(geometry)
-    fgq.quantize(x, geometry.group_size, scale=scale, layout=geometry.layout.name,
+    full_q = full_q.view(np.uint8).view(output_format(fmt).numpy_dtype)
+    fgq.quantize(x, geometry.group_size, dtype=fmt, scale=scale, layout=geometry.layout.name,
                  activation=activation, out=full_q, scale_out=full_s)  # fmt: skip
     rows = np.clip(counts.astype(np.int64), 0, geometry.rows)
     q_rows = q_buf.reshape(geometry.batches, geometry.q_rows, geometry.k)
@@ -159,3 +163,48 @@ def test_vllm_persistent_masked_m_silu_mul_quant(fmt, dtype, shape, strides):
         persistent_masked_m_silu_mul_quant(y, counts, quant_scale_fmt="E8M0_SPARSE")
     with pytest.raises(ValueError, match="T to be a multiple of 4"):
         persistent_masked_m_silu_mul_quant(y[:, :6], counts, quant_scale_fmt="UE8M0")
+
+
+@st.composite
+def masked_cases(draw):
+    from fp8_group_quant._layout import SCALE_LAYOUTS
+    from fp8_group_quant._spec import GROUP_SIZES, INPUT_TYPES, OUTPUT_FORMATS
+
+    layout = draw(st.sampled_from(sorted(SCALE_LAYOUTS)))
+    scale = "ue8m0" if SCALE_LAYOUTS[layout].needs_ue8m0 else draw(
+        st.sampled_from(["float32", "ue8m0"])
+    )  # fmt: skip
+    experts, tokens = draw(st.integers(1, 6)), draw(st.integers(1, 9))
+    group = draw(st.sampled_from(GROUP_SIZES))
+    activation_name = draw(st.sampled_from([None, "silu_mul"]))
+    width = group * draw(st.integers(1, 6)) * (2 if activation_name else 1)
+    counts = draw(st.lists(st.integers(-3, tokens + 3), min_size=experts, max_size=experts))
+    return dict(
+        input_dtype=draw(st.sampled_from(sorted(INPUT_TYPES))),
+        fmt=draw(st.sampled_from(sorted(OUTPUT_FORMATS))),
+        scale=scale, layout=layout, group=group, activation=activation_name,
+        shape=(experts, tokens, width),
+        counts=np.array(counts, draw(st.sampled_from([np.int32, np.int64]))),
+        seed=draw(st.integers(0, 2**32 - 1)),
+    )  # fmt: skip
+
+
+@settings(max_examples=300)
+@given(masked_cases())
+def test_masked_property(case):
+    # any registered format, layout, scale and group size, with and without SiLU: the counted
+    # rows of each expert as a plain call writes them, every other byte untouched
+    x = activations(np.random.default_rng(case["seed"]), case["shape"], case["input_dtype"],
+                    specials=True)  # fmt: skip
+    n = case["shape"][-1] // (2 if case["activation"] else 1)
+    geometry = Geometry((*case["shape"][:-1], n), case["group"], case["layout"], False)
+    q, s, q_buf, s_buf = poisoned(geometry)
+    q = q.view(np.uint8).view(output_format(case["fmt"]).numpy_dtype)
+    fgq.quantize(x, case["group"], dtype=case["fmt"], scale=case["scale"], layout=case["layout"],
+                 activation=case["activation"], masked_m=case["counts"], out=q,
+                 scale_out=s)  # fmt: skip
+    q_ref, s_ref = expected_storage(
+        x, case["counts"], geometry, case["scale"], case["activation"], case["fmt"]
+    )
+    np.testing.assert_array_equal(q_buf, q_ref)
+    np.testing.assert_array_equal(s_buf, s_ref)
