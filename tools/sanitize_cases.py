@@ -87,9 +87,56 @@ def main() -> int:
                 print(f"{path:8} {input_dtype:8} G={group:<3} {fmt:8} {scale:7} {layout:10} "
                       f"{shape} pad_rows={pad_rows} unaligned={unaligned} "
                       f"{'ok' if same else 'MISMATCH'}")  # fmt: skip
+    fused_calls, fused_failures = fused_cases(combos, rng)
+    calls, failures = calls + fused_calls, failures + fused_failures
     cupy.cuda.runtime.deviceSynchronize()
     print(f"# {calls} calls, {failures} mismatches")
     return 1 if failures else 0
+
+
+def zeroed_outputs(geometry, fmt, module):
+    """(q, scales, q storage, scale storage) over zeroed storage of ``module`` (numpy or
+    cupy): the masked layout leaves rows unwritten, and initcheck must not see them read."""
+    q_buf = module.zeros(geometry.q_storage, module.uint8)
+    s_buf = module.zeros(geometry.scale_storage, geometry.layout.dtype)
+    strided = module.lib.stride_tricks.as_strided
+    q = strided(q_buf, geometry.shape, geometry.q_strides)
+    s = strided(s_buf, geometry.scale_shape, tuple(4 * v for v in geometry.scale_strides))
+    if fmt == "int8":
+        q = q.view(module.int8)
+    elif module is np:  # numpy has the float8 types (ml_dtypes); cupy takes their uint8 bytes
+        q = q.view(OUTPUT_FORMATS[fmt].numpy_dtype)
+    return q, s, q_buf, s_buf
+
+
+def fused_cases(combos, rng) -> tuple[int, int]:
+    """SiLU-and-multiply and the masked layout (with and without it), one shape per combination,
+    against the NumPy backend over the whole zeroed storage."""
+    calls = failures = 0
+    counts = np.array([0, 5, 2], np.int32)
+    for index, (input_dtype, fmt, scale, layout) in enumerate(combos):
+        group = GROUP_SIZES[index % len(GROUP_SIZES)]
+        for activation, masked in (("silu_mul", False), (None, True), ("silu_mul", True)):
+            shape = (3, 5, 3 * group * (2 if activation else 1))
+            x_host = values(rng, shape, input_dtype)
+            geometry = Geometry((3, 5, 3 * group), group, layout, False)
+            options = dict(dtype=fmt, scale=scale, layout=layout, activation=activation)
+            extra = {"masked_m": counts} if masked else {}
+            q, s, q_buf, s_buf = zeroed_outputs(geometry, fmt, cupy)
+            device_extra = {"masked_m": cupy.asarray(counts)} if masked else {}
+            fgq.quantize(cupy.asarray(x_host), group, **options, out=q, scale_out=s,
+                         **device_extra)  # fmt: skip
+            hq, hs, hq_buf, hs_buf = zeroed_outputs(geometry, fmt, np)
+            fgq.quantize(x_host, group, **options, out=hq, scale_out=hs, **extra)
+            same = np.array_equal(q_buf.get(), hq_buf) and np.array_equal(
+                s_buf.get().view(np.uint8), hs_buf.view(np.uint8)
+            )
+            calls += 1
+            failures += not same
+            verdict = "ok" if same else "MISMATCH"
+            print(f"fused    {input_dtype:8} G={group:<3} {fmt:8} {scale:7} {layout:10} "
+                  f"activation={activation} masked={masked} {verdict}")  # fmt: skip
+    return calls, failures
 
 
 if __name__ == "__main__":
