@@ -532,13 +532,25 @@ def get_function(filename: str, name_expression: str, device: int):
     return function
 
 
+PRELOAD_CHUNK = 96  # instantiations per NVRTC program when many are asked for at once
+
+
+def preload_chunks(name_expressions) -> list[list[str]]:
+    """``name_expressions`` (duplicates dropped, order kept) in runs of PRELOAD_CHUNK: the NVRTC
+    programs that preload compiles and caches, the same whichever of them are loaded already,
+    so separate processes can fill the disk cache with them in parallel."""
+    expressions = list(dict.fromkeys(name_expressions))
+    return [expressions[i : i + PRELOAD_CHUNK] for i in range(0, len(expressions), PRELOAD_CHUNK)]
+
+
 def preload(filename: str, name_expressions, device: int) -> None:
-    """Compile many instantiations in one NVRTC call (far faster than one call each) and load
-    them on ``device``."""
-    with _lock:
-        missing = [e for e in name_expressions if (device, filename, e) not in _functions]
-        if missing:
-            _load(filename, missing, device)
+    """Compile many instantiations in few NVRTC calls (far faster than one call each) and load
+    them on ``device``: each chunk of preload_chunks() that holds one not loaded yet."""
+    for chunk in preload_chunks(name_expressions):
+        with _lock:
+            if all((device, filename, e) in _functions for e in chunk):
+                continue
+            _load(filename, chunk, device)
 
 
 def compile_offline(

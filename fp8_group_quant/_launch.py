@@ -110,6 +110,7 @@ class KernelKey:
     one_pass: bool = False  # one tile per block, no loop (small grids)
     activation: str | None = None  # a key of _spec.INPUT_MODES: how x becomes the values
     masked: bool = False  # the masked MoE layout's persistent kernel (aligned, one pass)
+    norm: bool = False  # the fused (add-)RMSNorm kernel: one block a row (aligned)
 
     @property
     def lanes_per_group(self) -> int:
@@ -117,6 +118,12 @@ class KernelKey:
 
     @property
     def name_expression(self) -> str:
+        if self.norm:
+            return (
+                f"fgq::quantize_norm<{INPUT_TYPES[self.input_dtype].kernel_trait}, "
+                f"{self.group_size}, {OUTPUT_FORMATS[self.output].kernel_trait}, "
+                f"{SCALE_FORMATS[self.scale].kernel_trait}, {self.layout_trait}>"
+            )
         if self.masked:
             return (
                 f"fgq::quantize_masked<{INPUT_TYPES[self.input_dtype].kernel_trait}, "
@@ -139,20 +146,26 @@ def all_kernel_keys() -> list[KernelKey]:
     for layout in SCALE_LAYOUTS.values():
         traits[layout.kernel_trait] = layout.needs_ue8m0
     # NOTES: the fused modes need aligned input (make_request refuses the rest) and run one
-    # pass at every size (prepare), so they add one instantiation per combination, not four
-    return [
-        KernelKey(i, g, o, s, trait, v, one_pass, activation, masked)
+    # pass at every size (prepare), so they add one instantiation per combination, not four;
+    # the RMSNorm kernel takes the residual as a runtime pointer, so one instantiation serves
+    # the norm with and without it
+    combinations = [
+        (i, g, o, s, trait)
         for i in INPUT_TYPES
         for g in GROUP_SIZES
         for o in OUTPUT_FORMATS
         for s, scale in SCALE_FORMATS.items()
         for trait, needs_ue8m0 in traits.items()
         if scale.power_of_two or not needs_ue8m0
+    ]
+    return [
+        KernelKey(*combination, v, one_pass, activation, masked)
+        for combination in combinations
         for activation in INPUT_MODES
         for masked in (False, True)
         for v in ((True, False) if activation is None and not masked else (True,))
         for one_pass in ((True, False) if activation is None and not masked else (True,))
-    ]
+    ] + [KernelKey(*combination, True, True, norm=True) for combination in combinations]
 
 
 DEFAULT_KEY = KernelKey("bfloat16", 128, "e4m3", "ue8m0", "fgq::kPackedExponents", True, True)
@@ -293,6 +306,21 @@ def waves_for(blocks_per_sm: int) -> float:
     return 8.0 if blocks_per_sm >= 6 else 1.0
 
 
+def _prepare_norm(request, key: KernelKey, device: int) -> Launch:
+    """The fused RMSNorm's grid: one block per kNormRows rows (all batches), one thread a
+    32-byte lane, rounded up to whole warps (make_request keeps rows within kMaxNormThreads
+    lanes)."""
+    geometry = request.output
+    lanes = geometry.groups * key.lanes_per_group
+    threads = -(-lanes // WARP) * WARP
+    assert threads <= cpp_constant("kMaxNormThreads")
+    function = _jit.get_function(SOURCE, key.name_expression, device)
+    with _jit.current_device(device):
+        handle = function.kernel.ptr
+    grid = (-(-geometry.batches * geometry.rows // cpp_constant("kNormRows")), 1, 1)
+    return Launch(handle, grid, (threads, 1, 1), make_params(request), pdl_supported(device))
+
+
 def _prepare_masked(request, key: KernelKey, device: int) -> Launch:
     """The masked layout's persistent grid: as many blocks as the worst case (every row of
     every expert) needs, at most one resident wave, or fewer for an ``expected_m`` hint.
@@ -424,6 +452,14 @@ class Launch(KernelLaunch):
             params.x, params.q, params.scales, params.masked_m = x_ptr, q_ptr, scale_ptr, masked_ptr
             self._launch_locked(stream)
 
+    def launch_norm(self, x_ptr, q_ptr, scale_ptr, weight_ptr, residual_ptr, stream: int) -> None:
+        """The fused RMSNorm's launch: the weight's and the residual's (or 0) addresses too."""
+        params = self.params
+        with self._lock:
+            params.x, params.q, params.scales = x_ptr, q_ptr, scale_ptr
+            params.weight, params.residual = weight_ptr, residual_ptr
+            self._launch_locked(stream)
+
 
 def make_params(request, **pointers) -> ctypes.Structure:
     """The Params of ``request`` (a ``_request.Request``); pointers default to zero."""
@@ -461,6 +497,9 @@ def make_params(request, **pointers) -> ctypes.Structure:
         nonfinite_codes=fmt.nonfinite_word,
         x_up_offset=request.x_up_offset,
         masked_i64=1 if request.masked == "int64" else 0,
+        r_batch_stride=request.r_batch_stride,
+        r_row_stride=request.r_row_stride,
+        eps_norm=request.eps_norm,
         **pointers,
     )
 
@@ -480,6 +519,8 @@ def prepare(request, device: int) -> Launch:
     rows = tile_rows(geometry.layout, lanes)
     if key.masked:
         return _prepare_masked(request, key, device)
+    if key.norm:
+        return _prepare_norm(request, key, device)
     threads, blocks_per_row = block_shape(geometry.groups, lanes, rows)
     tiles = -(-geometry.batches * geometry.grid_rows // rows)  # row tiles over all batches
 

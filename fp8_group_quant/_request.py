@@ -28,6 +28,7 @@ from ._spec import (
     output_format,
     scale_format,
 )
+from .activation import LANE_BYTES, MAX_NORM_LANES
 
 VECTOR_ALIGNMENT = 16  # bytes: the kernel's vector loads and q's 16-byte stores
 
@@ -50,6 +51,11 @@ class Request:
     pad_rows: bool
     masked: str | None = None  # masked layout: the dtype of masked_m (int32 or int64)
     expected_m: int | None = None  # masked layout: rows per expert the grid is sized for
+    norm: bool = False  # fused RMSNorm: the weight and (optionally) residual pointers per call
+    eps_norm: float = 0.0  # fused RMSNorm: float32 eps_norm
+    residual: bool = False  # fused add-RMSNorm: a residual is read and written back
+    r_batch_stride: int = 0  # residual elements between batches
+    r_row_stride: int = 0  # residual elements between rows
 
     @cached_property
     def output(self) -> Geometry:
@@ -66,6 +72,7 @@ class Request:
             self.x_aligned,
             activation=self.mode.name,
             masked=self.masked is not None,
+            norm=self.norm,
         )
 
     @property
@@ -109,10 +116,12 @@ def make_request(
     activation=None,
     masked_info: ArrayInfo | None = None,
     expected_m=None,
+    norm: tuple | None = None,
 ) -> Request:
     """Check every argument of a call on ``info`` (the input) and return its Request.
 
-    ``masked_info`` describes ``masked_m`` for the masked MoE layout. Raises TypeError or
+    ``masked_info`` describes ``masked_m`` for the masked MoE layout; ``norm`` is (weight
+    info, eps_norm, residual info or None) for the fused RMSNorm. Raises TypeError or
     ValueError naming the argument; nothing has been launched or written.
     """
     group_size, fmt, scale, layout, eps, pad_rows, mode = check_options(
@@ -156,13 +165,18 @@ def make_request(
         and (geometry.batches <= 1 or batch_stride * info.itemsize % VECTOR_ALIGNMENT == 0)
     )
     masked = _check_masked(info, masked_info, expected_m)
+    norm_fields = {}
+    if norm is not None:
+        norm_fields = _check_norm(info, *norm)
     fused = mode.name if mode.name is not None else ("masked_m" if masked else None)
+    if norm is not None:
+        fused = "norm"
     if info.kind != NUMPY and not empty:
         error = grid_limits_error(geometry, info.itemsize, fused)
         if error:
             raise ValueError(error)
         if fused is not None and not aligned:
-            what = f"activation={mode.name!r}" if mode.name is not None else "masked_m"
+            what = f"activation={mode.name!r}" if mode.name is not None else fused
             raise ValueError(
                 f"x: {what} needs a 16-byte aligned input (base, row and batch strides); got "
                 f"address {info.ptr:#x}, strides {tuple(info.strides)} ({info.itemsize}-byte "
@@ -171,7 +185,79 @@ def make_request(
     return Request(
         info.dtype, shape, batch_stride, row_stride, aligned, fmt, scale, layout, mode,
         group_size, eps, pad_rows, masked, None if expected_m is None else int(expected_m),
+        **norm_fields,
     )  # fmt: skip
+
+
+def _check_norm(info: ArrayInfo, weight: ArrayInfo, eps_norm, residual: ArrayInfo | None) -> dict:
+    """The Request fields of a valid fused RMSNorm on input ``info``."""
+    k = info.shape[-1]
+    if weight.kind != info.kind or weight.device != info.device:
+        raise ValueError(
+            f"norm: the weight must be an array of x's library on x's device ({info.kind}, "
+            f"device {info.device}), got {weight.kind} on device {weight.device}"
+        )
+    if weight.dtype != info.dtype or tuple(weight.shape) != (k,):
+        raise ValueError(
+            f"norm: the weight must be a {info.dtype} array of shape ({k},) like x's rows, got "
+            f"{weight.dtype} of shape {tuple(weight.shape)}"
+        )
+    eps_value = np.float32(eps_norm) if isinstance(eps_norm, (int, float, np.floating)) else None
+    if isinstance(eps_norm, bool) or eps_value is None or not (np.isfinite(eps_value)
+                                                              and eps_value > 0):  # fmt: skip
+        raise ValueError(f"norm: eps_norm must be a positive finite float, got {eps_norm!r}")
+    row_bytes = MAX_NORM_LANES * LANE_BYTES
+    if k * info.itemsize > row_bytes:
+        raise ValueError(
+            f"x: norm takes rows of at most {row_bytes // info.itemsize} {info.dtype} values "
+            f"(one thread block a row), got K={k}"
+        )
+    device = info.kind != NUMPY
+    if device and k > 1 and weight.strides[0] != 1:
+        raise ValueError(f"norm: the weight must be contiguous, got stride {weight.strides[0]}")
+    if device and weight.ptr % VECTOR_ALIGNMENT:
+        raise ValueError(
+            f"norm: the weight must be 16-byte aligned, got address {weight.ptr:#x}: pass a "
+            f"contiguous copy"
+        )
+    fields = {"norm": True, "eps_norm": float(eps_value)}
+    if residual is None:
+        return fields
+    if residual.kind != info.kind or residual.device != info.device:
+        raise ValueError(
+            f"residual: expected an array of x's library on x's device ({info.kind}, device "
+            f"{info.device}), got {residual.kind} on device {residual.device}"
+        )
+    if residual.dtype != info.dtype or tuple(residual.shape) != tuple(info.shape):
+        raise ValueError(
+            f"residual: expected a {info.dtype} array of x's shape {tuple(info.shape)}, got "
+            f"{residual.dtype} of shape {tuple(residual.shape)}"
+        )
+    fields["residual"] = True
+    if not device or 0 in info.shape:
+        return fields
+    collapsed = None
+    if k == 1 or residual.strides[-1] == 1:
+        collapsed = row_strides(tuple(residual.shape), tuple(residual.strides))
+    if collapsed is None:
+        raise ValueError(
+            f"residual: the last dimension must be contiguous and the others collapse into one "
+            f"row stride, got strides {tuple(residual.strides)} (make it contiguous first)"
+        )
+    batch_stride, row_stride = collapsed
+    geometry = Geometry(tuple(info.shape), 32, scale_layout("row"), False)  # batches, rows
+    size = residual.itemsize
+    if (
+        residual.ptr % VECTOR_ALIGNMENT
+        or (geometry.rows > 1 and row_stride * size % VECTOR_ALIGNMENT)
+        or (geometry.batches > 1 and batch_stride * size % VECTOR_ALIGNMENT)
+    ):
+        raise ValueError(
+            f"residual: needs a 16-byte aligned array (base, row and batch strides); got "
+            f"address {residual.ptr:#x}, strides {tuple(residual.strides)}: pass a contiguous copy"
+        )
+    fields.update(r_batch_stride=batch_stride, r_row_stride=row_stride)
+    return fields
 
 
 def _check_masked(info: ArrayInfo, masked: ArrayInfo | None, expected_m) -> str | None:

@@ -203,7 +203,7 @@ INPUT_MODES = {
     for m in (
         InputMode(None, "fgq::kIdentity", 1),
         InputMode("silu_mul", "fgq::kSiluMul", 2,
-                  "x [..., 2N] holds gate then up; q is [..., N] (docs/spec.md, section 5)"),
+                  "x [..., 2N] holds gate then up; q is [..., N] (docs/spec.md, section 2a)"),
     )
 }  # fmt: skip
 

@@ -1,4 +1,4 @@
-"""The fused SiLU-and-multiply input, defined op by op in float32 (docs/spec.md, section 5).
+"""The fused SiLU-and-multiply input, defined op by op in float32 (docs/spec.md, section 2a).
 
 ``silu_mul(gate, up)`` is what the kernel computes before it quantizes:
 ``y = round_to_dtype(round_to_dtype(silu(gate)) * up)``. Every step below is one IEEE float32
@@ -39,7 +39,7 @@ __all__ = ["exp_parts", "silu", "silu_mul", "round_to", "EXP_TABLE"]
 F32 = np.float32
 TABLE_BITS = 6  # 64 entries
 INV_LN2_64 = F32(64 / np.log(2))  # RN(64 / ln 2)
-# ln 2 / 64 split: LN2_64_HI has 10 significant bits, so k * LN2_64_HI is exact for |k| < 2**14
+# ln 2 / 64 split: LN2_64_HI has 9 significant bits, so k * LN2_64_HI is exact for |k| < 2**14
 LN2_64_HI = F32(np.ldexp(np.round(np.ldexp(np.log(2) / 64, 16)), -16))
 LN2_64_LO = F32(np.log(2) / 64 - float(LN2_64_HI))
 C2, C3 = F32(0.5), F32(1 / 6)

@@ -141,7 +141,9 @@ def quantize(
     norm : (weight, eps_norm), optional
         Fused RMSNorm: quantize ``round(x * rsqrt(mean(x^2) + eps_norm) * weight)`` over each
         row (``weight`` ``[K]`` of x's dtype; the float32 steps and the order of the row's sum
-        are defined in ``docs/spec.md``, section 2b). NumPy and torch CPU inputs for now.
+        are defined in ``docs/spec.md``, section 2b), at most 16384 16-bit values a row (8192
+        float32). On the GPU, ``weight`` is contiguous and x, weight and residual 16-byte
+        aligned; every backend gives the same bits.
     residual : array like ``x``, optional
         With ``norm``: ``x + residual`` (rounded to x's dtype) is normalised instead of ``x`` and
         written back to ``residual``, as the engines' fused add-RMSNorm does.
@@ -241,36 +243,14 @@ def _quantize_norm(x, options: tuple, norm, residual, out, scale_out, masked_m):
             scale_out if scale_out is not None else numpy_to_torch_cpu(scales),
         )
     info = describe(x, "x")
-    request = make_request(info, *options)
-    if info.kind != NUMPY:
-        raise NotImplementedError(
-            "norm: the fused RMSNorm runs on the NumPy backend only for now (numpy arrays and "
-            "torch CPU tensors); the CUDA kernel is not written yet"
-        )
-    k = info.shape[-1] if info.shape else 0
     w_info = describe(weight, "norm")
-    if w_info.kind != NUMPY or w_info.dtype != info.dtype or tuple(w_info.shape) != (k,):
-        raise ValueError(
-            f"norm: the weight must be a {info.dtype} array of shape ({k},) like x's rows, got "
-            f"{w_info.dtype} of shape {tuple(w_info.shape)}"
-        )
-    eps_value = np.float32(eps_norm) if isinstance(eps_norm, (int, float, np.floating)) else None
-    if isinstance(eps_norm, bool) or eps_value is None or not (np.isfinite(eps_value)
-                                                              and eps_value > 0):  # fmt: skip
-        raise ValueError(f"norm: eps_norm must be a positive finite float, got {eps_norm!r}")
-    row_bytes = _activation.MAX_NORM_LANES * _activation.LANE_BYTES
-    if k * info.itemsize > row_bytes:
-        raise ValueError(
-            f"x: norm takes rows of at most {row_bytes // info.itemsize} {info.dtype} values "
-            f"(one thread block a row), got K={k}"
-        )
+    r_info = None if residual is None else describe(residual, "residual")
+    group_size, dtype, scale, layout, eps, pad_rows, activation = options
+    request = make_request(info, group_size, dtype, scale, layout, eps, pad_rows, activation,
+                           norm=(w_info, eps_norm, r_info))  # fmt: skip
+    if info.kind != NUMPY:
+        return _quantize_norm_device(x, info, request, options, w_info, r_info, out, scale_out)
     if residual is not None:
-        r_info = describe(residual, "residual")
-        if r_info.kind != NUMPY or r_info.dtype != info.dtype or r_info.shape != info.shape:
-            raise ValueError(
-                f"residual: expected a {info.dtype} array of x's shape {tuple(info.shape)}, got "
-                f"{r_info.dtype} of shape {tuple(r_info.shape)}"
-            )
         if not residual.flags.writeable:
             raise ValueError("residual: the array is read-only; the fused add writes it")
         if np.shares_memory(residual, x):
@@ -278,11 +258,36 @@ def _quantize_norm(x, options: tuple, norm, residual, out, scale_out, masked_m):
         for given, name in ((out, "out"), (scale_out, "scale_out")):
             if given is not None and np.shares_memory(residual, given):
                 raise ValueError(f"residual: overlaps {name}")
-    values, new_residual = _activation.rms_norm(x, weight, float(eps_value), info.dtype, residual)
+    values, new_residual = _activation.rms_norm(x, weight, request.eps_norm, info.dtype, residual)
     q, scales = _quantize_host(values, info, request, out, scale_out)  # checks the outputs
     if new_residual is not None:
         residual[...] = new_residual.astype(residual.dtype)
     return q, scales
+
+
+def _quantize_norm_device(x, info, request, options, w_info, r_info, out, scale_out):
+    """The fused RMSNorm kernel. The plan is remembered under x's signature, the options, the
+    weight's dtype and eps_norm, and the residual's strides; the pointers are passed per call."""
+    writes = [("residual", r_info)] if r_info is not None else []
+    for given, name in ((out, "out"), (scale_out, "scale_out")):
+        if given is not None:
+            writes.append((name, describe(given, name)))
+    reads = [("x", info), ("norm", w_info)]
+    extents = [(name, byte_extent(a.ptr, a.shape, a.strides, a.itemsize)) for name, a in
+               reads + writes]  # fmt: skip
+    for i, (name_a, (a0, a1)) in enumerate(extents):
+        for name_b, (b0, b1) in extents[i + 1 :]:
+            if a0 < b1 and b0 < a1 and (i >= len(reads) or name_b not in ("x", "norm")):
+                raise ValueError(f"{name_b}: its memory overlaps {name_a}'s")
+    signature = device_signature(x)
+    key = (*signature[:-1], *options, "norm", request.eps_norm, request.residual,
+           request.r_batch_stride, request.r_row_stride)  # fmt: skip
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _plan(info, request, (*options, "norm", request.eps_norm, request.residual,
+                                     request.r_batch_stride, request.r_row_stride))  # fmt: skip
+    norm_ptrs = (w_info.ptr, 0 if r_info is None else r_info.ptr)
+    return plan.run(info.ptr, out, scale_out, norm_ptrs=norm_ptrs)
 
 
 def _quantize_masked(x, options: tuple, masked_m, expected_m, out, scale_out):
@@ -518,13 +523,13 @@ class _Plan:
         self.stream = stream_getter(x_info.kind)
         self._get_device = cupy.cuda.runtime.getDevice
 
-    def run(self, x_ptr: int, out, scale_out, masked_ptr=None):
+    def run(self, x_ptr: int, out, scale_out, masked_ptr=None, norm_ptrs=None):
         if self.ready():
-            return self._run(x_ptr, out, scale_out, masked_ptr)
+            return self._run(x_ptr, out, scale_out, masked_ptr, norm_ptrs)
         with self.on_device():
-            return self._run(x_ptr, out, scale_out, masked_ptr)
+            return self._run(x_ptr, out, scale_out, masked_ptr, norm_ptrs)
 
-    def _run(self, x_ptr: int, out, scale_out, masked_ptr=None):
+    def _run(self, x_ptr: int, out, scale_out, masked_ptr=None, norm_ptrs=None):
         if out is None and scale_out is None:
             q, q_ptr, scales, scale_ptr = self.alloc_both()
         else:
@@ -546,6 +551,9 @@ class _Plan:
             _check_disjoint(self.x_info, x_ptr, given)
         if self.launch is None:
             pass
+        elif norm_ptrs is not None:
+            stream = self.stream(self.device)
+            self.launch.launch_norm(x_ptr, q_ptr, scale_ptr, *norm_ptrs, stream)
         elif masked_ptr is None:
             self.launch.launch(x_ptr, q_ptr, scale_ptr, self.stream(self.device))
         else:

@@ -1,12 +1,15 @@
 """``bench --fused``: the fused inputs against a same-traffic roof and against unfused steps.
 
-For each M (``--k`` gives N, default 7168; bf16 -> e4m3, packed UE8M0 scales), CUDA-graph
-replay in torch graphs over rotating buffers, median us per call: the fused SiLU-and-multiply
-quantizer; the roofline kernel with its traffic (kernels/roofline.cu, ``roofline_gated``:
-32 gate and 32 up bytes read and 16 written per thread); the plain quantizer on [M, N]; torch's
-SiLU-and-multiply alone; the unfused pair; the floor. Then the masked layout (E = 32,
-T = 1024, K = 7168, 5% of the rows real) against the plain quantizer on as many rows. Every
-fused result is checked against the NumPy backend first. Needs torch.
+For each M (N = K = 7168, or the first ``--k`` given; bf16 -> e4m3, packed UE8M0 scales),
+CUDA-graph replay in torch graphs over rotating buffers, median us per call: the fused
+SiLU-and-multiply quantizer; the roofline kernel with its traffic (kernels/roofline.cu,
+``roofline_gated``: 32 gate and 32 up bytes read and 16 written per thread); the plain quantizer
+on [M, N]; torch's SiLU-and-multiply alone; the unfused pair; the floor. Then the fused
+add-RMSNorm the same way (roof ``roofline_residual``: x and the residual read, the residual
+and the codes written; unfused: torch's add and ``rms_norm``, then the plain quantizer), and
+RMSNorm without the residual (roof: the plain quantizer's ``roofline_copy``). Then the masked
+layout (E = 32, T = 1024, K = 7168, 5% of the rows real) against the plain quantizer on as
+many rows. Every fused result is checked against the NumPy backend first. Needs torch.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from . import _jit, api
-from .bench import ROOFLINE_THREADS, copy_bandwidth
+from .bench import DEFAULT_K, ROOFLINE_THREADS, copy_bandwidth
 
 FUSED_M = (1, 64, 512, 4096)
 ROTATE_BYTES = 256 << 20
@@ -52,13 +55,22 @@ def run_fused(args) -> list[dict]:
     import torch
 
     bandwidth = copy_bandwidth(cupy)
-    n = args.k[0] if args.k else 7168
+    n = args.k[0] if args.k and list(args.k) != list(DEFAULT_K) else 7168
     roof = _jit.get_function("roofline.cu", "fgq::roofline_gated", cupy.cuda.runtime.getDevice())
     print(f"# fused SiLU-and-multiply, N = {n}, bf16 -> e4m3, packed scales; copy "
           f"{bandwidth / 1e12:.2f} TB/s")  # fmt: skip
     print(f"{'M':>6} {'floor':>7} {'roof':>7} {'fused':>7} {'x roof':>7} {'plain':>7} "
           f"{'torch act':>9} {'unfused':>8} {'unfused/fused':>13}")  # fmt: skip
     rows = [_silu_row(torch, roof, bandwidth, m, n) for m in FUSED_M]
+    device = cupy.cuda.runtime.getDevice()
+    roofs = {name: _jit.get_function("roofline.cu", f"fgq::roofline_{name}", device)
+             for name in ("residual", "copy")}  # fmt: skip
+    print(f"# fused RMSNorm, K = {n}, with and without the residual add")
+    print(f"{'M':>6} {'residual':>8} {'floor':>7} {'roof':>7} {'fused':>7} {'x roof':>7} "
+          f"{'plain':>7} {'torch norm':>10} {'unfused':>8} {'unfused/fused':>13}")  # fmt: skip
+    for m in FUSED_M:
+        for residual in (True, False):
+            rows.append(_norm_row(torch, roofs, bandwidth, m, n, residual))
     rows.append(_masked_row(torch))
     return rows
 
@@ -115,6 +127,94 @@ def _silu_row(torch, roof, bandwidth: float, m: int, n: int) -> dict:
             times.items()}}  # fmt: skip
 
 
+def _norm_row(torch, roofs, bandwidth: float, m: int, k: int, residual: bool) -> dict:
+    buffers = max(2, min(32, math.ceil(ROTATE_BYTES / (m * k * 2 * (2 if residual else 1)))))
+    xs = [torch.randn(m, k, device="cuda", dtype=torch.bfloat16) * 3 for _ in range(buffers)]
+    rs = [torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for _ in range(buffers)]
+    ys = [torch.empty_like(x) for x in xs]
+    weight = torch.rand(k, device="cuda", dtype=torch.bfloat16) + 0.5
+    eps = 1e-6
+
+    def norm_args(i):
+        return dict(norm=(weight, eps), residual=rs[i % buffers] if residual else None)
+
+    outs = [api.quantize(x, 128, **OPTIONS) for x in xs]
+    _check_norm(torch, xs[0], rs[0], weight, eps, residual)
+    calls = max(buffers, 32)
+    chunks = m * k // 16  # 16 values per thread
+    grid = (-(-chunks // ROOFLINE_THREADS), 1, 1)
+
+    def fused(i):
+        x, (q, s) = xs[i % buffers], outs[i % buffers]
+        args = norm_args(i)
+        return lambda: api.quantize(x, 128, **OPTIONS, **args, out=q, scale_out=s)
+
+    def roofline(i):
+        x, r, (q, _) = xs[i % buffers], rs[i % buffers], outs[i % buffers]
+        if residual:
+            name, args = "residual", (np.uint64(x.data_ptr()), np.uint64(r.data_ptr()),
+                                      np.uint64(q.data_ptr()), np.int64(chunks))  # fmt: skip
+        else:
+            name, args = "copy", (np.uint64(x.data_ptr()), np.uint64(q.data_ptr()),
+                                  np.int64(chunks))  # fmt: skip
+
+        def launch():
+            with _cupy_stream(torch):
+                roofs[name](grid, (ROOFLINE_THREADS, 1, 1), args)
+
+        return launch
+
+    def plain(i):
+        y, (q, s) = ys[i % buffers], outs[i % buffers]
+        return lambda: api.quantize(y, 128, **OPTIONS, out=q, scale_out=s)
+
+    def act(i):  # the engines' steps: the add in place, then RMSNorm
+        x, r, y = xs[i % buffers], rs[i % buffers], ys[i % buffers]
+
+        def steps():
+            source = r.add_(x) if residual else x
+            y.copy_(torch.nn.functional.rms_norm(source, (k,), weight, eps))
+
+        return steps
+
+    def unfused(i):
+        a, p = act(i), plain(i)
+        return lambda: (a(), p())
+
+    times = {
+        name: torch_graph_time_us(torch, [make(i) for i in range(calls)])
+        for name, make in (("fused", fused), ("roof", roofline), ("plain", plain),
+                           ("act", act), ("unfused", unfused))
+    }  # fmt: skip
+    moved = m * k * 2 * (3 if residual else 1) + m * k + m * math.ceil(k / 512) * 4
+    floor = moved / bandwidth * 1e6
+    print(f"{m:>6} {'yes' if residual else 'no':>8} {floor:>7.2f} {times['roof']:>7.2f} "
+          f"{times['fused']:>7.2f} {times['fused'] / times['roof']:>7.2f} {times['plain']:>7.2f} "
+          f"{times['act']:>10.2f} {times['unfused']:>8.2f} "
+          f"{times['unfused'] / times['fused']:>13.2f}", flush=True)  # fmt: skip
+    return {"path": "rms_norm", "residual": residual, "M": m, "K": k, "floor_us": floor,
+            **{f"{k}_us": v for k, v in times.items()}}  # fmt: skip
+
+
+def _check_norm(torch, x, r, weight, eps: float, residual: bool) -> None:
+    """The fused RMSNorm (and the residual written back) is the NumPy backend's, bit for bit."""
+    import ml_dtypes
+
+    def host(t):
+        return t.view(torch.int16).cpu().numpy().view(ml_dtypes.bfloat16)
+
+    r_host = host(r).copy()
+    r_before = r.clone()
+    q, s = api.quantize(x, 128, **OPTIONS, norm=(weight, eps), residual=r if residual else None)
+    q_ref, s_ref = api.quantize(host(x), 128, **OPTIONS, norm=(host(weight), eps),
+                                residual=r_host if residual else None)  # fmt: skip
+    assert np.array_equal(q.view(torch.uint8).cpu().numpy(), q_ref.view(np.uint8)), "norm q"
+    assert np.array_equal(s.cpu().numpy(), s_ref), "norm scales"
+    if residual:
+        assert np.array_equal(host(r), r_host), "norm residual"
+        r.copy_(r_before)
+
+
 def _cupy_stream(torch):
     import cupy
 
@@ -132,6 +232,18 @@ def _check(torch, x, outputs) -> None:
     assert np.array_equal(s.cpu().numpy(), s_ref)
 
 
+def _check_masked(torch, x, counts, q) -> None:
+    """The real rows of each expert are the NumPy backend's, bit for bit."""
+    import ml_dtypes
+
+    for e in np.flatnonzero(counts)[:4]:  # a few experts: NumPy takes a second per thousand rows
+        rows = x[e, : counts[e]]
+        host = rows.view(torch.int16).cpu().numpy().view(ml_dtypes.bfloat16)
+        q_ref, _ = api.quantize(host, 128, **OPTIONS)
+        got = q[e, : counts[e]].view(torch.uint8).cpu().numpy()
+        assert np.array_equal(got, q_ref.view(np.uint8)), f"masked expert {e}"
+
+
 def _masked_row(torch, experts: int = 32, tokens: int = 1024, k: int = 7168) -> dict:
     share = 0.05
     x = torch.randn(experts, tokens, k, device="cuda", dtype=torch.bfloat16)
@@ -142,6 +254,7 @@ def _masked_row(torch, experts: int = 32, tokens: int = 1024, k: int = 7168) -> 
     rows = int(counts.sum())
     plain_x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
     q, s = api.quantize(x, 128, **OPTIONS, masked_m=counts_t)
+    _check_masked(torch, x, counts, q)
     pq, ps = api.quantize(plain_x, 128, **OPTIONS)
 
     def masked(c):

@@ -282,7 +282,7 @@ def rms_norm_per_block_quant(
     every leading dimension flattened), or with ``tma_alignment=4`` TMA-aligned and per batch
     for 3-D input. ``residual`` is updated in place to ``input + residual``. Values follow
     ``docs/spec.md`` section 2b (one rounding after the weight; vLLM rounds before it too).
-    The NumPy backend only in this release (numpy and torch CPU); ``scale_ub`` is not
+    Runs on every backend (CUDA tensors through the fused kernel); ``scale_ub`` is not
     implemented.
     """
     if scale_ub is not None:

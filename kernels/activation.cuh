@@ -1,6 +1,6 @@
 // The fused SiLU-and-multiply input: y = round(round(silu(gate)) * up), op by op in float32.
 //
-// NOTES: the definition is fp8_group_quant/activation.py (docs/spec.md, section 5); every step
+// NOTES: the definition is fp8_group_quant/activation.py (docs/spec.md, section 2a); every step
 // here is the same IEEE operation in the same order (mul.rn / add.rn / div.rn, never contracted
 // into an FMA, since NumPy has none in float32), so both backends agree bit for bit. The
 // constants and the table are the float32 values that module computes; tests/test_activation.py
@@ -13,7 +13,7 @@ namespace fgq {
 enum Activation : int { kIdentity = 0, kSiluMul = 1 };
 
 constexpr float kInvLn2x64 = 0x1.715476p+6f;  // RN(64 / ln 2)
-constexpr float kLn2Over64Hi = 0x1.63p-7f;  // ln 2 / 64, 8 significant bits
+constexpr float kLn2Over64Hi = 0x1.63p-7f;  // ln 2 / 64, 9 significant bits
 constexpr float kLn2Over64Lo = -0x1.bd0106p-19f;  // RN(ln 2 / 64 - kLn2Over64Hi)
 constexpr float kOneSixth = 0x1.555556p-3f;  // RN(1 / 6)
 
@@ -75,14 +75,20 @@ __device__ __forceinline__ float scale_by_power_of_two(float v, int n) {
 }
 
 // exp(x) ~ m * 2^n for x in [-110, 110]; returns m, sets n
+// NOTES: the same operations as the definition, in cheaper instructions (docs/perf.md, fused
+// step 1): rint(t) for |t| < 2^22 is RN(t + 1.5 * 2^23) - 1.5 * 2^23, both steps exact but the
+// first, which rounds ties to even as cvt.rni does, and k is the difference of the sum's bits
+// from the constant's: two adds and an integer subtract instead of the quarter-rate F2I and I2F.
+// k * kLn2Over64Hi is exact (9 significant bits times |k| < 2^14), so x minus it is one fma.
+constexpr float kRoundMagic = 12582912.0f;  // 1.5 * 2^23
 __device__ __forceinline__ float exp_parts(float x, const ExpTable& table, int& n) {
-  int k;
-  asm("cvt.rni.s32.f32 %0, %1;" : "=r"(k) : "f"(mul_rn(x, kInvLn2x64)));
-  const float kf = static_cast<float>(k);  // exact: |k| < 2^14
-  const float r = add_rn(add_rn(x, -mul_rn(kf, kLn2Over64Hi)), -mul_rn(kf, kLn2Over64Lo));
+  const float biased = add_rn(mul_rn(x, kInvLn2x64), kRoundMagic);
+  const int k = static_cast<int>(__float_as_uint(biased) - __float_as_uint(kRoundMagic));
+  const float kf = add_rn(biased, -kRoundMagic);  // exact: |k| < 2^14
+  const float r = add_rn(fma_rn(-kf, kLn2Over64Hi, x), -mul_rn(kf, kLn2Over64Lo));
   const float p = add_rn(r, mul_rn(mul_rn(r, r), add_rn(mul_rn(r, kOneSixth), 0.5f)));
   const float2 t = table.entries[k & 63];
-  n = (k - (k & 63)) >> 6;
+  n = k >> 6;  // (k - j) / 64, an arithmetic shift
   return add_rn(t.x, add_rn(t.y, mul_rn(t.x, p)));
 }
 
@@ -121,41 +127,104 @@ template <> __device__ __forceinline__ float round_to_input<kF16>(float v) {
 }
 template <> __device__ __forceinline__ float round_to_input<kF32>(float v) { return v; }
 
-// the input type's encoding of v, rounded to nearest even (v is not NaN or is +NaN)
+// the input type's encoding of v, rounded to nearest even; NaN is the positive quiet NaN
+// (0x7fc0, 0x7e00), as NumPy converts float32's, where cvt writes 0x7fff (seen on the H200 in
+// the residual the fused add-RMSNorm writes back)
 template <int kIn> __device__ __forceinline__ u32 input_bits(float v) {
   if constexpr (kIn == kBF16) {
     u16 h;
     asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(v));
-    return h;
+    return v != v ? 0x7fc0u : h;
   } else if constexpr (kIn == kF16) {
     u16 h;
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
-    return h;
+    return v != v ? 0x7e00u : h;
   } else {
     return __float_as_uint(v);
   }
+}
+
+// per value of one lane: bits of the input type, made by `value` from the i-th float32 value
+template <int kIn, typename F>
+__device__ __forceinline__ void map_lane(u32 (&words)[kLaneWords], F value) {
+  constexpr int kValues = kLaneWords * 4 / Input<kIn>::kBytes;
+  constexpr int kPerWord = 4 / Input<kIn>::kBytes;
+  u32 out[kLaneWords];
+#pragma unroll
+  for (int w = 0; w < kLaneWords; ++w) out[w] = 0u;
+#pragma unroll
+  for (int i = 0; i < kValues; ++i) {
+    const u32 y = input_bits<kIn>(canonical_nan(value(i)));
+    out[i / kPerWord] |= y << (32 / kPerWord * (i % kPerWord));
+  }
+#pragma unroll
+  for (int w = 0; w < kLaneWords; ++w) words[w] = out[w];
+}
+
+template <int kIn>
+__device__ __forceinline__ float value_of(const u32 (&words)[kLaneWords], int i) {
+  return __uint_as_float(Input<kIn>::f32_bits(words, i));
 }
 
 // gate words in, y words out (the input's encoding), given the matching up words
 template <int kIn>
 __device__ __forceinline__ void silu_mul_lane(u32 (&words)[kLaneWords], const u32 (&up)[kLaneWords],
                                               const ExpTable& table) {
-  typedef Input<kIn> In;
-  constexpr int kValues = kLaneWords * 4 / In::kBytes;
-  constexpr int kPerWord = 4 / In::kBytes;
-  u32 out[kLaneWords];
+  u32 gate[kLaneWords];
 #pragma unroll
-  for (int w = 0; w < kLaneWords; ++w) out[w] = 0u;
+  for (int w = 0; w < kLaneWords; ++w) gate[w] = words[w];
+  map_lane<kIn>(words, [&](int i) {
+    return mul_rn(round_to_input<kIn>(silu(value_of<kIn>(gate, i), table)), value_of<kIn>(up, i));
+  });
+}
+
+// fused RMSNorm (docs/spec.md, section 2b; the definition is activation.rms_norm) ---------------
+
+// x = round(x + residual), in the input type
+template <int kIn>
+__device__ __forceinline__ void add_residual(u32 (&words)[kLaneWords], const u32 (&residual)[kLaneWords]) {
+  u32 x[kLaneWords];
+#pragma unroll
+  for (int w = 0; w < kLaneWords; ++w) x[w] = words[w];
+  map_lane<kIn>(words, [&](int i) { return add_rn(value_of<kIn>(x, i), value_of<kIn>(residual, i)); });
+}
+
+// the lane's squares RN(v * v), folded in half: value i plus value i + n/2, down to one
+template <int kIn>
+__device__ __forceinline__ float lane_sum_of_squares(const u32 (&words)[kLaneWords]) {
+  constexpr int kValues = kLaneWords * 4 / Input<kIn>::kBytes;
+  float a[kValues];
 #pragma unroll
   for (int i = 0; i < kValues; ++i) {
-    const float g = __uint_as_float(In::f32_bits(words, i));
-    const float u = __uint_as_float(In::f32_bits(up, i));
-    const float s = round_to_input<kIn>(silu(g, table));
-    const u32 y = input_bits<kIn>(canonical_nan(mul_rn(s, u)));
-    out[i / kPerWord] |= y << (32 / kPerWord * (i % kPerWord));
+    const float v = value_of<kIn>(words, i);
+    a[i] = mul_rn(v, v);
   }
 #pragma unroll
-  for (int w = 0; w < kLaneWords; ++w) words[w] = out[w];
+  for (int width = kValues / 2; width >= 1; width /= 2) {
+#pragma unroll
+    for (int i = 0; i < width; ++i) a[i] = add_rn(a[i], a[i + width]);
+  }
+  return a[0];
+}
+
+// the 32 values of a warp folded in half (lane i plus lane i + 16, and so on): xor shuffles
+// with offsets 16 to 1 leave that sum in every lane, since a + b and b + a round alike
+__device__ __forceinline__ float warp_fold(float v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) v = add_rn(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  return v;
+}
+
+// y = round(RN(x * r) * w), in the input type
+template <int kIn>
+__device__ __forceinline__ void normalize_lane(u32 (&words)[kLaneWords], const u32 (&weight)[kLaneWords],
+                                               float r) {
+  u32 x[kLaneWords];
+#pragma unroll
+  for (int w = 0; w < kLaneWords; ++w) x[w] = words[w];
+  map_lane<kIn>(words, [&](int i) {
+    return mul_rn(mul_rn(value_of<kIn>(x, i), r), value_of<kIn>(weight, i));
+  });
 }
 
 }  // namespace fgq

@@ -48,6 +48,13 @@ __device__ __forceinline__ float fma_rn(float a, float b, float c) {
   return r;
 }
 
+// RN(sqrt(a)), IEEE round to nearest (no .ftz)
+__device__ __forceinline__ float sqrt_rn(float a) {
+  float r;
+  asm("sqrt.rn.f32 %0, %1;" : "=f"(r) : "f"(a));
+  return r;
+}
+
 // RN(1 / a), IEEE round to nearest (no .ftz)
 __device__ __forceinline__ float rcp_rn(float a) {
   float r;

@@ -40,6 +40,11 @@ struct Params {
   i64 x_up_offset;      // fused SiLU-and-multiply: elements from a gate value to its up value
   const void* masked_m; // masked layout: rows of each batch to quantize (int32 or int64), or 0
   u32 masked_i64;       // masked layout: 1 when masked_m holds int64 counts
+  const void* weight;   // fused RMSNorm: the weight [K], x's type
+  u8* residual;         // fused add-RMSNorm: x + residual is written back here; 0 without
+  i64 r_batch_stride;   // fused add-RMSNorm: residual elements between batches
+  i64 r_row_stride;     // fused add-RMSNorm: residual elements between rows
+  float eps_norm;       // fused RMSNorm: added to the mean square
 };
 
 }  // namespace fgq

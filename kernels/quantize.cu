@@ -67,17 +67,29 @@ __device__ __forceinline__ void load_lane(const void* src, u32 (&words)[kLaneWor
   }
 }
 
-// one lane's values of a group: its 32 bytes of x, or with kSiluMul the SiLU-and-multiply of
-// its gate bytes and the up bytes x_up_offset elements further
+// one lane's input bytes: its 32 bytes of x, and with kSiluMul the up bytes x_up_offset
+// elements further (in `up`; unused otherwise)
+template <int kIn, bool kVec16, int kAct>
+__device__ __forceinline__ void load_inputs(const Params& p, const typename Input<kIn>::Storage* src,
+                                            u32 (&words)[kLaneWords], u32 (&up)[kLaneWords]) {
+  load_lane<kIn, kVec16>(src, words);
+  if constexpr (kAct == kSiluMul) load_lane<kIn, kVec16>(src + p.x_up_offset, up);
+}
+
+// the values quantized, from the loaded bytes: x itself, or SiLU(gate) * up
+template <int kIn, int kAct>
+__device__ __forceinline__ void apply_activation(u32 (&words)[kLaneWords], const u32 (&up)[kLaneWords],
+                                                 const ExpTable& table) {
+  if constexpr (kAct == kSiluMul) silu_mul_lane<kIn>(words, up, table);
+}
+
+// one lane's values of a group: load_inputs, then apply_activation
 template <int kIn, bool kVec16, int kAct>
 __device__ __forceinline__ void load_values(const Params& p, const typename Input<kIn>::Storage* src,
                                             const ExpTable& table, u32 (&words)[kLaneWords]) {
-  load_lane<kIn, kVec16>(src, words);
-  if constexpr (kAct == kSiluMul) {
-    u32 up[kLaneWords];
-    load_lane<kIn, kVec16>(src + p.x_up_offset, up);
-    silu_mul_lane<kIn>(words, up, table);
-  }
+  u32 up[kLaneWords];
+  load_inputs<kIn, kVec16, kAct>(p, src, words, up);
+  apply_activation<kIn, kAct>(words, up, table);
 }
 
 // maximum over the lanes of one group ------------------------------------------------------------
@@ -333,6 +345,12 @@ __global__ void __launch_bounds__(kMaxThreads,
 // or past masked_m[e], and TMA padding rows, are not written.
 constexpr int kMaxExperts = 1024;  // _launch.py reads this line
 constexpr int kMaskedThreads = 128;  // _launch.py reads this line
+// slots per thread and iteration, their loads issued together: three of x alone, two of gate
+// and up (64 bytes each), which fit the 64 registers of eight resident blocks without a spill
+template <int kAct>
+constexpr int masked_unroll() {
+  return kAct == kIdentity ? 3 : 2;
+}
 
 template <int kIn, int kGroup, int kOut, int kScale, int kLayout, int kAct>
 __global__ void __launch_bounds__(kMaskedThreads, 8) quantize_masked(const __grid_constant__ Params p) {
@@ -391,34 +409,149 @@ __global__ void __launch_bounds__(kMaskedThreads, 8) quantize_masked(const __gri
   const u32 tile_slots = static_cast<u32>(p.groups_per_row) << tile_rows_log2;
   const u32 total_slots = first_tile[experts] * tile_slots;
   const u32 slots_per_block = kMaskedThreads / kLanes;
+  const u32 grid_slots = gridDim.x * slots_per_block;
   const int lane = threadIdx.x % kLanes;
   const i64 k = static_cast<i64>(p.groups_per_row) * kGroup;
   // NOTES: `base` is uniform over the block, so every lane runs every iteration and the
-  // shuffles name the whole warp; a slot past the end works on the last one and stores nothing
+  // shuffles name the whole warp; a slot past the end works on the last one and stores nothing.
+  // Each iteration takes kMaskedUnroll slots a grid apart and issues all their loads before it
+  // quantizes any, so a persistent block keeps as many bytes in flight as the one-pass kernel's
+  // fuller grid (docs/perf.md, fused step 2)
+  constexpr int kMaskedUnroll = masked_unroll<kAct>();
   for (u32 base = blockIdx.x * slots_per_block; base < total_slots;
-       base += gridDim.x * slots_per_block) {
-    const u32 slot_raw = base + threadIdx.x / kLanes;
-    const u32 slot = min(slot_raw, total_slots - 1u);
-    const u32 tile = divide_u31(slot, p.tile_slots_magic, p.tile_slots_shift);
-    const u32 within = slot - tile * tile_slots;
-    const int group = static_cast<int>(within >> tile_rows_log2);
-    u32 lo = 0u, hi = experts;  // the last expert whose first tile is at or before `tile`
-    while (hi - lo > 1u) {
-      const u32 mid = (lo + hi) >> 1;
-      if (first_tile[mid] <= tile) lo = mid; else hi = mid;
+       base += kMaskedUnroll * grid_slots) {
+    u32 words[kMaskedUnroll][kLaneWords], up[kMaskedUnroll][kLaneWords];
+    u32 batch[kMaskedUnroll], row[kMaskedUnroll];
+    int group[kMaskedUnroll];
+    bool active[kMaskedUnroll];
+#pragma unroll
+    for (int u = 0; u < kMaskedUnroll; ++u) {
+      const u32 slot_raw = base + u * grid_slots + threadIdx.x / kLanes;
+      const u32 slot = min(slot_raw, total_slots - 1u);
+      const u32 tile = divide_u31(slot, p.tile_slots_magic, p.tile_slots_shift);
+      const u32 within = slot - tile * tile_slots;
+      group[u] = static_cast<int>(within >> tile_rows_log2);
+      u32 lo = 0u, hi = experts;  // the last expert whose first tile is at or before `tile`
+      while (hi - lo > 1u) {
+        const u32 mid = (lo + hi) >> 1;
+        if (first_tile[mid] <= tile) lo = mid; else hi = mid;
+      }
+      batch[u] = lo;
+      row[u] = ((tile - first_tile[lo]) << tile_rows_log2) + (within & (tile_rows - 1u));
+      const u32 rows = expert_rows[lo];  // at least 1: the expert owns this tile
+      active[u] = slot_raw < total_slots && row[u] < rows;
+      load_inputs<kIn, true, kAct>(
+          p, static_cast<const Storage*>(p.x) + lo * p.x_batch_stride +
+                 min(row[u], rows - 1u) * p.x_row_stride + static_cast<i64>(group[u]) * kGroup +
+                 lane * kValues, words[u], up[u]);
     }
-    const u32 batch = lo;
-    const u32 row = ((tile - first_tile[batch]) << tile_rows_log2) + (within & (tile_rows - 1u));
-    const u32 rows = expert_rows[batch];  // at least 1: the expert owns this tile
-    const bool active = slot_raw < total_slots && row < rows;
-    const i64 value0 = static_cast<i64>(group) * kGroup + lane * kValues;
-    u32 words[kLaneWords];
-    load_values<kIn, true, kAct>(
-        p, static_cast<const Storage*>(p.x) + batch * p.x_batch_stride +
-               min(row, rows - 1u) * p.x_row_stride + value0, table, words);
+#pragma unroll
+    for (int u = 0; u < kMaskedUnroll; ++u) {
+      apply_activation<kIn, kAct>(words[u], up[u], table);
+      const i64 value0 = static_cast<i64>(group[u]) * kGroup + lane * kValues;
+      quantize_group<kIn, kGroup, kOut, kScale, kLayout, true>(
+          p, words[u], 0xffffffffu, true, p.q + batch[u] * p.q_batch_stride + row[u] * k + value0,
+          active[u], active[u] && lane == 0, batch[u], row[u], group[u]);
+    }
+  }
+}
+
+// fused (add-)RMSNorm: one thread block for kNormRows rows ------------------------------------------
+// NOTES: a row's sum of squares needs the whole row before any group can be scaled, so a block
+// holds whole rows, one 32-byte lane per thread (at most 1024 lanes: K <= 16384 for 16-bit
+// input), and reduces in the order docs/spec.md (section 2b) defines: each lane folds its squares
+// in half, each warp folds its 32 lanes with xor shuffles, one shared slot per warp, and every
+// warp folds the 32 slots again, so every thread holds the same total with no second barrier.
+// Each thread takes its lane of kNormRows consecutive rows (over all batches), all loads issued
+// before the barrier; two rows measured 5% faster at M = 4096 but 1.5-2 us slower at M <= 64
+// (docs/perf.md, fused step 3), so a block takes one. Threads past the row's last lane work on a copy of that lane, add +0 to the
+// sums and store nothing, so the group shuffles name the whole warp; a row past the last is
+// a copy of the last and stores nothing. The last real row zeroes the padding rows below it.
+constexpr int kMaxNormThreads = 1024;  // _launch.py reads this line
+constexpr int kNormRows = 1;  // _launch.py reads this line
+
+template <int kIn, int kGroup, int kOut, int kScale, int kLayout>
+__global__ void __launch_bounds__(kMaxNormThreads) quantize_norm(const __grid_constant__ Params p) {
+  typedef Input<kIn> In;
+  typedef typename In::Storage Storage;
+  constexpr int kValues = kLaneWords * 4 / In::kBytes;
+  constexpr int kLanes = kGroup / kValues;
+  __shared__ float warp_sums[kNormRows][32];
+
+  const u32 total_rows = p.batches * p.rows;
+  const int lanes = p.groups_per_row * kLanes;
+  const int t = threadIdx.x;
+  const bool in_row = t < lanes;
+  const int index = min(t, lanes - 1);
+  const int group = index / kLanes, lane = index % kLanes;
+  const i64 value0 = static_cast<i64>(index) * kValues;
+  u32 words[kNormRows][kLaneWords], weight[kLaneWords];
+  u32 batch[kNormRows], row[kNormRows];
+  bool real[kNormRows];
+  Storage* residual[kNormRows];
+#pragma unroll
+  for (int r = 0; r < kNormRows; ++r) {
+    const u32 flat = blockIdx.x * kNormRows + r;
+    real[r] = flat < total_rows;
+    const u32 read = min(flat, total_rows - 1u);
+    batch[r] = read / p.rows;  // one division per row, none per value
+    row[r] = read - batch[r] * p.rows;
+  }
+  wait_for_producer();  // PDL, as in quantize_groups
+#pragma unroll
+  for (int r = 0; r < kNormRows; ++r) {
+    load_lane<kIn, true>(static_cast<const Storage*>(p.x) + batch[r] * p.x_batch_stride +
+                             row[r] * p.x_row_stride + value0, words[r]);
+  }
+  load_lane<kIn, true>(static_cast<const Storage*>(p.weight) + value0, weight);
+  if (p.residual != nullptr) {
+    u32 other[kNormRows][kLaneWords];
+#pragma unroll
+    for (int r = 0; r < kNormRows; ++r) {
+      residual[r] = reinterpret_cast<Storage*>(p.residual) + batch[r] * p.r_batch_stride +
+                    row[r] * p.r_row_stride + value0;
+      load_lane<kIn, true>(residual[r], other[r]);
+    }
+    signal_dependents();
+#pragma unroll
+    for (int r = 0; r < kNormRows; ++r) {
+      add_residual<kIn>(words[r], other[r]);
+      if (in_row && real[r]) {
+        uint4* dst = reinterpret_cast<uint4*>(residual[r]);
+        dst[0] = make_uint4(words[r][0], words[r][1], words[r][2], words[r][3]);
+        dst[1] = make_uint4(words[r][4], words[r][5], words[r][6], words[r][7]);
+      }
+    }
+  } else {
+    signal_dependents();
+  }
+
+  // the mean squares: lanes, then warps, then the 32 warp slots, each folded in half
+#pragma unroll
+  for (int r = 0; r < kNormRows; ++r) {
+    const float total = warp_fold(in_row ? lane_sum_of_squares<kIn>(words[r]) : 0.0f);
+    if ((t & 31) == 0) warp_sums[r][t >> 5] = total;
+  }
+  __syncthreads();
+  const bool warp_slot = (t & 31) < static_cast<int>(blockDim.x >> 5);
+  const i64 k = static_cast<i64>(p.groups_per_row) * kGroup;
+#pragma unroll
+  for (int r = 0; r < kNormRows; ++r) {
+    const float total = warp_fold(warp_slot ? warp_sums[r][t & 31] : 0.0f);
+    const float mean = div_rn(total, static_cast<float>(lanes * kValues));
+    normalize_lane<kIn>(words[r], weight, div_rn(1.0f, sqrt_rn(add_rn(mean, p.eps_norm))));
+    const bool store = in_row && real[r];
+    u8* q_batch = p.q + batch[r] * p.q_batch_stride + value0;
+    if (store && row[r] == p.rows - 1u) {
+#pragma unroll 1
+      for (u32 pad = row[r] + 1u; pad < p.grid_rows; ++pad) {
+        if (pad < p.q_rows) store_zeros<kValues>(q_batch + pad * k);
+        if (pad < p.scale_rows && lane == 0) ScaleLayout<kLayout>::zero(p, batch[r], pad, group);
+      }
+    }
     quantize_group<kIn, kGroup, kOut, kScale, kLayout, true>(
-        p, words, 0xffffffffu, true, p.q + batch * p.q_batch_stride + row * k + value0, active,
-        active && lane == 0, batch, row, group);
+        p, words[r], 0xffffffffu, true, q_batch + row[r] * k, store, store && lane == 0, batch[r],
+        row[r], group);
   }
 }
 

@@ -15,6 +15,7 @@ __global__ void roofline_copy(const uint4* __restrict__ x, uint4* __restrict__ q
 
 }  // namespace fgq
 
+
 namespace fgq {
 
 // The fused SiLU-and-multiply quantizer's traffic: one thread per 16 output bytes reads the 32
@@ -27,6 +28,24 @@ __global__ void roofline_gated(const uint4* __restrict__ x, uint4* __restrict__ 
   const uint4* gate = x + 2 * (row * 2 * row_chunks + column);
   const uint4* up = gate + 2 * row_chunks;
   const uint4 a = __ldg(gate), b = __ldg(gate + 1), c = __ldg(up), d = __ldg(up + 1);
+  q[i] = make_uint4(a.x ^ b.x ^ c.x ^ d.x, a.y ^ b.y ^ c.y ^ d.y, a.z ^ b.z ^ c.z ^ d.z,
+                    a.w ^ b.w ^ c.w ^ d.w);
+}
+
+}  // namespace fgq
+
+namespace fgq {
+
+// The fused add-RMSNorm quantizer's traffic: one thread per 16 values reads 32 bytes of x and
+// 32 of the residual, writes the 32 residual bytes back and stores 16 bytes of codes.
+__global__ void roofline_residual(const uint4* __restrict__ x, uint4* __restrict__ residual,
+                                  uint4* __restrict__ q, i64 chunks) {
+  const i64 i = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= chunks) return;
+  const uint4 a = __ldg(x + 2 * i), b = __ldg(x + 2 * i + 1);
+  const uint4 c = residual[2 * i], d = residual[2 * i + 1];
+  residual[2 * i] = make_uint4(a.x ^ c.x, a.y ^ c.y, a.z ^ c.z, a.w ^ c.w);
+  residual[2 * i + 1] = make_uint4(b.x ^ d.x, b.y ^ d.y, b.z ^ d.z, b.w ^ d.w);
   q[i] = make_uint4(a.x ^ b.x ^ c.x ^ d.x, a.y ^ b.y ^ c.y ^ d.y, a.z ^ b.z ^ c.z ^ d.z,
                     a.w ^ b.w ^ c.w ^ d.w);
 }

@@ -13,14 +13,14 @@ nvrtc = pytest.importorskip("cupy_backends.cuda.libs.nvrtc", reason="CuPy is not
 def test_every_instantiation_compiles(arch):
     keys = _launch.all_kernel_keys()
     # inputs x group sizes x formats x (float scales, ue8m0 in float words, packed), each with
-    # plain input (x alignment x the two paths), SiLU-and-multiply (aligned, one pass) and the
-    # masked kernel for both (aligned)
-    assert len(keys) == 3 * 4 * 4 * 3 * (2 * 2 + 1 + 2)
+    # plain input (x alignment x the two paths), SiLU-and-multiply (aligned, one pass), the
+    # masked kernel for both (aligned) and the RMSNorm kernel (aligned, residual at run time)
+    assert len(keys) == 3 * 4 * 4 * 3 * (2 * 2 + 1 + 2 + 1)
     report = []
     lowered = _jit.compile_offline(_launch.SOURCE, [k.name_expression for k in keys], arch, report)
     assert len(set(lowered.values())) == len(keys)  # one distinct kernel per key
-    assert all(name.startswith(("_ZN3fgq15quantize_groups", "_ZN3fgq15quantize_masked"))
-               for name in lowered.values())  # fmt: skip
+    kernels = ("_ZN3fgq15quantize_groups", "_ZN3fgq15quantize_masked", "_ZN3fgq13quantize_norm")
+    assert all(name.startswith(kernels) for name in lowered.values())
     # ptxas's resource report: one spill line per kernel, and on Hopper, where the register
     # bounds were measured, no kernel spills (a spill in the loop cost int8 and float-scale
     # variants 10-20% on the H200, docs/perf.md step 8)
@@ -234,8 +234,8 @@ def test_the_benchmarks_chain_kernels_compile():
     for arch in ARCHS:
         lowered = _jit.compile_offline("chain.cu", ["fgq::produce_bf16", "fgq::consume"], arch)
         assert len(set(lowered.values())) == 2
-        roofs = ["fgq::roofline_copy", "fgq::roofline_gated"]  # bench's ceilings, plain and fused
-        assert len(set(_jit.compile_offline("roofline.cu", roofs, arch).values())) == 2
+        roofs = ["fgq::roofline_copy", "fgq::roofline_gated", "fgq::roofline_residual"]
+        assert len(set(_jit.compile_offline("roofline.cu", roofs, arch).values())) == 3
 
 
 def test_launch_config_mirrors_the_driver_structs():
@@ -422,3 +422,13 @@ def test_compiles_are_logged(toy_kernels, caplog):  # issue 12: JIT compiles thr
         _jit.compile_cached("toy.cu", ["k<5>"], "sm_90")  # a cache hit: no second record
     compiled = [r for r in caplog.records if "compiled 1 kernel(s) of toy.cu" in r.getMessage()]
     assert len(compiled) == 1 and "sm_90" in compiled[0].getMessage()
+
+
+def test_preload_chunks_are_fixed_runs_of_the_request():
+    # the disk cache keys on each chunk's expressions: a process that has loaded some kernels
+    # already must ask for the same chunks as a fresh one (tools/precompile.py fills them)
+    keys = [key.name_expression for key in _launch.all_kernel_keys()]
+    chunks = _jit.preload_chunks(keys + keys[:5])  # duplicates dropped, order kept
+    assert [e for chunk in chunks for e in chunk] == keys
+    assert all(len(chunk) == _jit.PRELOAD_CHUNK for chunk in chunks[:-1])
+    assert 0 < len(chunks[-1]) <= _jit.PRELOAD_CHUNK

@@ -932,12 +932,138 @@ def test_masked_m_must_live_with_x():
         fgq.quantize(x, 128, masked_m=torch.tensor([1, 2], dtype=torch.int16, device="cuda"))
 
 
-def test_norm_on_a_gpu_array_is_not_implemented_yet_and_writes_nothing():
+# the fused RMSNorm kernel against the NumPy backend -----------------------------------------------
+
+
+def check_norm(x_host, weight, eps_norm, residual, lib, group_size, dtype, scale, layout,
+               pad_rows=False, x_device=None):  # fmt: skip
+    """The RMSNorm kernel into poisoned device storage against the NumPy backend into poisoned
+    host storage, every byte, and the residual written back against the NumPy one."""
+    geometry = Geometry(x_host.shape, group_size, layout, pad_rows)
+    options = dict(dtype=dtype, scale=scale, layout=layout, pad_rows=pad_rows)
+    q, s, q_buf, s_buf = poisoned_outputs(geometry, lib, dtype)
+    r_device = None if residual is None else to_device(residual, lib)
+    x_device = to_device(x_host, lib) if x_device is None else x_device
+    fgq.quantize(x_device, group_size, **options, norm=(to_device(weight, lib), eps_norm),
+                 residual=r_device, out=q, scale_out=s)  # fmt: skip
+    hq, hs, hq_buf, hs_buf = host_poisoned(geometry, dtype)
+    r_host = None if residual is None else residual.copy()
+    fgq.quantize(x_host, group_size, **options, norm=(weight, eps_norm), residual=r_host,
+                 out=hq, scale_out=hs)  # fmt: skip
+    what = f"norm {lib} {x_host.dtype} G={group_size} {dtype} {scale} {layout} {x_host.shape}"
+    what += " with residual" if residual is not None else ""
+    assert_same_bytes(to_host_bytes(q_buf), hq_buf, f"q ({what})")
+    assert_same_bytes(to_host_bytes(s_buf), hs_buf, f"scales ({what})")
+    if residual is not None:
+        assert_same_bytes(to_host_bytes(r_device), r_host, f"residual ({what})")
+
+
+@pytest.mark.parametrize("input_dtype, group_size, dtype, scale, layout", COMBINATIONS)
+def test_norm_every_combination(input_dtype, group_size, dtype, scale, layout):
+    index = COMBINATIONS.index((input_dtype, group_size, dtype, scale, layout))
+    lib = ("cupy", "torch")[index % 2]
+    rng = np.random.default_rng(3000 + index)
+    k = 3 * group_size  # three groups: a partly used packed word
+    x = activations(rng, (5, k), input_dtype, specials=index % 3 == 0)
+    weight = activations(rng, (k,), input_dtype)
+    residual = activations(rng, (5, k), input_dtype) if index % 2 else None
+    args = (lib, group_size, dtype, scale, layout)
+    check_norm(x, weight, 1e-6, residual, *args)
+    big = 16384 if input_dtype != "float32" else 8192  # the longest row: 1024 lanes
+    for shape in ((2, 3, 7168), (1, big)):
+        x = activations(rng, shape, input_dtype, specials=True)
+        weight = activations(rng, shape[-1:], input_dtype)
+        residual = activations(rng, shape, input_dtype)
+        check_norm(x, weight, 1e-5, residual, *args, pad_rows=True)
+        check_norm(x, weight, 1e-5, None, *args)
+
+
+@pytest.mark.parametrize("lib", ["cupy", "torch"])
+def test_norm_rows_inside_wider_buffers_many_rows_and_odd_widths(lib):
+    rng = np.random.default_rng(12)
+    x = activations(rng, (1000, 2688), "bfloat16")  # 21 groups: a row of 168 lanes
+    weight = activations(rng, (2688,), "bfloat16")
+    residual = activations(rng, (1000, 2688), "bfloat16")
+    check_norm(x, weight, 1e-6, residual, lib, 128, "e4m3", "ue8m0", "packed",
+               x_device=wider_rows(x, 128, lib, 64))  # fmt: skip
+    tiny = activations(rng, (3, 32), "float32")  # one lane pair, one warp mostly idle
+    check_norm(tiny, activations(rng, (32,), "float32"), 1e-3, None, lib, 32, "int8", "float32",
+               "col")  # fmt: skip
+    zero_rows = np.zeros((4, 512), NP_INPUT["float16"])  # mean 0: r = 1 / sqrt(eps)
+    check_norm(zero_rows, activations(rng, (512,), "float16"), 1e-6, None, lib, 128, "e5m2",
+               "ue8m0", "row")  # fmt: skip
+
+
+def test_norm_refuses_bad_arguments_before_writing_anything():
+    import cupy
     import torch
 
-    x = to_device(activations(np.random.default_rng(11), (4, 256), "bfloat16"), "torch")
+    rng = np.random.default_rng(11)
+    x = to_device(activations(rng, (4, 256), "bfloat16"), "torch")
     w = torch.ones(256, dtype=torch.bfloat16, device="cuda")
     residual = torch.zeros_like(x)
-    with pytest.raises(NotImplementedError, match="norm: the fused RMSNorm runs on the NumPy"):
-        fgq.quantize(x, 128, norm=(w, 1e-6), residual=residual)
-    assert not residual.any()
+    bad = (
+        (dict(norm=(w.float(), 1e-6)), ValueError, "norm: the weight must be a bfloat16 array"),
+        (dict(norm=(w[:128], 1e-6)), ValueError, "norm: the weight must be a bfloat16 array"),
+        (dict(norm=(w.cpu(), 1e-6)), (ValueError, TypeError), "norm"),
+        (dict(norm=(cupy.ones(256, cupy.float32), 1e-6)), ValueError, "norm: the weight"),
+        (dict(norm=(w, 0.0)), ValueError, "norm: eps_norm must be a positive finite float"),
+        (dict(norm=(w, float("nan"))), ValueError, "norm: eps_norm"),
+        (dict(norm=(w, 1e-6), residual=residual[:2]), ValueError, "residual: expected a bfloat16"),
+        (dict(norm=(w, 1e-6), residual=residual.float()), ValueError, "residual: expected"),
+        (dict(norm=(w, 1e-6), residual=residual.t().contiguous().t()), ValueError,
+         "residual: the last dimension must be contiguous"),
+        (dict(norm=(w, 1e-6), residual=x), ValueError, "residual: its memory overlaps x"),
+        (dict(norm=(w, 1e-6), activation="silu_mul"), ValueError, "norm: cannot be combined"),
+        (dict(residual=residual), ValueError, "residual: the fused add needs norm"),
+    )  # fmt: skip
+    before = x.clone()
+    for kwargs, error, match in bad:
+        with pytest.raises(error, match=match):
+            fgq.quantize(x, 128, **kwargs)
+    assert not residual.any() and torch.equal(x, before)
+    wide = torch.zeros((4, 264), dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(ValueError, match="x: norm needs a 16-byte aligned input"):
+        fgq.quantize(wide[:, 4:260], 128, norm=(w, 1e-6))
+    with pytest.raises(ValueError, match="norm: the weight must be 16-byte aligned"):
+        fgq.quantize(x, 128, norm=(wide[0, 4:260], 1e-6))
+    with pytest.raises(ValueError, match="x: norm takes rows of at most 16384"):
+        fgq.quantize(
+            torch.zeros((1, 16512), dtype=torch.bfloat16, device="cuda"),
+            128,
+            norm=(torch.ones(16512, dtype=torch.bfloat16, device="cuda"), 1e-6),
+        )
+    q, s = fgq.quantize(x[:0], 128, norm=(w, 1e-6), residual=residual[:0])
+    assert q.shape == (0, 256) and s.shape[0] == 0
+
+
+def test_norm_captured_in_a_cuda_graph_replays_with_new_inputs():
+    import torch
+
+    rng = np.random.default_rng(13)
+    x = to_device(activations(rng, (64, 2048), "bfloat16"), "torch")
+    w = to_device(activations(rng, (2048,), "bfloat16"), "torch")
+    residual = to_device(activations(rng, (64, 2048), "bfloat16"), "torch")
+    options = dict(scale="ue8m0", layout="packed")
+    q, s = fgq.quantize(x, 128, **options, norm=(w, 1e-6), residual=residual.clone())  # warm
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fgq.quantize(x, 128, **options, norm=(w, 1e-6), residual=residual, out=q, scale_out=s)
+    for seed in (14, 15):
+        fresh_x = activations(np.random.default_rng(seed), (64, 2048), "bfloat16")
+        fresh_r = activations(np.random.default_rng(seed + 10), (64, 2048), "bfloat16")
+        x.copy_(to_device(fresh_x, "torch"))
+        residual.copy_(to_device(fresh_r, "torch"))
+        graph.replay()
+        torch.cuda.synchronize()
+        r_host = fresh_r.copy()
+        hq, hs = fgq.quantize(fresh_x, 128, **options, norm=(to_host(w), 1e-6), residual=r_host)
+        assert_same_bytes(to_host_bytes(q), np.ascontiguousarray(hq), "q after replay")
+        assert_same_bytes(to_host_bytes(s), np.ascontiguousarray(hs), "scales after replay")
+        assert_same_bytes(to_host_bytes(residual), r_host, "residual after replay")
+
+
+def to_host(tensor) -> np.ndarray:
+    import ml_dtypes
+
+    return tensor.view(__import__("torch").int16).cpu().numpy().view(ml_dtypes.bfloat16)

@@ -195,3 +195,11 @@ def test_vllm_rms_norm_per_block_quant(shape, kwargs, layout, scale_shape):
     np.testing.assert_array_equal(residual.view(np.uint16), expected_residual.view(np.uint16))
     with pytest.raises(NotImplementedError, match="scale_ub"):
         rms_norm_per_block_quant(x, w, 1e-6, "e4m3", [1, 128], scale_ub=np.ones(1, np.float32))
+
+
+def test_the_kernel_block_holds_a_row_of_the_defined_lanes():
+    # one thread block a row: the kernel's thread limit is the definition's lane limit
+    from fp8_group_quant import _launch
+
+    assert _launch.cpp_constant("kMaxNormThreads") == activation.MAX_NORM_LANES
+    assert _launch.lane_bytes() == activation.LANE_BYTES

@@ -110,8 +110,9 @@ def zeroed_outputs(geometry, fmt, module):
 
 
 def fused_cases(combos, rng) -> tuple[int, int]:
-    """SiLU-and-multiply and the masked layout (with and without it), one shape per combination,
-    against the NumPy backend over the whole zeroed storage."""
+    """SiLU-and-multiply, the masked layout (with and without it) and the add-RMSNorm, one
+    shape per combination, against the NumPy backend over the whole zeroed storage (and the
+    residual written back)."""
     calls = failures = 0
     counts = np.array([0, 5, 2], np.int32)
     for index, (input_dtype, fmt, scale, layout) in enumerate(combos):
@@ -136,6 +137,28 @@ def fused_cases(combos, rng) -> tuple[int, int]:
             verdict = "ok" if same else "MISMATCH"
             print(f"fused    {input_dtype:8} G={group:<3} {fmt:8} {scale:7} {layout:10} "
                   f"activation={activation} masked={masked} {verdict}")  # fmt: skip
+        # the RMSNorm kernel, with the residual written back (a row of 3 groups, 5 rows)
+        shape = (5, 3 * group)
+        x_host, r_host = values(rng, shape, input_dtype), values(rng, shape, input_dtype)
+        weight = values(rng, (3 * group,), input_dtype)
+        geometry = Geometry(shape, group, layout, False)
+        options = dict(dtype=fmt, scale=scale, layout=layout)
+        q, s, q_buf, s_buf = zeroed_outputs(geometry, fmt, cupy)
+        r_device = cupy.asarray(r_host)
+        fgq.quantize(cupy.asarray(x_host), group, **options, norm=(cupy.asarray(weight), 1e-6),
+                     residual=r_device, out=q, scale_out=s)  # fmt: skip
+        hq, hs, hq_buf, hs_buf = zeroed_outputs(geometry, fmt, np)
+        fgq.quantize(x_host, group, **options, norm=(weight, 1e-6), residual=r_host, out=hq,
+                     scale_out=hs)  # fmt: skip
+        same = (
+            np.array_equal(q_buf.get(), hq_buf)
+            and np.array_equal(s_buf.get().view(np.uint8), hs_buf.view(np.uint8))
+            and np.array_equal(r_device.get().view(np.uint8), r_host.view(np.uint8))
+        )
+        calls += 1
+        failures += not same
+        print(f"norm     {input_dtype:8} G={group:<3} {fmt:8} {scale:7} {layout:10} "
+              f"residual {'ok' if same else 'MISMATCH'}")  # fmt: skip
     return calls, failures
 
 
