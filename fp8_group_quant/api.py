@@ -220,9 +220,8 @@ def _quantize_new(x, options: tuple, out, scale_out):
     return plan.run(info.ptr, out, scale_out)
 
 
-def _quantize_norm(x, options: tuple, norm, residual, out, scale_out, masked_m):
-    """Fused RMSNorm (and add), on the NumPy backend; every argument is checked before the
-    residual or an output is written."""
+def _norm_arguments(norm, options: tuple, masked_m) -> tuple:
+    """(weight, eps_norm) of a ``norm`` argument that can be combined with the other options."""
     if norm is None:
         raise ValueError("residual: the fused add needs norm=(weight, eps_norm) too")
     if not isinstance(norm, tuple) or len(norm) != 2:
@@ -231,7 +230,13 @@ def _quantize_norm(x, options: tuple, norm, residual, out, scale_out, masked_m):
         raise ValueError("norm: cannot be combined with activation")
     if masked_m is not None:
         raise ValueError("norm: cannot be combined with masked_m")
-    weight, eps_norm = norm
+    return norm
+
+
+def _quantize_norm(x, options: tuple, norm, residual, out, scale_out, masked_m):
+    """Fused RMSNorm (and add), on the NumPy backend; every argument is checked before the
+    residual or an output is written."""
+    weight, eps_norm = _norm_arguments(norm, options, masked_m)
     if is_torch_cpu(x):  # numpy views of the same memory: the residual is written through them
         host = [torch_cpu_to_numpy(a, name) if a is not None else None
                 for a, name in ((x, "x"), (weight, "norm"), (residual, "residual"),
@@ -265,28 +270,36 @@ def _quantize_norm(x, options: tuple, norm, residual, out, scale_out, masked_m):
     return q, scales
 
 
-def _quantize_norm_device(x, info, request, options, w_info, r_info, out, scale_out):
-    """The fused RMSNorm kernel. The plan is remembered under x's signature, the options, the
-    weight's dtype and eps_norm, and the residual's strides; the pointers are passed per call."""
-    writes = [("residual", r_info)] if r_info is not None else []
-    for given, name in ((out, "out"), (scale_out, "scale_out")):
-        if given is not None:
-            writes.append((name, describe(given, name)))
-    reads = [("x", info), ("norm", w_info)]
+def _check_norm_writes(reads, writes) -> None:
+    """Raise if a written array (``writes``: name, ArrayInfo) overlaps any other array, read
+    (``reads``: x and the weight, which may share memory) or written."""
     extents = [(name, byte_extent(a.ptr, a.shape, a.strides, a.itemsize)) for name, a in
                reads + writes]  # fmt: skip
     for i, (name_a, (a0, a1)) in enumerate(extents):
         for name_b, (b0, b1) in extents[i + 1 :]:
-            if a0 < b1 and b0 < a1 and (i >= len(reads) or name_b not in ("x", "norm")):
+            if a0 < b1 and b0 < a1 and not (i < len(reads) and name_b in dict(reads)):
                 raise ValueError(f"{name_b}: its memory overlaps {name_a}'s")
-    signature = device_signature(x)
-    key = (*signature[:-1], *options, "norm", request.eps_norm, request.residual,
-           request.r_batch_stride, request.r_row_stride)  # fmt: skip
-    plan = _PLANS.get(key)
+
+
+def _norm_plan(x, info, request, options, w_info, r_info, out, scale_out):
+    """(plan, norm pointers) of a fused RMSNorm call on the GPU, its writes checked. The plan is
+    remembered under x's signature, the options, eps_norm and the residual's strides."""
+    writes = [("residual", r_info)] if r_info is not None else []
+    for given, name in ((out, "out"), (scale_out, "scale_out")):
+        if given is not None:
+            writes.append((name, describe(given, name)))
+    _check_norm_writes([("x", info), ("norm", w_info)], writes)
+    norm_options = (*options, "norm", request.eps_norm, request.residual, request.r_batch_stride,
+                    request.r_row_stride)  # fmt: skip
+    plan = _PLANS.get((*device_signature(x)[:-1], *norm_options))
     if plan is None:
-        plan = _plan(info, request, (*options, "norm", request.eps_norm, request.residual,
-                                     request.r_batch_stride, request.r_row_stride))  # fmt: skip
-    norm_ptrs = (w_info.ptr, 0 if r_info is None else r_info.ptr)
+        plan = _plan(info, request, norm_options)
+    return plan, (w_info.ptr, 0 if r_info is None else r_info.ptr)
+
+
+def _quantize_norm_device(x, info, request, options, w_info, r_info, out, scale_out):
+    """The fused RMSNorm kernel; the pointers are passed per call."""
+    plan, norm_ptrs = _norm_plan(x, info, request, options, w_info, r_info, out, scale_out)
     return plan.run(info.ptr, out, scale_out, norm_ptrs=norm_ptrs)
 
 
@@ -588,18 +601,29 @@ class PreparedQuantize:
 
     Made by ``prepare``. Calling it with an array of the prepared dtype, shape, strides, device
     and 16-byte alignment quantizes into the same ``q`` and ``scales`` every time (like the static
-    buffers of a CUDA graph) and returns them; any other array raises ValueError.
+    buffers of a CUDA graph) and returns them; any other array raises ValueError. ``masked_m``,
+    the norm's weight and the residual given to ``prepare`` are bound the same way: each call
+    reads them (and writes the residual) where they were, so update them in place.
     """
 
-    def __init__(self, plan: _Plan, key: tuple, q, scales):
+    def __init__(self, plan: _Plan, key: tuple, q, scales, masked_ptr=None, norm_ptrs=None,
+                 residual=None):  # fmt: skip
         self._plan = plan
         self._key = key
         self.q = q
         self.scales = scales
         self._q_ptr = pointer(q, plan.kind)
         self._scale_ptr = pointer(scales, plan.kind)
+        self._residual = residual  # (ArrayInfo) checked against each x: the kernel writes it
         # bound once: the call below is the eager hot path
-        self._launch = plan.launch.launch if plan.launch is not None else None
+        launch = plan.launch
+        self._launch = None
+        if launch is not None and masked_ptr is not None:
+            self._launch = lambda x, q, s, stream: launch.launch_masked(x, q, s, masked_ptr, stream)
+        elif launch is not None and norm_ptrs is not None:
+            self._launch = lambda x, q, s, stream: launch.launch_norm(x, q, s, *norm_ptrs, stream)
+        elif launch is not None:
+            self._launch = launch.launch
         self._ready, self._stream, self._device = plan.ready, plan.stream, plan.device
 
     def __call__(self, x):
@@ -609,6 +633,8 @@ class PreparedQuantize:
                 f"x: this call was prepared for {self._key[:6]} (library, dtype, shape, strides, "
                 f"device, 16-byte aligned), got {signature[:6] if signature else type(x)}"
             )
+        if self._residual is not None:
+            _check_norm_writes([("x", describe(x, "x"))], [("residual", self._residual)])
         launch = self._launch
         if launch is not None:
             if self._ready():
@@ -631,18 +657,42 @@ def prepare(
     scale_out=None,
     pad_rows: bool = False,
     activation: ActivationName | None = None,
+    masked_m=None,
+    expected_m: int | None = None,
+    norm: tuple | None = None,
+    residual=None,
 ) -> PreparedQuantize:
     """Validate once and return a callable that quantizes arrays laid out like ``x``.
 
     Arguments as for ``quantize``; ``x`` must be a cupy array or torch CUDA tensor. The outputs
-    (``out``/``scale_out``, or buffers allocated here) are reused by every call. This is the
-    lowest-overhead eager path for decode-sized inputs; the first call here also compiles.
+    (``out``/``scale_out``, or buffers allocated here) are reused by every call, and so are
+    ``masked_m``, the norm's weight and ``residual``: the callable takes ``x`` alone and reads
+    the others where they were (update them in place, as a CUDA graph's static buffers). This
+    is the lowest-overhead eager path for decode-sized inputs; the first call here also
+    compiles, and quantizes ``x`` (writing the residual, with ``norm``).
     """
     signature = device_signature(x)
     if signature is None:
         raise TypeError(f"x: prepare needs a cupy array or torch CUDA tensor, got {type(x)}")
     info = describe(x, "x")
     options = (group_size, dtype, scale, layout, eps, pad_rows, activation)
+    if norm is not None or residual is not None:
+        weight, eps_norm = _norm_arguments(norm, options, masked_m)
+        w_info = describe(weight, "norm")
+        r_info = None if residual is None else describe(residual, "residual")
+        request = make_request(info, *options[:7], norm=(w_info, eps_norm, r_info))
+        plan, norm_ptrs = _norm_plan(x, info, request, options, w_info, r_info, out, scale_out)
+        q, scales = plan.run(info.ptr, out, scale_out, norm_ptrs=norm_ptrs)
+        return PreparedQuantize(plan, signature[:-1], q, scales, norm_ptrs=norm_ptrs,
+                                residual=r_info)  # fmt: skip
+    if masked_m is not None or expected_m is not None:
+        if masked_m is None:
+            raise ValueError("expected_m: a hint for the masked layout; pass masked_m too")
+        masked_info = describe(masked_m, "masked_m")
+        request = make_request(info, *options, masked_info, expected_m)
+        plan = _plan(info, request, (*options, masked_info.dtype, request.expected_m))
+        q, scales = plan.run(info.ptr, out, scale_out, masked_info.ptr)
+        return PreparedQuantize(plan, signature[:-1], q, scales, masked_ptr=masked_info.ptr)
     request = make_request(info, *options)
     plan = _plan(info, request, options)
     q, scales = plan.run(info.ptr, out, scale_out)

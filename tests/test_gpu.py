@@ -1067,3 +1067,55 @@ def to_host(tensor) -> np.ndarray:
     import ml_dtypes
 
     return tensor.view(__import__("torch").int16).cpu().numpy().view(ml_dtypes.bfloat16)
+
+
+# prepare() with the fused inputs: masked_m, the norm's weight and the residual are bound ----------
+
+
+def test_prepare_binds_masked_m_and_reads_it_at_each_call():
+    import cupy
+
+    rng = np.random.default_rng(16)
+    x_host = activations(rng, (4, 16, 2 * 256), "bfloat16")
+    x = cupy.asarray(x_host)
+    counts = cupy.asarray(np.array([3, 0, 16, 7], np.int32))
+    options = dict(scale="ue8m0", layout="packed", activation="silu_mul")
+    call = fgq.prepare(x, 128, **options, masked_m=counts)
+    for new_counts in ([16, 16, 0, 1], [0, 5, 9, 16]):
+        counts[...] = cupy.asarray(np.array(new_counts, np.int32))  # in place, as DeepEP does
+        q, s = call(x)
+        assert q is call.q and s is call.scales
+        hq, hs = fgq.quantize(x_host, 128, **options, masked_m=np.array(new_counts, np.int32))
+        got_q, got_s = cupy.asnumpy(q).view(np.uint8), cupy.asnumpy(s)
+        for e, n in enumerate(new_counts):  # the real rows (the others are left as they were)
+            assert np.array_equal(got_q[e, :n], hq[e, :n].view(np.uint8)), f"q, expert {e}"
+            assert np.array_equal(got_s[e, :n], hs[e, :n]), f"scales, expert {e}"
+    with pytest.raises(ValueError, match="expected_m: a hint"):
+        fgq.prepare(x, 128, **options, expected_m=4)
+
+
+def test_prepare_binds_the_norm_and_writes_the_residual_at_each_call():
+    import torch
+
+    rng = np.random.default_rng(17)
+    w_host = activations(rng, (1024,), "bfloat16")
+    x = to_device(activations(rng, (8, 1024), "bfloat16"), "torch")
+    residual = to_device(activations(rng, (8, 1024), "bfloat16"), "torch")
+    options = dict(scale="ue8m0", layout="packed")
+    call = fgq.prepare(x, 128, **options, norm=(to_device(w_host, "torch"), 1e-6),
+                       residual=residual)  # fmt: skip
+    for seed in (18, 19):
+        x_host = activations(np.random.default_rng(seed), (8, 1024), "bfloat16")
+        r_host = activations(np.random.default_rng(seed + 5), (8, 1024), "bfloat16")
+        x.copy_(to_device(x_host, "torch"))
+        residual.copy_(to_device(r_host, "torch"))
+        q, s = call(x)
+        hq, hs = fgq.quantize(x_host, 128, **options, norm=(w_host, 1e-6), residual=r_host)
+        assert_same_bytes(to_host_bytes(q), np.ascontiguousarray(hq), "prepared norm q")
+        assert_same_bytes(to_host_bytes(s), np.ascontiguousarray(hs), "prepared norm scales")
+        assert_same_bytes(to_host_bytes(residual), r_host, "prepared norm residual")
+    with pytest.raises(ValueError, match="residual: its memory overlaps x"):
+        call(residual)  # x may not be the bound residual
+    with pytest.raises(ValueError, match="norm: cannot be combined with masked_m"):
+        fgq.prepare(x, 128, norm=(to_device(w_host, "torch"), 1e-6),
+                    masked_m=torch.zeros(8, dtype=torch.int32, device="cuda"))  # fmt: skip
