@@ -2,7 +2,7 @@
 
 from ._jit import CompileError, GpuUnavailableError
 from ._layout import LayoutName
-from ._spec import FormatName, ScaleName
+from ._spec import FormatName, ScaleName, ScaleRuleName
 from .api import (
     PreparedQuantize,
     as_float8,
@@ -21,6 +21,7 @@ __all__ = [
     "LayoutName",
     "PreparedQuantize",
     "ScaleName",
+    "ScaleRuleName",
     "as_float8",
     "dequantize",
     "prepare",

@@ -500,6 +500,7 @@ def make_params(request, **pointers) -> ctypes.Structure:
         r_batch_stride=request.r_batch_stride,
         r_row_stride=request.r_row_stride,
         eps_norm=request.eps_norm,
+        floor_emax=request.fmt.emax_elem if request.scale_rule == "floor" else 0,
         **pointers,
     )
 

@@ -24,6 +24,7 @@ from ._spec import (
     check_eps,
     check_flag,
     check_group_size,
+    check_scale_rule,
     input_mode,
     output_format,
     scale_format,
@@ -51,6 +52,7 @@ class Request:
     pad_rows: bool
     masked: str | None = None  # masked layout: the dtype of masked_m (int32 or int64)
     expected_m: int | None = None  # masked layout: rows per expert the grid is sized for
+    scale_rule: str = "rceil"  # UE8M0 exponent rule: "rceil" or "floor" (OCP MX)
     norm: bool = False  # fused RMSNorm: the weight and (optionally) residual pointers per call
     eps_norm: float = 0.0  # fused RMSNorm: float32 eps_norm
     residual: bool = False  # fused add-RMSNorm: a residual is read and written back
@@ -114,6 +116,7 @@ def make_request(
     eps,
     pad_rows,
     activation=None,
+    scale_rule="rceil",
     masked_info: ArrayInfo | None = None,
     expected_m=None,
     norm: tuple | None = None,
@@ -127,6 +130,7 @@ def make_request(
     group_size, fmt, scale, layout, eps, pad_rows, mode = check_options(
         group_size, dtype, scale, layout, eps, pad_rows, activation
     )
+    scale_rule = check_scale_rule(scale_rule, fmt, scale)
     if info.dtype not in INPUT_TYPES:
         raise TypeError(f"x: expected {', '.join(INPUT_TYPES)}, got {info.dtype}")
     if len(info.shape) == 0:
@@ -185,7 +189,7 @@ def make_request(
     return Request(
         info.dtype, shape, batch_stride, row_stride, aligned, fmt, scale, layout, mode,
         group_size, eps, pad_rows, masked, None if expected_m is None else int(expected_m),
-        **norm_fields,
+        scale_rule, **norm_fields,
     )  # fmt: skip
 
 

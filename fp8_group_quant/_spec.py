@@ -64,6 +64,7 @@ class OutputFormat:
     keeps_inf: bool  # +-Inf inputs stay +-Inf (inf_code) rather than saturating to +-fmax
     inf_code: int
     kernel_trait: str  # Output<> specialisation in kernels/common.cuh: the encoding instructions
+    emax_elem: int | None = None  # OCP MX: the largest normal's exponent (scale_rule="floor")
     notes: str = field(default="", compare=False)
 
     @property
@@ -115,12 +116,12 @@ OUTPUT_FORMATS = {
         OutputFormat(
             "e4m3", ("float8_e4m3fn", "fp8_e4m3"), "float8_e4m3fn", 448.0,
             nan_code=0x7F, signed_nan=True, keeps_inf=False, inf_code=0,
-            kernel_trait="fgq::kE4M3", notes="the default; NVIDIA GPUs",
+            kernel_trait="fgq::kE4M3", emax_elem=8, notes="the default; NVIDIA GPUs",
         ),
         OutputFormat(
             "e5m2", ("float8_e5m2", "fp8_e5m2"), "float8_e5m2", 57344.0,
             nan_code=0x7E, signed_nan=True, keeps_inf=True, inf_code=0x7C,
-            kernel_trait="fgq::kE5M2",
+            kernel_trait="fgq::kE5M2", emax_elem=15,
         ),
         OutputFormat(
             "int8", (), "int8", 127.0,
@@ -249,6 +250,29 @@ def check_eps(eps) -> float:
             f"eps: expected a positive, finite, normal float32 value (>= {tiny:.3g}), got {eps!r}"
         )
     return float(eps32)
+
+
+ScaleRuleName = Literal["rceil", "floor"]
+SCALE_RULES = ("rceil", "floor")  # the UE8M0 exponent rules (docs/spec.md, section 3)
+
+
+def check_scale_rule(scale_rule, fmt: OutputFormat, scale: ScaleFormat) -> str:
+    """A valid ``scale_rule`` for the output format and scale format."""
+    if not isinstance(scale_rule, str) or scale_rule not in SCALE_RULES:
+        raise ValueError(
+            f"scale_rule: expected one of {', '.join(map(repr, SCALE_RULES))}, got {scale_rule!r}"
+        )
+    if scale_rule == "floor" and not scale.power_of_two:
+        raise ValueError(
+            f"scale_rule='floor' chooses a UE8M0 exponent; it needs scale='ue8m0', got "
+            f"scale={scale.name!r}"
+        )
+    if scale_rule == "floor" and fmt.emax_elem is None:
+        floors = ", ".join(repr(f.name) for f in OUTPUT_FORMATS.values() if f.emax_elem)
+        raise ValueError(
+            f"scale_rule='floor' is OCP MX's rule for {floors}; dtype={fmt.name!r} has no emax_elem"
+        )
+    return scale_rule
 
 
 def check_flag(value, name: str) -> bool:

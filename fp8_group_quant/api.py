@@ -46,6 +46,7 @@ from ._spec import (
     ActivationName,
     OutputDType,
     ScaleName,
+    ScaleRuleName,
     output_format,
 )
 
@@ -81,6 +82,7 @@ def quantize(
     expected_m: int | None = None,
     norm: tuple | None = None,
     residual=None,
+    scale_rule: ScaleRuleName = "rceil",
 ) -> tuple[Array, Array]:
     """Quantize ``x`` per token in groups of ``group_size`` channels.
 
@@ -138,6 +140,12 @@ def quantize(
     expected_m : int, optional
         With ``masked_m``: the rows per expert the persistent grid is sized for (DeepGEMM's
         hint); any counts are still handled. Default: ``T``.
+    scale_rule : {"rceil", "floor"}
+        How a UE8M0 scale's exponent is chosen. ``"rceil"`` (default): the exact ceiling of
+        ``amax / fmax``, so no value saturates. ``"floor"``: OCP MX v1.0, the exponent of
+        ``amax`` minus the format's ``emax_elem`` (8 for e4m3, 15 for e5m2), at least 2^-126;
+        values beyond ``fmax`` saturate. Needs ``scale="ue8m0"`` and e4m3 or e5m2
+        (``docs/spec.md``, section 3).
     norm : (weight, eps_norm), optional
         Fused RMSNorm: quantize ``round(x * rsqrt(mean(x^2) + eps_norm) * weight)`` over each
         row (``weight`` ``[K]`` of x's dtype; the float32 steps and the order of the row's sum
@@ -155,7 +163,7 @@ def quantize(
         cupy: ``uint8`` holding the float8 bytes (see ``as_float8``) / ``int8``.
     scales : array of ``x``'s library, shape ``x.shape[:-1] + (ng or kp,)``, strides as above.
     """
-    options = (group_size, dtype, scale, layout, eps, pad_rows, activation)
+    options = (group_size, dtype, scale, layout, eps, pad_rows, activation, scale_rule)
     if norm is not None or residual is not None:
         return _quantize_norm(x, options, norm, residual, out, scale_out, masked_m)
     if masked_m is not None or expected_m is not None:
@@ -211,7 +219,7 @@ def _quantize_torch_cpu(x, options: tuple, out, scale_out):
 
 def _quantize_new(x, options: tuple, out, scale_out):
     """A call of a kind not seen before: validate into a Request, then run (and remember the
-    plan of a GPU call). ``options``: quantize's, from group_size to activation."""
+    plan of a GPU call). ``options``: quantize's, from group_size to scale_rule."""
     info = describe(x, "x")
     request = make_request(info, *options)
     if info.kind == NUMPY:
@@ -226,7 +234,7 @@ def _norm_arguments(norm, options: tuple, masked_m) -> tuple:
         raise ValueError("residual: the fused add needs norm=(weight, eps_norm) too")
     if not isinstance(norm, tuple) or len(norm) != 2:
         raise TypeError(f"norm: expected a (weight, eps_norm) tuple, got {type(norm).__name__}")
-    if options[-1] is not None:
+    if options[6] is not None:
         raise ValueError("norm: cannot be combined with activation")
     if masked_m is not None:
         raise ValueError("norm: cannot be combined with masked_m")
@@ -250,9 +258,9 @@ def _quantize_norm(x, options: tuple, norm, residual, out, scale_out, masked_m):
     info = describe(x, "x")
     w_info = describe(weight, "norm")
     r_info = None if residual is None else describe(residual, "residual")
-    group_size, dtype, scale, layout, eps, pad_rows, activation = options
+    group_size, dtype, scale, layout, eps, pad_rows, activation, scale_rule = options
     request = make_request(info, group_size, dtype, scale, layout, eps, pad_rows, activation,
-                           norm=(w_info, eps_norm, r_info))  # fmt: skip
+                           scale_rule, norm=(w_info, eps_norm, r_info))  # fmt: skip
     if info.kind != NUMPY:
         return _quantize_norm_device(x, info, request, options, w_info, r_info, out, scale_out)
     if residual is not None:
@@ -321,10 +329,11 @@ def _quantize_masked(x, options: tuple, masked_m, expected_m, out, scale_out):
         )
     info = describe(x, "x")
     masked_info = describe(masked_m, "masked_m")
-    group_size, dtype, scale, layout, eps, pad_rows, activation = options
+    group_size, dtype, scale, layout, eps, pad_rows, activation, scale_rule = options
     request = make_request(
-        info, group_size, dtype, scale, layout, eps, pad_rows, activation, masked_info, expected_m
-    )
+        info, group_size, dtype, scale, layout, eps, pad_rows, activation, scale_rule,
+        masked_info, expected_m,
+    )  # fmt: skip
     if info.kind == NUMPY:
         return _quantize_host(x, info, request, out, scale_out, counts=np.asarray(masked_m))
     signature = device_signature(x)
@@ -352,9 +361,9 @@ def _quantize_host(x, info: ArrayInfo, request: Request, out, scale_out, counts=
         )
         arguments = (values, geometry, request.fmt, request.scale, request.eps, *storages)
         if counts is None:
-            reference.quantize_into(*arguments)
+            reference.quantize_into(*arguments, rule=request.scale_rule)
         else:
-            reference.quantize_into_masked(*arguments, counts)
+            reference.quantize_into_masked(*arguments, counts, rule=request.scale_rule)
     return q, scales
 
 
@@ -661,6 +670,7 @@ def prepare(
     expected_m: int | None = None,
     norm: tuple | None = None,
     residual=None,
+    scale_rule: ScaleRuleName = "rceil",
 ) -> PreparedQuantize:
     """Validate once and return a callable that quantizes arrays laid out like ``x``.
 
@@ -675,12 +685,12 @@ def prepare(
     if signature is None:
         raise TypeError(f"x: prepare needs a cupy array or torch CUDA tensor, got {type(x)}")
     info = describe(x, "x")
-    options = (group_size, dtype, scale, layout, eps, pad_rows, activation)
+    options = (group_size, dtype, scale, layout, eps, pad_rows, activation, scale_rule)
     if norm is not None or residual is not None:
         weight, eps_norm = _norm_arguments(norm, options, masked_m)
         w_info = describe(weight, "norm")
         r_info = None if residual is None else describe(residual, "residual")
-        request = make_request(info, *options[:7], norm=(w_info, eps_norm, r_info))
+        request = make_request(info, *options, norm=(w_info, eps_norm, r_info))
         plan, norm_ptrs = _norm_plan(x, info, request, options, w_info, r_info, out, scale_out)
         q, scales = plan.run(info.ptr, out, scale_out, norm_ptrs=norm_ptrs)
         return PreparedQuantize(plan, signature[:-1], q, scales, norm_ptrs=norm_ptrs,
@@ -755,7 +765,7 @@ def warmup(device: int | None = None, variants=None) -> list[str]:
 def _warmup_keys(options: dict) -> list[_launch.KernelKey]:
     input_dtype = options.pop("input_dtype", "bfloat16")
     unknown = set(options) - {
-        "group_size", "dtype", "scale", "layout", "eps", "pad_rows", "activation"
+        "group_size", "dtype", "scale", "layout", "eps", "pad_rows", "activation", "scale_rule"
     }  # fmt: skip
     if unknown:
         raise TypeError(f"variants: unknown option(s) {', '.join(sorted(unknown))}")

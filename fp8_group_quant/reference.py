@@ -13,7 +13,8 @@ from ._layout import Geometry
 from ._spec import UE8M0_FLOOR, OutputFormat, ScaleFormat, output_format, scale_format
 
 __all__ = [
-    "quantize_groups", "encode", "ue8m0_exponents", "quantize_into", "quantize_into_masked"
+    "quantize_groups", "encode", "ue8m0_exponents", "floor_exponents", "quantize_into",
+    "quantize_into_masked",
 ]  # fmt: skip
 
 _ABS_MASK = np.uint32(0x7FFFFFFF)
@@ -25,6 +26,13 @@ def ue8m0_exponents(y: np.ndarray) -> np.ndarray:
     """Exponent byte of the smallest power of two >= max(y, 1e-10), as uint32."""
     bits = np.maximum(y, UE8M0_FLOOR).astype(np.float32).view(np.uint32)
     return (bits >> 23) + ((bits & 0x7FFFFF) != 0)
+
+
+def floor_exponents(amax: np.ndarray, emax_elem: int) -> np.ndarray:
+    """scale_rule="floor" (OCP MX v1.0): the biased exponent of ``amax`` (positive, normal)
+    minus ``emax_elem``, at least 1 (the scale stays a normal float32), as uint32."""
+    biased = (np.asarray(amax, np.float32).view(np.uint32) >> 23).astype(np.int64)
+    return np.maximum(biased - emax_elem, 1).astype(np.uint32)
 
 
 def encode(t: np.ndarray, values: np.ndarray, fmt: OutputFormat) -> np.ndarray:
@@ -44,11 +52,11 @@ def encode(t: np.ndarray, values: np.ndarray, fmt: OutputFormat) -> np.ndarray:
     return np.where(magnitude >= _INF_BITS, table[which], codes).astype(np.uint8)
 
 
-def quantize_groups(values: np.ndarray, fmt, scale, eps: float):
+def quantize_groups(values: np.ndarray, fmt, scale, eps: float, rule: str = "rceil"):
     """Quantize groups along the last axis of float32 ``values`` [..., G].
 
-    ``fmt`` and ``scale`` are formats or their names. Returns ``(codes uint8 [..., G], scales
-    float32 [...], exponents uint32 [...] or None)``.
+    ``fmt`` and ``scale`` are formats or their names; ``rule`` the UE8M0 exponent rule.
+    Returns ``(codes uint8 [..., G], scales float32 [...], exponents uint32 [...] or None)``.
     """
     fmt, scale = output_format(fmt), scale_format(scale)
     values = np.ascontiguousarray(values, dtype=np.float32)
@@ -58,7 +66,10 @@ def quantize_groups(values: np.ndarray, fmt, scale, eps: float):
     y = (amax / np.float32(fmt.fmax)).astype(np.float32)
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         if scale.power_of_two:
-            exponents = ue8m0_exponents(y)
+            if rule == "floor":
+                exponents = floor_exponents(amax, fmt.emax_elem)
+            else:
+                exponents = ue8m0_exponents(y)
             scales = (exponents << 23).view(np.float32)
             inverse = ((np.uint32(254) - exponents) << 23).view(np.float32)
             t = values * inverse[..., None]
@@ -77,6 +88,7 @@ def quantize_into(
     eps: float,
     q_storage: np.ndarray,
     scale_storage: np.ndarray,
+    rule: str = "rceil",
 ) -> None:
     """Quantize host ``x`` into flat storages laid out by ``geometry``, padding included.
 
@@ -85,7 +97,7 @@ def quantize_into(
     """
     b, m, ng, g = geometry.batches, geometry.rows, geometry.groups, geometry.group_size
     values = np.asarray(x).astype(np.float32).reshape(b, m, ng, g)
-    codes, scales, exponents = quantize_groups(values, fmt, scale, eps)
+    codes, scales, exponents = quantize_groups(values, fmt, scale, eps, rule)
 
     q = q_storage.reshape(b, geometry.q_rows, geometry.k)
     q[:, :m] = codes.reshape(b, m, geometry.k)
@@ -112,6 +124,7 @@ def quantize_into_masked(
     q_storage: np.ndarray,
     scale_storage: np.ndarray,
     counts: np.ndarray,
+    rule: str = "rceil",
 ) -> None:
     """The masked MoE layout: as ``quantize_into``, for rows ``t < counts[e]`` of each batch
     ``e`` only (counts clamped to ``[0, T]``). Every other byte of both storages, padding rows
@@ -121,7 +134,7 @@ def quantize_into_masked(
     counts = np.clip(np.asarray(counts).astype(np.int64), 0, m)
     valid = np.arange(m)[None, :] < counts[:, None]  # [b, m]
     values = np.asarray(x).astype(np.float32).reshape(b, m, ng, g)
-    codes, scales, exponents = quantize_groups(values, fmt, scale, eps)
+    codes, scales, exponents = quantize_groups(values, fmt, scale, eps, rule)
     q = q_storage.reshape(b, geometry.q_rows, geometry.k)
     q[:, :m][valid] = codes.reshape(b, m, geometry.k)[valid]
 

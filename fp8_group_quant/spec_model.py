@@ -101,12 +101,21 @@ def ue8m0_exponent(scale: float) -> int:
     return exponent - 1 + 127
 
 
-def scalar_group(values, fmt, ue8m0, eps):
+# the OCP MX emax_elem of the formats scale_rule="floor" takes (section 3, item 6)
+EMAX_ELEM = {"e4m3": 8, "e5m2": 15}
+
+
+def scalar_group(values, fmt, ue8m0, eps, rule="rceil"):
     """Codes (ints) and scale (a float) of one group of float32 ``values`` (Python floats)."""
     spec = FORMATS[fmt]
     amax = max([f32(eps)] + [abs(v) for v in values if math.isfinite(v)])
     y = f32(amax / spec.fmax)  # double rounding is innocuous for one division
-    if ue8m0:
+    if ue8m0 and rule == "floor":
+        _, exponent = math.frexp(amax)  # amax = m * 2**exponent, m in [0.5, 1)
+        power = max(exponent - 1 - EMAX_ELEM[fmt], -126)  # floor(log2 amax) - emax_elem
+        scale = 2.0**power
+        scaled = [f32(v * 2.0**-power) for v in values]
+    elif ue8m0:
         y = max(y, struct.unpack("<f", struct.pack("<I", UE8M0_FLOOR_BITS))[0])
         mantissa, exponent = math.frexp(y)  # y = mantissa * 2**exponent, mantissa in [0.5, 1)
         power = exponent - 1 if mantissa == 0.5 else exponent  # the exact ceiling
@@ -231,7 +240,7 @@ class Storage:
         return 4 * (b * batch + m * row + g * word)
 
 
-def quantize(x, group_size, fmt, scale, eps):
+def quantize(x, group_size, fmt, scale, eps, rule="rceil"):
     """(codes, scales) of ``x`` [..., K]: uint8 codes of ``x``'s shape and the float scales
     [..., K / group_size], group by group."""
     values = np.asarray(x).astype(np.float32)
@@ -240,7 +249,7 @@ def quantize(x, group_size, fmt, scale, eps):
     codes = np.zeros(values.size, np.uint8).reshape(-1, group_size)
     scales = np.zeros(len(groups), np.float64)
     for i, group in enumerate(groups):
-        codes[i], scales[i] = scalar_group(group, fmt, scale == "ue8m0", eps)
+        codes[i], scales[i] = scalar_group(group, fmt, scale == "ue8m0", eps, rule)
     return codes.reshape(values.shape), scales.reshape(values.shape[:-1] + (k // group_size,))
 
 

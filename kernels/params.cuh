@@ -45,6 +45,7 @@ struct Params {
   i64 r_batch_stride;   // fused add-RMSNorm: residual elements between batches
   i64 r_row_stride;     // fused add-RMSNorm: residual elements between rows
   float eps_norm;       // fused RMSNorm: added to the mean square
+  u32 floor_emax;       // scale_rule="floor": the format's emax_elem; 0 for "rceil"
 };
 
 }  // namespace fgq

@@ -176,8 +176,14 @@ __device__ __forceinline__ void quantize_group(const Params& p, const u32 (&word
     }
   } else {
     // NOTES: no div.rn fallback needed: below amax = 2^-60, where divide_fast may be inexact,
-    // the quotient is under 2^-68 either way and the 1e-10 floor of ue8m0_exponent decides
-    exponent = ue8m0_exponent(divide_fast(amax, p.fmax, p.inverse_fmax), p.ue8m0_floor);
+    // the quotient is under 2^-68 either way and the 1e-10 floor of ue8m0_exponent decides.
+    // scale_rule="floor" (a uniform branch): amax's biased exponent minus emax_elem, at least 1
+    if (p.floor_emax != 0u) {
+      exponent = static_cast<u32>(max(static_cast<int>(__float_as_uint(amax) >> 23) -
+                                          static_cast<int>(p.floor_emax), 1));
+    } else {
+      exponent = ue8m0_exponent(divide_fast(amax, p.fmax, p.inverse_fmax), p.ue8m0_floor);
+    }
     scale = __uint_as_float(exponent << 23);
     const float inverse = __uint_as_float((254u - exponent) << 23);
     encode_lane<kIn, kOut, kMultiply, kValues>(words, scale, inverse, codes);

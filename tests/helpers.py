@@ -45,13 +45,15 @@ def activations(rng, shape, dtype: str, specials: bool = False) -> np.ndarray:
     return flat.reshape(shape).astype(NP_INPUT[dtype])
 
 
-def reference_storage(x: np.ndarray, geometry: Geometry, dtype: str, scale: str, eps: float):
+def reference_storage(
+    x: np.ndarray, geometry: Geometry, dtype: str, scale: str, eps: float, rule: str = "rceil"
+):
     """(q bytes, scale bytes) of the whole storage the NumPy backend writes, padding included."""
     fmt = output_format(dtype)
     q = np.full(geometry.q_storage, 0xAB, np.uint8)
     scale_dtype = np.dtype(geometry.layout.dtype)
     scales = np.full(geometry.scale_storage, -1, scale_dtype)
-    reference.quantize_into(np.asarray(x), geometry, fmt, scale, eps, q, scales)
+    reference.quantize_into(np.asarray(x), geometry, fmt, scale, eps, q, scales, rule=rule)
     return q, scales.view(np.uint8)
 
 

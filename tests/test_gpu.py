@@ -93,22 +93,24 @@ def poisoned_outputs(geometry: Geometry, lib: str, fmt: str):
     return q, s, q_buf, s_buf
 
 
-def check(x_host, x_device, lib, group_size, dtype, scale, layout, pad_rows=False, eps=1e-10):
+def check(x_host, x_device, lib, group_size, dtype, scale, layout, pad_rows=False, eps=1e-10,
+          scale_rule="rceil"):  # fmt: skip
     """Run the kernel into poisoned outputs; compare every storage byte with the reference."""
     geometry = Geometry(tuple(x_host.shape), group_size, layout, pad_rows)
     q, s, q_buf, s_buf = poisoned_outputs(geometry, lib, dtype)
     q_got, s_got = fgq.quantize(
         x_device, group_size, dtype=dtype, scale=scale, layout=layout, eps=eps,
-        out=q, scale_out=s, pad_rows=pad_rows,
+        out=q, scale_out=s, pad_rows=pad_rows, scale_rule=scale_rule,
     )  # fmt: skip
     assert q_got is q and s_got is s
-    q_ref, s_ref = reference_storage(x_host, geometry, dtype, scale, eps)
+    q_ref, s_ref = reference_storage(x_host, geometry, dtype, scale, eps, scale_rule)
     what = f"{lib} {x_host.dtype} G={group_size} {dtype} {scale} {layout} shape={x_host.shape}"
     assert_same_bytes(to_host_bytes(q_buf), q_ref, f"q ({what})", inputs=x_host)
     assert_same_bytes(to_host_bytes(s_buf), s_ref, f"scales ({what})")
 
     # the plain call (library-allocated outputs) returns the same values
-    q2, s2 = fgq.quantize(x_device, group_size, dtype=dtype, scale=scale, layout=layout, eps=eps)
+    q2, s2 = fgq.quantize(x_device, group_size, dtype=dtype, scale=scale, layout=layout, eps=eps,
+                          scale_rule=scale_rule)  # fmt: skip
     assert tuple(q2.shape) == geometry.shape and tuple(s2.shape) == geometry.scale_shape
     rows = q_ref.reshape(geometry.batches, geometry.q_rows, geometry.k)[:, : geometry.rows]
     assert_same_bytes(to_host_bytes(q2), rows, f"q, allocated ({what})")
@@ -1119,3 +1121,53 @@ def test_prepare_binds_the_norm_and_writes_the_residual_at_each_call():
     with pytest.raises(ValueError, match="norm: cannot be combined with masked_m"):
         fgq.prepare(x, 128, norm=(to_device(w_host, "torch"), 1e-6),
                     masked_m=torch.zeros(8, dtype=torch.int32, device="cuda"))  # fmt: skip
+
+
+# scale_rule="floor": the OCP MX exponent rule, a runtime flag of every UE8M0 kernel ---------------
+
+FLOOR_COMBINATIONS = [c for c in COMBINATIONS if c[3] == "ue8m0" and c[2] in ("e4m3", "e5m2")]
+
+
+@pytest.mark.parametrize("input_dtype, group_size, dtype, scale, layout", FLOOR_COMBINATIONS)
+def test_floor_rule_every_combination(input_dtype, group_size, dtype, scale, layout, kernel_path):
+    index = FLOOR_COMBINATIONS.index((input_dtype, group_size, dtype, scale, layout))
+    lib = ("cupy", "torch")[index % 2]
+    rng = np.random.default_rng(4000 + index)
+    args = (lib, group_size, dtype, scale, layout)
+    x = activations(rng, (5, 21 * group_size), input_dtype, specials=True)
+    check(x, to_device(x, lib), *args, scale_rule="floor")
+    x = activations(rng, (2, 3, 7168), input_dtype, specials=True)
+    check(x, wider_rows(x, 256, lib, 128), *args, pad_rows=True, scale_rule="floor")
+    x = activations(rng, (7, 2 * group_size), input_dtype)  # the element-wise load path
+    check(x, wider_rows(x, 3, lib, 1), *args, scale_rule="floor")
+    tiny = float(np.finfo(np.float32).tiny)  # exponents clamped at 1
+    check(x * 0, to_device(x * 0, lib), *args, eps=tiny, scale_rule="floor")
+
+
+def test_floor_rule_in_the_fused_kernels():
+    import cupy
+
+    rng = np.random.default_rng(23)
+    options = dict(dtype="e4m3", scale="ue8m0", layout="packed", scale_rule="floor")
+    x = activations(rng, (3, 4, 2 * 512), "bfloat16", specials=True)
+    counts = np.array([4, 0, 2], np.int32)
+    for kwargs in ({"activation": "silu_mul"}, {"activation": "silu_mul", "masked_m": counts},
+                   {"masked_m": counts}):  # fmt: skip
+        device = {k: cupy.asarray(v) if k == "masked_m" else v for k, v in kwargs.items()}
+        q, s = fgq.quantize(cupy.asarray(x), 128, **options, **device)
+        hq, hs = fgq.quantize(x, 128, **options, **kwargs)
+        got_q, got_s = cupy.asnumpy(q).view(np.uint8), cupy.asnumpy(s)
+        for e in range(3):
+            rows = counts[e] if "masked_m" in kwargs else 4
+            assert np.array_equal(got_q[e, :rows], hq[e, :rows].view(np.uint8)), (kwargs, e)
+            assert np.array_equal(got_s[e, :rows], hs[e, :rows]), (kwargs, e)
+    w = activations(rng, (1024,), "bfloat16")
+    r = activations(rng, (3, 4, 1024), "bfloat16")
+    xn = x[..., :1024].copy()
+    r_device = cupy.asarray(r)
+    q, s = fgq.quantize(cupy.asarray(xn), 128, **options, norm=(cupy.asarray(w), 1e-6),
+                        residual=r_device)  # fmt: skip
+    hq, hs = fgq.quantize(xn, 128, **options, norm=(w, 1e-6), residual=r)
+    assert np.array_equal(cupy.asnumpy(q).view(np.uint8), hq.view(np.uint8))
+    assert np.array_equal(cupy.asnumpy(s), hs)
+    assert np.array_equal(cupy.asnumpy(r_device).view(np.uint16), r.view(np.uint16))
