@@ -170,9 +170,7 @@ def quantize(
         return _quantize_masked(x, options, masked_m, expected_m, out, scale_out)
     signature = device_signature(x)
     if signature is not None:
-        plan = _PLANS.get(
-            (*signature[:-1], group_size, dtype, scale, layout, eps, pad_rows, activation)
-        )
+        plan = _PLANS.get((*signature[:-1], *options))
         if plan is not None:
             return plan.run(signature[-1], out, scale_out)
         return _quantize_new(x, options, out, scale_out)
@@ -616,14 +614,21 @@ class PreparedQuantize:
     """
 
     def __init__(self, plan: _Plan, key: tuple, q, scales, masked_ptr=None, norm_ptrs=None,
-                 residual=None):  # fmt: skip
+                 residual=None, bound=()):  # fmt: skip
         self._plan = plan
+        # NOTES: the arrays whose addresses the launch keeps (masked_m, the weight, the
+        # residual): held, so a temporary passed to prepare is not freed and its memory reused
+        # under the kernel (the likely cause of an H200 failure: with a weight built inline in
+        # the call, 1023 of 8192 codes of a later step differed; not re-run since)
+        self._bound = bound
         self._key = key
         self.q = q
         self.scales = scales
         self._q_ptr = pointer(q, plan.kind)
         self._scale_ptr = pointer(scales, plan.kind)
-        self._residual = residual  # (ArrayInfo) checked against each x: the kernel writes it
+        self._residual = (  # checked against each x: the kernel writes it
+            None if residual is None else dataclasses.replace(residual, obj=None)
+        )
         # bound once: the call below is the eager hot path
         launch = plan.launch
         self._launch = None
@@ -694,7 +699,7 @@ def prepare(
         plan, norm_ptrs = _norm_plan(x, info, request, options, w_info, r_info, out, scale_out)
         q, scales = plan.run(info.ptr, out, scale_out, norm_ptrs=norm_ptrs)
         return PreparedQuantize(plan, signature[:-1], q, scales, norm_ptrs=norm_ptrs,
-                                residual=r_info)  # fmt: skip
+                                residual=r_info, bound=(weight, residual))  # fmt: skip
     if masked_m is not None or expected_m is not None:
         if masked_m is None:
             raise ValueError("expected_m: a hint for the masked layout; pass masked_m too")
@@ -702,7 +707,8 @@ def prepare(
         request = make_request(info, *options, masked_info, expected_m)
         plan = _plan(info, request, (*options, masked_info.dtype, request.expected_m))
         q, scales = plan.run(info.ptr, out, scale_out, masked_info.ptr)
-        return PreparedQuantize(plan, signature[:-1], q, scales, masked_ptr=masked_info.ptr)
+        return PreparedQuantize(plan, signature[:-1], q, scales, masked_ptr=masked_info.ptr,
+                                bound=(masked_m,))  # fmt: skip
     request = make_request(info, *options)
     plan = _plan(info, request, options)
     q, scales = plan.run(info.ptr, out, scale_out)

@@ -1104,6 +1104,7 @@ def test_prepare_binds_the_norm_and_writes_the_residual_at_each_call():
     x = to_device(activations(rng, (8, 1024), "bfloat16"), "torch")
     residual = to_device(activations(rng, (8, 1024), "bfloat16"), "torch")
     options = dict(scale="ue8m0", layout="packed")
+    # the weight is a temporary on purpose: the prepared call must keep it alive
     call = fgq.prepare(x, 128, **options, norm=(to_device(w_host, "torch"), 1e-6),
                        residual=residual)  # fmt: skip
     for seed in (18, 19):
@@ -1171,3 +1172,40 @@ def test_floor_rule_in_the_fused_kernels():
     assert np.array_equal(cupy.asnumpy(q).view(np.uint8), hq.view(np.uint8))
     assert np.array_equal(cupy.asnumpy(s), hs)
     assert np.array_equal(cupy.asnumpy(r_device).view(np.uint16), r.view(np.uint16))
+
+
+# ordering with the work before the call on the same stream ---------------------------------------
+
+
+@pytest.mark.parametrize("lib", ["cupy", "torch"])
+def test_a_call_right_after_a_device_copy_reads_the_copy(lib):
+    # the previous operation on the stream is a device-to-device copy into x (no kernel): the
+    # launch must not start reading x before the copy is done, PDL or not
+    rng = np.random.default_rng(24)
+    fresh = [activations(rng, (64, 1024), "bfloat16") for _ in range(2)]
+    w_host = activations(rng, (1024,), "bfloat16")
+    sources = [to_device(f, lib) for f in fresh]
+    x = to_device(fresh[0], lib)
+    weight = to_device(w_host, lib)
+    options = dict(scale="ue8m0", layout="packed")
+    expected = [fgq.quantize(f, 128, **options)[0] for f in fresh]
+    expected_norm = [fgq.quantize(f, 128, **options, norm=(w_host, 1e-6))[0] for f in fresh]
+    step = fgq.prepare(x, 128, **options)
+    calls = {
+        "quantize": (lambda: fgq.quantize(x, 128, **options), expected),
+        "prepared": (lambda: step(x), expected),
+        "norm": (lambda: fgq.quantize(x, 128, **options, norm=(weight, 1e-6)), expected_norm),
+    }
+
+    def copy_into_x(source):
+        if lib == "torch":
+            x.copy_(source)
+        else:
+            x[...] = source
+
+    for i in range(60):
+        for name, (call, wanted) in calls.items():
+            copy_into_x(sources[i % 2])
+            q = call()[0]
+            assert_same_bytes(to_host_bytes(q), np.ascontiguousarray(wanted[i % 2]),
+                              f"{name} right after a copy, call {i}")  # fmt: skip
