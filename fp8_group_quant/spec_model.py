@@ -320,3 +320,45 @@ def silu(g: float) -> float:
     if g >= -64:
         return f32(g / f32(1.0 + _times_power_of_two(m, n)))
     return _times_power_of_two(f32(g * m), n)
+
+
+# section 2b: the fused RMSNorm, one row at a time ------------------------------------------------
+
+_INPUT_DTYPES = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16, "float32": np.float32}
+_INPUT_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+
+def round_to_input(value: float, input_dtype: str) -> float:
+    """A float32 value rounded (RNE) to the input dtype and back; NaN stays NaN."""
+    if math.isnan(value):
+        return math.nan
+    with np.errstate(over="ignore"):
+        return float(np.float32(value).astype(_INPUT_DTYPES[input_dtype]))
+
+
+def _fold_in_half(values: list[float], width: int) -> float:
+    """Section 2b, step 2: pad with +0 to ``width`` slots, then value i plus value i + n/2,
+    again and again, each sum rounded to float32."""
+    values = list(values) + [0.0] * (width - len(values))
+    while width > 1:
+        width //= 2
+        values = [f32(values[i] + values[i + width]) for i in range(width)]
+    return values[0]
+
+
+def rms_norm_row(x, weight, eps_norm: float, input_dtype: str, residual=None):
+    """Section 2b for one row of Python floats (values of ``input_dtype``): the values that are
+    quantized, and with ``residual`` the sum written back (else None)."""
+    if residual is not None:
+        x = [round_to_input(f32(a + b), input_dtype) for a, b in zip(x, residual)]
+    per_lane = 32 // _INPUT_BYTES[input_dtype]
+    lanes = [
+        _fold_in_half([f32(v * v) for v in x[i : i + per_lane]], per_lane)
+        for i in range(0, len(x), per_lane)
+    ]
+    warps = [_fold_in_half(lanes[i : i + 32], 32) for i in range(0, len(lanes), 32)]
+    mean = f32(_fold_in_half(warps, 32) / len(x))
+    d = f32(mean + f32(eps_norm))
+    r = f32(1.0 / f32(math.sqrt(d))) if not math.isnan(d) else math.nan
+    y = [round_to_input(f32(f32(v * r) * w), input_dtype) for v, w in zip(x, weight)]
+    return y, (x if residual is not None else None)

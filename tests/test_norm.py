@@ -203,3 +203,34 @@ def test_the_kernel_block_holds_a_row_of_the_defined_lanes():
 
     assert _launch.cpp_constant("kMaxNormThreads") == activation.MAX_NORM_LANES
     assert _launch.lane_bytes() == activation.LANE_BYTES
+
+
+@pytest.mark.parametrize("input_dtype", ["bfloat16", "float16", "float32"])
+def test_numpy_backend_matches_the_spec_text_transcribed(input_dtype):
+    # spec_model.rms_norm_row follows section 2b's words one float32 step at a time; the NumPy
+    # backend (which the kernel is checked against) must give the same bits, residual included
+    from fp8_group_quant import spec_model
+
+    rng = np.random.default_rng(31)
+    widest = 16384 if input_dtype != "float32" else 8192  # 1024 lanes: 32 full warps
+    for k in (32, 96, 2688, 7168, widest):
+        x = activations(rng, (2, k), input_dtype, specials=k == 2688)
+        w = activations(rng, (k,), input_dtype)
+        r = activations(rng, (2, k), input_dtype)
+        for residual in (None, r):
+            y, new_residual = activation.rms_norm(x, w, 1e-5, input_dtype, residual)
+            for row in range(2):
+                want, want_residual = spec_model.rms_norm_row(
+                    x[row].astype(np.float32).tolist(), w.astype(np.float32).tolist(), 1e-5,
+                    input_dtype, None if residual is None else r[row].astype(np.float32).tolist(),
+                )  # fmt: skip
+                got = np.asarray(y[row], np.float32)
+                want = np.asarray(want, np.float32)
+                same = (got.view(np.uint32) == want.view(np.uint32)) | (
+                    np.isnan(got) & np.isnan(want)
+                )
+                assert same.all(), (k, row, residual is not None, np.flatnonzero(~same)[:5])
+                if residual is not None:
+                    got_r = np.asarray(new_residual[row], np.float32)
+                    want_r = np.asarray(want_residual, np.float32)
+                    assert np.array_equal(got_r, want_r, equal_nan=True), (k, row)
