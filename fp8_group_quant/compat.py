@@ -166,7 +166,9 @@ def persistent_masked_m_silu_mul_quant(
     ``(T*ceil(H/G/4), 1, T)`` (``T`` a multiple of 4 here: this library pads the packed layout
     to TMA alignment). As in vLLM, the scales of tokens past the counts are zero and their codes
     unwritten. ``quant_scale_fmt`` is vLLM's ``DeepGemmQuantScaleFMT`` or its name;
-    ``num_parallel_tokens`` is vLLM's tuning knob and is ignored.
+    ``num_parallel_tokens`` is vLLM's tuning knob and is ignored. Values follow this library's
+    contract: vLLM's kernel computes the maximum, scale and scaled values in bfloat16, so 3.7%
+    of its codes (0.49% with UE8M0 scales) differ on random data (docs/spec.md, section 8).
     """
     name = getattr(quant_scale_fmt, "name", quant_scale_fmt)
     if name not in _SCALE_FMTS:
@@ -237,9 +239,10 @@ def silu_mul_per_token_group_quant_fp8_colmajor(
     float32 scales ``[M, N/G]`` column-major, strides ``(1, M)``; ``use_ue8m0`` makes them
     powers of two (None means False here; vLLM reads its DeepGEMM setting). Values follow this
     library's contract: vLLM scales by a rounded ``1/448`` and takes ``exp`` from Triton, so a
-    few codes differ (docs/spec.md, section 8). The gate variants vLLM adds (``clamp_limit``,
-    ``alpha``/``beta`` for SwiGLU-OAI) and the expert-ends layout are not implemented and raise
-    NotImplementedError; unlike vLLM, ``M`` need not be a multiple of 8.
+    few codes differ (0.07% on random data, float scales; docs/spec.md, section 8). The gate
+    variants vLLM adds (``clamp_limit``, ``alpha``/``beta`` for SwiGLU-OAI) and the expert-ends
+    layout are not implemented and raise NotImplementedError; unlike vLLM, ``M`` need not be a
+    multiple of 8.
     """
     for name, value, default in (
         ("clamp_limit", clamp_limit, None), ("alpha", alpha, 1.0), ("beta", beta, 0.0),
