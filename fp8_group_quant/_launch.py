@@ -144,7 +144,8 @@ def all_kernel_keys() -> list[KernelKey]:
     """Every instantiation the library can launch."""
     traits = {}  # the layouts' address functions, each with whether it needs UE8M0
     for layout in SCALE_LAYOUTS.values():
-        traits[layout.kernel_trait] = layout.needs_ue8m0
+        if layout.has_kernel:
+            traits[layout.kernel_trait] = layout.needs_ue8m0
     # NOTES: the fused modes need aligned input (make_request refuses the rest) and run one
     # pass at every size (prepare), so they add one instantiation per combination, not four;
     # the RMSNorm kernel takes the residual as a runtime pointer, so one instantiation serves

@@ -24,16 +24,23 @@ def align(value: int, multiple: int) -> int:
 @dataclass(frozen=True)
 class ScaleLayout:
     name: str
-    dtype: str  # the storage word: "float32", or "int32" holding UE8M0 exponent bytes
+    dtype: str  # the storage word: "float32", "int32" holding UE8M0 bytes, or "uint8" bytes
     scales_per_word: int  # 1, or 4 UE8M0 bytes per int32 word (group g is byte g % 4)
     row_align: int  # storage rows per batch are padded to a multiple of this (a TMA box: 4)
     mn_major: bool  # consecutive rows of one word column are adjacent in storage
-    kernel_trait: str  # the address function in kernels/layouts.cuh
+    kernel_trait: str  # the address function in kernels/layouts.cuh; "" where none exists yet
     read_by: str
+    swizzled: bool = False  # Blackwell's 128x4 blocked tiles (blocked_offsets), not strides
+    col_align: int = 1  # storage columns per row are padded to a multiple of this
 
     @property
     def word_bytes(self) -> int:
-        return 4
+        return 1 if self.dtype == "uint8" else 4
+
+    @property
+    def has_kernel(self) -> bool:
+        """The CUDA kernel writes this layout (the NumPy backend writes them all)."""
+        return bool(self.kernel_trait)
 
     @property
     def scale_bytes(self) -> int:
@@ -42,17 +49,18 @@ class ScaleLayout:
 
     @property
     def needs_ue8m0(self) -> bool:
-        """A word packing several scales holds exponent bytes only."""
-        return self.scales_per_word > 1
+        """A word packing several scales, or a byte, holds exponent bytes only."""
+        return self.scales_per_word > 1 or self.word_bytes == 1
 
     def words(self, groups: int) -> int:
-        return -(-groups // self.scales_per_word)
+        return align(-(-groups // self.scales_per_word), self.col_align)
 
     def storage_rows(self, rows: int) -> int:
         return align(rows, self.row_align)
 
     def word_strides(self, rows: int, groups: int) -> tuple[int, int, int]:
-        """(batch, row, word) strides in words of a batch of ``rows`` rows of ``groups`` groups."""
+        """(batch, row, word) strides in words of a batch of ``rows`` rows of ``groups`` groups
+        (for the blocked layout, the strides of its storage seen as a row-major matrix)."""
         storage_rows, words = self.storage_rows(rows), self.words(groups)
         if self.mn_major:
             return storage_rows * words, 1, storage_rows
@@ -60,12 +68,15 @@ class ScaleLayout:
 
 
 TMA_ROW_ALIGN = 4  # a TMA box reads 16 bytes: four float32 or int32 scales
-LayoutName = Literal["row", "col", "col_tma", "packed", "packed_row"]  # a test keeps it = LAYOUTS
+BLOCK_ROWS, BLOCK_COLUMNS = 128, 4  # the blocked layout's tile: 128 rows by 4 groups, 512 bytes
+# a test keeps LayoutName equal to LAYOUTS
+LayoutName = Literal["row", "col", "col_tma", "packed", "packed_row", "blocked"]
 ROW: LayoutName = "row"
 COL: LayoutName = "col"
 COL_TMA: LayoutName = "col_tma"
 PACKED: LayoutName = "packed"
 PACKED_ROW: LayoutName = "packed_row"
+BLOCKED: LayoutName = "blocked"
 SCALE_LAYOUTS = {
     layout.name: layout
     for layout in (
@@ -78,9 +89,22 @@ SCALE_LAYOUTS = {
                     "DeepGEMM on Blackwell (SM100)"),
         ScaleLayout(PACKED_ROW, "int32", 4, 1, False, "fgq::kPackedExponents",
                     "row-major packed consumers"),
+        ScaleLayout(BLOCKED, "uint8", 1, BLOCK_ROWS, False, "",
+                    "Blackwell block-scaled MMA (cuBLAS, CUTLASS, FlashInfer, torch._scaled_mm)",
+                    swizzled=True, col_align=BLOCK_COLUMNS),
     )
 }  # fmt: skip
 LAYOUTS = tuple(SCALE_LAYOUTS)
+KERNEL_LAYOUTS = tuple(name for name, layout in SCALE_LAYOUTS.items() if layout.has_kernel)
+
+
+def blocked_offsets(rows: np.ndarray, groups: np.ndarray, columns: int) -> np.ndarray:
+    """Byte offset of scale (row, group) in one batch of the blocked layout, ``columns`` groups
+    a row: 128-row by 4-group tiles of 512 bytes, tile rows first; inside a tile, row r at
+    (r % 32) * 16 + ((r % 128) // 32) * 4 and group g at g % 4 (docs/spec.md, section 6)."""
+    tiles_across = -(-columns // BLOCK_COLUMNS)
+    tile = (rows // BLOCK_ROWS) * tiles_across + groups // BLOCK_COLUMNS
+    return tile * 512 + (rows % 32) * 16 + ((rows % BLOCK_ROWS) // 32) * 4 + groups % 4
 
 
 def scale_layout(layout) -> ScaleLayout:
@@ -168,6 +192,8 @@ class Geometry:
 
     @property
     def scale_shape(self) -> tuple[int, ...]:
+        if self.layout.swizzled:  # the padded storage as a matrix, one per batch
+            return (self.batches,) * self.batched + (self.scale_rows, self.scale_columns)
         return self.lead_shape + (self.scale_columns,)
 
     @property
@@ -194,12 +220,19 @@ class Geometry:
     @property
     def scale_strides(self) -> tuple[int, ...]:
         batch, row, word = self.scale_word_strides
+        if self.layout.swizzled:
+            return (batch,) * self.batched + (row, word)
         return self._lead_strides(row, batch) + (word,)
 
     def scale_byte_offsets(self) -> np.ndarray:
         """Byte offset of the first byte of every scale, ``[batches, rows, groups]``: the
         layout's address map, as the kernel's address function computes it."""
         batch, row, word = self.scale_byte_strides
+        if self.layout.swizzled:
+            within = blocked_offsets(
+                np.arange(self.rows)[:, None], np.arange(self.groups)[None, :], self.groups
+            )
+            return np.arange(self.batches)[:, None, None] * batch + within[None]
         groups = np.arange(self.groups)
         per_word = self.layout.scales_per_word
         column = (groups // per_word) * word + (groups % per_word) * self.layout.scale_bytes

@@ -36,7 +36,7 @@ from ._arrays import (
     to_cupy,
     torch_cpu_to_numpy,
 )
-from ._layout import PACKED, LayoutName
+from ._layout import BLOCKED, PACKED, SCALE_LAYOUTS, Geometry, LayoutName
 from ._request import VECTOR_ALIGNMENT, Request, check_options, make_request
 from ._spec import (
     DEFAULT_EPS,
@@ -108,12 +108,14 @@ def quantize(
     scale : {"float32", "ue8m0"}
         Float scales, or power-of-two scales (as float32 in float layouts, as exponent bytes in
         the packed layouts).
-    layout : {"row", "col", "col_tma", "packed", "packed_row"}
+    layout : {"row", "col", "col_tma", "packed", "packed_row", "blocked"}
         With ``ng = K / group_size``, ``kp = ceil(ng / 4)``, ``tma = align(M, 4)``:
         ``row`` float32 ``[M, ng]`` strides ``(ng, 1)``; ``col`` float32 ``[M, ng]`` strides
         ``(1, M)``; ``col_tma`` float32 ``[M, ng]`` strides ``(1, tma)`` (DeepGEMM, SM90);
         ``packed`` int32 ``[M, kp]`` strides ``(1, tma)``, group ``g`` in byte ``g % 4`` of word
-        ``g // 4`` (DeepGEMM, SM100); ``packed_row`` int32 ``[M, kp]`` strides ``(kp, 1)``.
+        ``g // 4`` (DeepGEMM, SM100); ``packed_row`` int32 ``[M, kp]`` strides ``(kp, 1)``;
+        ``blocked`` uint8 ``[align(M, 128), align(ng, 4)]``, the 128x4 tiles Blackwell's
+        block-scaled MMA reads, one UE8M0 byte per scale (NumPy backend only for now).
         Padded layouts own their padded storage and every padding byte is written as zero.
     eps : float
         Floor of the group maximum; a positive, finite, normal float32 value.
@@ -892,9 +894,9 @@ def dequantize(
 ) -> Array:
     """Float32 ``q_i * s_group`` with the shape of ``q``.
 
-    ``scales`` is any layout ``quantize`` returns: float32 ``[..., ng]`` or packed int32
-    ``[..., kp]``. ``dtype`` names the format of uint8 codes (cupy's float8 container; default
-    "e4m3"); other dtypes say it themselves.
+    ``scales`` is any layout ``quantize`` returns: float32 ``[..., ng]``, packed int32
+    ``[..., kp]`` or the blocked layout's uint8 storage. ``dtype`` names the format of uint8
+    codes (cupy's float8 container; default "e4m3"); other dtypes say it themselves.
     """
     if is_torch_cpu(q) and is_torch_cpu(scales):  # through numpy views, back as a tensor
         values = dequantize(
@@ -910,8 +912,12 @@ def dequantize(
     if s_info.dtype == "int32":
         _check_packed_width(scales, s_info, groups, group_size)
         scales = unpack_scales(scales, groups)
+    elif s_info.dtype == "uint8":
+        scales = _unblock_scales(scales, s_info, q_info, group_size)
     elif s_info.dtype != "float32":
-        raise TypeError(f"scales: expected float32 or packed int32, got {s_info.dtype}")
+        raise TypeError(
+            f"scales: expected float32, packed int32 or blocked uint8, got {s_info.dtype}"
+        )
     expected = tuple(q_info.shape[:-1]) + (groups,)
     if tuple(scales.shape) != expected:
         raise ValueError(f"scales: expected shape {expected}, got {tuple(scales.shape)}")
@@ -930,6 +936,31 @@ def dequantize(
     else:
         values = xp.asarray(_decode_table(fmt_name))[q.view(xp.uint8)]
     return values * xp.repeat(scales, group_size, axis=-1)
+
+
+def _unblock_scales(scales, s_info: ArrayInfo, q_info: ArrayInfo, group_size: int):
+    """The blocked layout's UE8M0 bytes as float32 scales ``[..., groups]`` for codes shaped
+    like ``q``: each group's byte gathered from its place in the 128x4 tiles."""
+    geometry = Geometry(tuple(q_info.shape), group_size, SCALE_LAYOUTS[BLOCKED], False)
+    if tuple(s_info.shape) != geometry.scale_shape:
+        raise ValueError(
+            f"scales: blocked scales for q of shape {tuple(q_info.shape)} (G={group_size}) have "
+            f"shape {geometry.scale_shape}, got {tuple(s_info.shape)}"
+        )
+    offsets = geometry.scale_byte_offsets().reshape(-1)
+    shape = tuple(q_info.shape[:-1]) + (geometry.groups,)
+    if s_info.kind == TORCH:
+        import torch
+
+        flat = scales.contiguous().reshape(-1)
+        codes = flat[torch.from_numpy(offsets).to(flat.device)].to(torch.int32)
+        bits = torch.where(codes == 0, 0x00400000, codes << 23)
+        return torch.where(codes == 255, 0x7FC00000, bits).view(torch.float32).reshape(shape)
+    xp = _namespace(s_info)
+    codes = xp.ascontiguousarray(scales).reshape(-1)[xp.asarray(offsets)].astype(xp.uint32)
+    bits = xp.where(codes == 0, xp.uint32(0x00400000), codes << 23)
+    bits = xp.where(codes == 255, xp.uint32(0x7FC00000), bits)
+    return xp.ascontiguousarray(bits).view(xp.float32).reshape(shape)
 
 
 def _check_packed_width(packed, info: ArrayInfo, groups: int, group_size: int) -> None:

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from . import _jit, _launch, api
-from ._layout import SCALE_LAYOUTS, Geometry
+from ._layout import KERNEL_LAYOUTS, SCALE_LAYOUTS, Geometry
 from ._spec import GROUP_SIZES, INPUT_TYPES, OUTPUT_FORMATS, SCALE_FORMATS
 from .reference import quantize_into
 
@@ -197,7 +197,7 @@ def run_matrix(args) -> list[dict]:
     combos = [
         c
         for c in itertools.product(
-            host_dtypes, GROUP_SIZES, OUTPUT_FORMATS, SCALE_FORMATS, SCALE_LAYOUTS,
+            host_dtypes, GROUP_SIZES, OUTPUT_FORMATS, SCALE_FORMATS, KERNEL_LAYOUTS,
         )
         if SCALE_FORMATS[c[3]].power_of_two or not SCALE_LAYOUTS[c[4]].needs_ue8m0
     ]  # fmt: skip
@@ -362,7 +362,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--input-dtype", default="bfloat16", choices=list(INPUT_BYTES))
     parser.add_argument("--dtype", default="e4m3", choices=list(OUTPUT_FORMATS))
     parser.add_argument("--scale", default="ue8m0", choices=list(SCALE_FORMATS))
-    parser.add_argument("--layout", default="packed", choices=list(SCALE_LAYOUTS))
+    parser.add_argument("--layout", default="packed", choices=list(KERNEL_LAYOUTS))
     parser.add_argument("--group-size", type=int, default=128, choices=list(GROUP_SIZES))
     parser.add_argument("--json", help="write the rows to this file")
     parser.add_argument(

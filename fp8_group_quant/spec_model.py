@@ -362,3 +362,17 @@ def rms_norm_row(x, weight, eps_norm: float, input_dtype: str, residual=None):
     r = f32(1.0 / f32(math.sqrt(d))) if not math.isnan(d) else math.nan
     y = [round_to_input(f32(f32(v * r) * w), input_dtype) for v, w in zip(x, weight)]
     return y, (x if residual is not None else None)
+
+
+# section 6: the blocked layout, one scale at a time ----------------------------------------------
+
+
+def blocked_offset(r: int, c: int, columns: int) -> int:
+    """Byte of scale (row r, group c) in one batch of the blocked layout, ``columns`` groups a
+    row, as section 6 writes it."""
+    return (
+        ((r // 128) * -(-columns // 4) + c // 4) * 512
+        + (r % 32) * 16
+        + ((r % 128) // 32) * 4
+        + c % 4
+    )

@@ -29,7 +29,7 @@ from ._spec import DEFAULT_EPS, ActivationName, FormatName, ScaleName
 
 __all__ = ["quantize", "quantize_packed"]
 
-_TORCH_DTYPES = {"int32": torch.int32, "float32": torch.float32}
+_TORCH_DTYPES = {"int32": torch.int32, "float32": torch.float32, "uint8": torch.uint8}
 
 
 # NOTES: registered through torch.library.Library rather than @custom_op: the wrapper

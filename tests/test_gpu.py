@@ -9,7 +9,7 @@ from helpers import NP_INPUT, activations, assert_same_bytes, reference_storage
 
 import fp8_group_quant as fgq
 from fp8_group_quant import _jit, _launch
-from fp8_group_quant._layout import SCALE_LAYOUTS, Geometry
+from fp8_group_quant._layout import KERNEL_LAYOUTS, SCALE_LAYOUTS, Geometry
 from fp8_group_quant._spec import GROUP_SIZES, INPUT_TYPES, OUTPUT_FORMATS, SCALE_FORMATS
 
 pytestmark = pytest.mark.gpu
@@ -123,7 +123,7 @@ def check(x_host, x_device, lib, group_size, dtype, scale, layout, pad_rows=Fals
 COMBINATIONS = [
     (i, g, o, s, layout)
     for i, g, o, s, layout in itertools.product(
-        INPUT_TYPES, GROUP_SIZES, OUTPUT_FORMATS, SCALE_FORMATS, SCALE_LAYOUTS
+        INPUT_TYPES, GROUP_SIZES, OUTPUT_FORMATS, SCALE_FORMATS, KERNEL_LAYOUTS
     )
     if SCALE_FORMATS[s].power_of_two or not SCALE_LAYOUTS[layout].needs_ue8m0
 ]
@@ -1209,3 +1209,11 @@ def test_a_call_right_after_a_device_copy_reads_the_copy(lib):
             q = call()[0]
             assert_same_bytes(to_host_bytes(q), np.ascontiguousarray(wanted[i % 2]),
                               f"{name} right after a copy, call {i}")  # fmt: skip
+
+
+def test_the_blocked_layout_is_refused_on_the_gpu_until_its_kernel_lands():
+    import cupy
+
+    x = cupy.asarray(activations(np.random.default_rng(25), (4, 64), "bfloat16"))
+    with pytest.raises(NotImplementedError, match="layout='blocked': the CUDA kernel"):
+        fgq.quantize(x, 32, scale="ue8m0", layout="blocked")

@@ -21,12 +21,13 @@ Q_POISON, SCALE_POISON = 0x55, 0x7F
 
 def poisoned(geometry: Geometry):
     """(q view, scale view, q storage bytes, scale storage bytes) over poisoned storage."""
+    size = geometry.layout.word_bytes
     q_buf = np.full(geometry.q_storage, Q_POISON, np.uint8)
-    s_buf = np.full(geometry.scale_storage * 4, SCALE_POISON, np.uint8)
+    s_buf = np.full(geometry.scale_storage * size, SCALE_POISON, np.uint8)
     q = np.lib.stride_tricks.as_strided(q_buf, geometry.shape, geometry.q_strides)
     words = s_buf.view(geometry.layout.dtype)
     s = np.lib.stride_tricks.as_strided(
-        words, geometry.scale_shape, tuple(4 * v for v in geometry.scale_strides)
+        words, geometry.scale_shape, tuple(size * v for v in geometry.scale_strides)
     )
     return q.view(ml_dtypes.float8_e4m3fn), s, q_buf, s_buf
 
@@ -34,7 +35,7 @@ def poisoned(geometry: Geometry):
 def expected_storage(x, counts, geometry, scale, activation, fmt="e4m3"):
     """Poisoned storage with each expert's first rows written as a plain call writes them."""
     q_buf = np.full(geometry.q_storage, Q_POISON, np.uint8)
-    s_buf = np.full(geometry.scale_storage * 4, SCALE_POISON, np.uint8)
+    s_buf = np.full(geometry.scale_storage * geometry.layout.word_bytes, SCALE_POISON, np.uint8)
     full_q, full_s, fq_buf, fs_buf = poisoned(geometry)
     full_q = full_q.view(np.uint8).view(output_format(fmt).numpy_dtype)
     fgq.quantize(x, geometry.group_size, dtype=fmt, scale=scale, layout=geometry.layout.name,
@@ -52,7 +53,7 @@ def expected_storage(x, counts, geometry, scale, activation, fmt="e4m3"):
             for g in range(geometry.groups):
                 at = offsets[e, t, g]
                 s_buf[at : at + width] = fs_buf[at : at + width]
-            if per_word == 4:  # the whole last word of a written row, its zero bytes included
+            if per_word == 4 or width == 1:  # the row's last word (blocked: 4-byte slot), zeros too
                 last = offsets[e, t, geometry.groups - 1] - (geometry.groups - 1) % 4
                 s_buf[last : last + 4] = fs_buf[last : last + 4]
     return q_buf, s_buf
