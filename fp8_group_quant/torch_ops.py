@@ -25,7 +25,14 @@ import torch
 from . import api
 from ._layout import Geometry, LayoutName, scale_layout
 from ._request import check_options, output_shape
-from ._spec import DEFAULT_EPS, ActivationName, FormatName, ScaleName
+from ._spec import (
+    DEFAULT_EPS,
+    ActivationName,
+    FormatName,
+    ScaleName,
+    ScaleRuleName,
+    check_scale_rule,
+)
 
 __all__ = ["quantize", "quantize_packed"]
 
@@ -39,13 +46,17 @@ _TORCH_DTYPES = {"int32": torch.int32, "float32": torch.float32, "uint8": torch.
 _LIBRARY = torch.library.Library("fp8_group_quant", "DEF")
 _LIBRARY.define(
     "quantize(Tensor x, int group_size, str dtype, str scale, str layout, float eps, "
-    "bool pad_rows, str? activation=None) -> (Tensor, Tensor)"
+    'bool pad_rows, str? activation=None, str scale_rule="rceil") -> (Tensor, Tensor)'
 )
 
 
-def _quantize_op(x, group_size, dtype, scale, layout, eps, pad_rows, activation=None):
+def _quantize_op(
+    x, group_size, dtype, scale, layout, eps, pad_rows, activation=None, scale_rule="rceil"
+):
     options: dict[str, Any] = dict(dtype=dtype, scale=scale, layout=layout, activation=activation)
-    q, scales = api.quantize(x, group_size, eps=eps, pad_rows=pad_rows, **options)
+    q, scales = api.quantize(
+        x, group_size, eps=eps, pad_rows=pad_rows, scale_rule=scale_rule, **options
+    )
     return q, scales
 
 
@@ -54,11 +65,14 @@ for _key in ("CUDA", "CPU"):
 
 
 @torch.library.register_fake("fp8_group_quant::quantize", lib=_LIBRARY)
-def _quantize_fake(x, group_size, dtype, scale, layout, eps, pad_rows, activation=None):
+def _quantize_fake(
+    x, group_size, dtype, scale, layout, eps, pad_rows, activation=None, scale_rule="rceil"
+):
     """Outputs shaped, typed and strided as the real call's, over storage of the same size."""
-    group_size, fmt, _, layout_row, _, pad_rows, mode = check_options(
+    group_size, fmt, scale_kind, layout_row, _, pad_rows, mode = check_options(
         group_size, dtype, scale, layout, eps, pad_rows, activation
     )
+    check_scale_rule(scale_rule, fmt, scale_kind)
     if x.shape[-1] % (group_size * mode.width_factor):
         raise ValueError(
             f"x: the last dimension K={x.shape[-1]} is not a multiple of "
@@ -86,10 +100,11 @@ def quantize(
     eps: float = DEFAULT_EPS,
     pad_rows: bool = False,
     activation: ActivationName | None = None,
+    scale_rule: ScaleRuleName = "rceil",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``fgq.quantize`` through the custom op (no ``out=``): traceable by ``torch.compile``."""
     return torch.ops.fp8_group_quant.quantize(
-        x, group_size, dtype, scale, layout, eps, pad_rows, activation
+        x, group_size, dtype, scale, layout, eps, pad_rows, activation, scale_rule
     )
 
 

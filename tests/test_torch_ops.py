@@ -54,6 +54,29 @@ def test_the_fake_outputs_match_the_real_ones(
     assert torch.equal(real[1], s_ref)
 
 
+@pytest.mark.parametrize(
+    "layout, scale_rule", [("packed", "floor"), ("blocked", "rceil"), ("blocked", "floor")]
+)
+def test_the_op_takes_the_scale_rule_and_the_blocked_layout(layout, scale_rule):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    x = tensor((5, 256), seed=3, specials=False)
+    options = dict(scale="ue8m0", layout=layout, scale_rule=scale_rule)
+    args = (x, 32, "e4m3", "ue8m0", layout, 1e-10, False, None, scale_rule)
+    results = torch.library.opcheck(torch.ops.fp8_group_quant.quantize.default, args)
+    assert all(v == "SUCCESS" for v in results.values()), results
+    real = torch_ops.quantize(x, 32, **options)
+    with FakeTensorMode() as mode:
+        fake = torch_ops.quantize(mode.from_tensor(x), 32, **options)
+    for r, f in zip(real, fake):
+        assert (r.shape, r.stride(), r.dtype) == (f.shape, f.stride(), f.dtype)
+    q_ref, s_ref = fgq.quantize(x, 32, **options)
+    assert torch.equal(real[0].view(torch.uint8), q_ref.view(torch.uint8))
+    assert torch.equal(real[1], s_ref)
+    with pytest.raises(ValueError, match="scale_rule"):
+        torch_ops.quantize(x, 32, dtype="int8", scale="ue8m0", scale_rule="floor")
+
+
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 def test_a_model_step_compiles_with_fullgraph_and_matches_eager(backend):
     weight = torch.randn(64, 512, dtype=torch.float32)
