@@ -47,6 +47,7 @@ from ._spec import (
     OutputDType,
     ScaleName,
     ScaleRuleName,
+    check_scale_rule,
     output_format,
 )
 
@@ -167,7 +168,7 @@ def quantize(
     """
     options = (group_size, dtype, scale, layout, eps, pad_rows, activation, scale_rule)
     if norm is not None or residual is not None:
-        return _quantize_norm(x, options, norm, residual, out, scale_out, masked_m)
+        return _quantize_norm(x, options, norm, residual, out, scale_out, masked_m, expected_m)
     if masked_m is not None or expected_m is not None:
         return _quantize_masked(x, options, masked_m, expected_m, out, scale_out)
     signature = device_signature(x)
@@ -228,8 +229,10 @@ def _quantize_new(x, options: tuple, out, scale_out):
     return plan.run(info.ptr, out, scale_out)
 
 
-def _norm_arguments(norm, options: tuple, masked_m) -> tuple:
+def _norm_arguments(norm, options: tuple, masked_m, expected_m=None) -> tuple:
     """(weight, eps_norm) of a ``norm`` argument that can be combined with the other options."""
+    if expected_m is not None:
+        raise ValueError("expected_m: a hint for the masked layout, which norm cannot be used with")
     if norm is None:
         raise ValueError("residual: the fused add needs norm=(weight, eps_norm) too")
     if not isinstance(norm, tuple) or len(norm) != 2:
@@ -241,10 +244,10 @@ def _norm_arguments(norm, options: tuple, masked_m) -> tuple:
     return norm
 
 
-def _quantize_norm(x, options: tuple, norm, residual, out, scale_out, masked_m):
+def _quantize_norm(x, options: tuple, norm, residual, out, scale_out, masked_m, expected_m=None):
     """Fused RMSNorm (and add), on the NumPy backend; every argument is checked before the
     residual or an output is written."""
-    weight, eps_norm = _norm_arguments(norm, options, masked_m)
+    weight, eps_norm = _norm_arguments(norm, options, masked_m, expected_m)
     if is_torch_cpu(x):  # numpy views of the same memory: the residual is written through them
         host = [torch_cpu_to_numpy(a, name) if a is not None else None
                 for a, name in ((x, "x"), (weight, "norm"), (residual, "residual"),
@@ -268,6 +271,8 @@ def _quantize_norm(x, options: tuple, norm, residual, out, scale_out, masked_m):
             raise ValueError("residual: the array is read-only; the fused add writes it")
         if np.shares_memory(residual, x):
             raise ValueError("residual: overlaps x; pass a separate buffer")
+        if np.shares_memory(residual, weight):
+            raise ValueError("residual: overlaps the norm's weight; pass a separate buffer")
         for given, name in ((out, "out"), (scale_out, "scale_out")):
             if given is not None and np.shares_memory(residual, given):
                 raise ValueError(f"residual: overlaps {name}")
@@ -694,7 +699,7 @@ def prepare(
     info = describe(x, "x")
     options = (group_size, dtype, scale, layout, eps, pad_rows, activation, scale_rule)
     if norm is not None or residual is not None:
-        weight, eps_norm = _norm_arguments(norm, options, masked_m)
+        weight, eps_norm = _norm_arguments(norm, options, masked_m, expected_m)
         w_info = describe(weight, "norm")
         r_info = None if residual is None else describe(residual, "residual")
         request = make_request(info, *options, norm=(w_info, eps_norm, r_info))
@@ -785,6 +790,11 @@ def _warmup_keys(options: dict) -> list[_launch.KernelKey]:
     )  # fmt: skip
     if input_dtype not in INPUT_TYPES:
         raise ValueError(f"variants: input_dtype must be one of {', '.join(INPUT_TYPES)}")
+    check_scale_rule(options.get("scale_rule", "rceil"), fmt, scale)
+    if not layout.has_kernel:
+        raise NotImplementedError(
+            f"variants: layout={layout.name!r} has no CUDA kernel yet (the NumPy backend writes it)"
+        )
     trait = layout.kernel_trait
     key = _launch.KernelKey(
         input_dtype, group_size, fmt.name, scale.name, trait, vec16=True, activation=mode.name

@@ -234,3 +234,40 @@ def test_numpy_backend_matches_the_spec_text_transcribed(input_dtype):
                     got_r = np.asarray(new_residual[row], np.float32)
                     want_r = np.asarray(want_residual, np.float32)
                     assert np.array_equal(got_r, want_r, equal_nan=True), (k, row)
+
+
+def test_norm_arguments_the_review_found_unchecked():
+    from fp8_group_quant import _request, api
+    from fp8_group_quant._arrays import ArrayInfo
+
+    rng = np.random.default_rng(41)
+    x = activations(rng, (4, 256), "bfloat16")
+    w = activations(rng, (256,), "bfloat16")
+    with pytest.raises(ValueError, match="expected_m: a hint for the masked layout"):
+        fgq.quantize(x, 128, norm=(w, 1e-6), expected_m=2)
+    buffer = activations(rng, (4 * 256 + 256,), "bfloat16")
+    residual, weight = buffer[:1024].reshape(4, 256), buffer[768:1024]  # weight = last row
+    with pytest.raises(ValueError, match="residual: overlaps the norm's weight"):
+        fgq.quantize(x, 128, norm=(weight, 1e-6), residual=residual)
+
+    # on a GPU the kernel writes each row of the residual back: rows sharing bytes are refused
+    # (checked here on descriptions of device arrays, before anything would be launched)
+    def device(shape, strides, ptr):
+        return ArrayInfo("cupy", None, ptr, shape, strides, "bfloat16", 2, 0)
+
+    w_info = device((4096,), (1,), 1 << 24)
+    options = (128, "e4m3", "float32", "row", 1e-10, False)
+    x_info = device((64, 4096), (4096, 1), 1 << 20)
+    for strides in ((0, 1), (8, 1)):  # a broadcast row, rows overlapping by most of their bytes
+        residual_info = device((64, 4096), strides, 1 << 28)
+        with pytest.raises(ValueError, match="residual: its rows overlap"):
+            _request.make_request(x_info, *options, norm=(w_info, 1e-6, residual_info))
+    x_info = device((2, 3, 4096), (3 * 4096, 4096, 1), 1 << 20)
+    batched = device((2, 3, 4096), (4096, 4096, 1), 1 << 28)  # batch 1 starts inside batch 0
+    with pytest.raises(ValueError, match="residual: its rows overlap"):
+        _request.make_request(x_info, *options, norm=(w_info, 1e-6, batched))
+    # warmup names what it cannot compile
+    with pytest.raises(NotImplementedError, match="layout='blocked' has no CUDA kernel yet"):
+        api._warmup_keys({"layout": "blocked", "scale": "ue8m0"})
+    with pytest.raises(ValueError, match="scale_rule: expected one of"):
+        api._warmup_keys({"scale": "ue8m0", "scale_rule": "bogus"})
