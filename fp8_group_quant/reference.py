@@ -7,6 +7,7 @@ write through their address map (``Geometry.scale_byte_offsets``), as the kernel
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 
 from ._layout import Geometry
@@ -14,7 +15,7 @@ from ._spec import UE8M0_FLOOR, OutputFormat, ScaleFormat, output_format, scale_
 
 __all__ = [
     "quantize_groups", "encode", "ue8m0_exponents", "floor_exponents", "quantize_into",
-    "quantize_into_masked",
+    "quantize_into_masked", "nvfp4_global_scale", "nvfp4_groups", "pack_e2m1",
 ]  # fmt: skip
 
 _ABS_MASK = np.uint32(0x7FFFFFFF)
@@ -148,3 +149,55 @@ def quantize_into_masked(
     if ng % 4:  # the bytes after the last group in its word
         last = offsets[:, -1:] + np.arange(1, 4 - ng % 4 + 1)
         storage[last] = 0
+
+
+# NVFP4 (docs/spec.md, section 4a): defined here first; quantize() does not write it yet -------
+
+NVFP4_GROUP = 16
+E2M1_MAX = np.float32(6.0)
+_E4M3_MAX = np.float32(448.0)
+_FLT_MAX = np.finfo(np.float32).max
+
+
+def nvfp4_global_scale(x: np.ndarray) -> np.float32:
+    """The computed global scale ``RN(448 * 6 / amax)``, ``amax`` over the finite ``|x|``: 1 when
+    there is none (or all are zero), the largest float32 where the quotient overflows."""
+    magnitude = np.abs(np.asarray(x).astype(np.float32))
+    finite = magnitude[np.isfinite(magnitude)]
+    amax = finite.max() if finite.size else np.float32(0)
+    if amax == 0:
+        return np.float32(1)
+    with np.errstate(over="ignore"):
+        scale = np.float32(2688) / np.float32(amax)  # 448 * 6, exact
+    return scale if np.isfinite(scale) else _FLT_MAX
+
+
+def nvfp4_groups(values: np.ndarray, global_scale) -> tuple[np.ndarray, np.ndarray]:
+    """(e2m1 codes uint8 ``[..., 16]``, one per value, 0-15; e4m3 scale bytes ``[...]``) of
+    float32 ``values`` ``[..., 16]``, each step one IEEE float32 operation (section 4a):
+    ``amax`` over the finite ``|v|`` (0 if none); ``s = e4m3(RN(RN(g * amax) / 6))`` rounded to
+    nearest even with saturation to 448; ``d = RN(s / g)``; each code ``e2m1(RN(v / d))``
+    rounded to nearest even with saturation to +-6, or ``e2m1(v * 0)`` where ``d`` is 0. NaN
+    gives +0 (e2m1 has no NaN), +-Inf +-6."""
+    g = np.float32(global_scale)
+    values = np.ascontiguousarray(values, dtype=np.float32)
+    magnitude = np.abs(values)
+    amax = np.where(np.isfinite(magnitude), magnitude, np.float32(0)).max(axis=-1)
+    with np.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore"):
+        u = ((g * amax).astype(np.float32) / np.float32(6)).astype(np.float32)
+        scale = np.minimum(u, _E4M3_MAX).astype(ml_dtypes.float8_e4m3fn)
+        d = (scale.astype(np.float32) / g).astype(np.float32)[..., None]
+        t = np.where(d > 0, values / np.where(d > 0, d, np.float32(1)), values * np.float32(0))
+        t = np.clip(t.astype(np.float32), -E2M1_MAX, E2M1_MAX)
+        codes = t.astype(ml_dtypes.float4_e2m1fn).view(np.uint8) & np.uint8(0x0F)
+    codes = np.where(np.isnan(values), np.uint8(0), codes)
+    codes = np.where(np.isposinf(values), np.uint8(0x07), codes)
+    codes = np.where(np.isneginf(values), np.uint8(0x0F), codes)
+    return codes.astype(np.uint8), scale.view(np.uint8)
+
+
+def pack_e2m1(codes: np.ndarray) -> np.ndarray:
+    """4-bit codes ``[..., K]`` (K even) two to a byte, the first in the low nibble: ``[..., K/2]``
+    (torch's ``float4_e2m1fn_x2``)."""
+    codes = np.asarray(codes, np.uint8)
+    return (codes[..., 0::2] | (codes[..., 1::2] << 4)).astype(np.uint8)

@@ -376,3 +376,34 @@ def blocked_offset(r: int, c: int, columns: int) -> int:
         + ((r % 128) // 32) * 4
         + c % 4
     )
+
+
+# section 4a: NVFP4, one group of 16 at a time ----------------------------------------------------
+
+_E2M1_VALUES = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]  # codes 0 to 7; bit 3 is the sign
+
+
+def e2m1_code(t: float) -> int:
+    """The e2m1 code of float32 ``t``: nearest value, ties to the even code, saturated at 6."""
+    magnitude = min(abs(t), 6.0)
+    best = min(range(8), key=lambda c: (abs(_E2M1_VALUES[c] - magnitude), c % 2))
+    return best | (8 if math.copysign(1.0, t) < 0 else 0)
+
+
+def nvfp4_group(values, global_scale: float) -> tuple[list[int], int]:
+    """Section 4a for 16 float32 values (Python floats): (e2m1 codes, the e4m3 scale's byte)."""
+    g = f32(global_scale)
+    amax = max([0.0] + [abs(v) for v in values if math.isfinite(v)])
+    u = f32(f32(g * amax) / 6.0)
+    scale_code = FORMATS["e4m3"].convert(min(u, 448.0))
+    scale = float(np.uint8(scale_code).view(ml_dtypes.float8_e4m3fn))
+    d = f32(scale / g)
+    codes = []
+    for v in values:
+        if math.isnan(v):
+            codes.append(0)
+        elif math.isinf(v):
+            codes.append(7 if v > 0 else 15)
+        else:
+            codes.append(e2m1_code(f32(v / d) if d > 0 else v * 0.0))
+    return codes, scale_code
