@@ -110,7 +110,7 @@ def main_job(tokens: int, hidden: int) -> int:
     x32 = x.astype(np.float32)
     x_back = api.dequantize(q_bytes.view(ml_dtypes.float8_e4m3fn), s_words)
     norm = np.linalg.norm(x32)
-    moved = x.nbytes + q_bytes.nbytes + geometry.scale_storage * 4
+    moved = x.nbytes + q_bytes.nbytes + geometry.scale_storage_bytes
 
     print(f"backend    {backend}")
     print(f"output     q: {q_bytes.shape} float8_e4m3fn; scales: int32 {geometry.scale_shape}, "

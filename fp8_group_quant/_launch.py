@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from functools import cache
 
 from . import _jit
-from ._layout import SCALE_LAYOUTS, Geometry
+from ._layout import SCALE_LAYOUTS, Geometry, supported_combinations
 from ._spec import (
     GROUP_SIZES,
     INPUT_MODES,
@@ -142,23 +142,18 @@ class KernelKey:
 
 def all_kernel_keys() -> list[KernelKey]:
     """Every instantiation the library can launch."""
-    traits = {}  # the layouts' address functions, each with whether it needs UE8M0
-    for layout in SCALE_LAYOUTS.values():
-        if layout.has_kernel:
-            traits[layout.kernel_trait] = layout.needs_ue8m0
     # NOTES: the fused modes need aligned input (make_request refuses the rest) and run one
     # pass at every size (prepare), so they add one instantiation per combination, not four;
     # the RMSNorm kernel takes the residual as a runtime pointer, so one instantiation serves
-    # the norm with and without it
-    combinations = [
-        (i, g, o, s, trait)
-        for i in INPUT_TYPES
-        for g in GROUP_SIZES
-        for o in OUTPUT_FORMATS
-        for s, scale in SCALE_FORMATS.items()
-        for trait, needs_ue8m0 in traits.items()
-        if scale.power_of_two or not needs_ue8m0
-    ]
+    # the norm with and without it. Layouts that share an address function share a binary.
+    combinations = list(
+        dict.fromkeys(
+            (i, g, o, s, SCALE_LAYOUTS[layout].kernel_trait)
+            for i in INPUT_TYPES
+            for g in GROUP_SIZES
+            for o, s, layout in supported_combinations()
+        )
+    )
     return [
         KernelKey(*combination, v, one_pass, activation, masked)
         for combination in combinations

@@ -16,6 +16,8 @@ from typing import Literal
 
 import numpy as np
 
+from ._spec import OUTPUT_FORMATS, SCALE_FORMATS, OutputFormat, ScaleFormat
+
 
 def align(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
@@ -28,19 +30,16 @@ class ScaleLayout:
     scales_per_word: int  # 1, or 4 UE8M0 bytes per int32 word (group g is byte g % 4)
     row_align: int  # storage rows per batch are padded to a multiple of this (a TMA box: 4)
     mn_major: bool  # consecutive rows of one word column are adjacent in storage
-    kernel_trait: str  # the address function in kernels/layouts.cuh; "" where none exists yet
+    kernel_trait: str  # the address function in kernels/layouts.cuh
+    # NOTES: packed, packed_row and blocked share one address function (Geometry.scale_address)
     read_by: str
     swizzled: bool = False  # Blackwell's 128x4 blocked tiles (blocked_offsets), not strides
+    mx_only: bool = False  # holds the scales of OCP MX element formats only (emax_elem set)
     col_align: int = 1  # storage columns per row are padded to a multiple of this
 
     @property
     def word_bytes(self) -> int:
         return 1 if self.dtype == "uint8" else 4
-
-    @property
-    def has_kernel(self) -> bool:
-        """The CUDA kernel writes this layout (the NumPy backend writes them all)."""
-        return bool(self.kernel_trait)
 
     @property
     def scale_bytes(self) -> int:
@@ -89,13 +88,42 @@ SCALE_LAYOUTS = {
                     "DeepGEMM on Blackwell (SM100)"),
         ScaleLayout(PACKED_ROW, "int32", 4, 1, False, "fgq::kPackedExponents",
                     "row-major packed consumers"),
-        ScaleLayout(BLOCKED, "uint8", 1, BLOCK_ROWS, False, "",
+        ScaleLayout(BLOCKED, "uint8", 1, BLOCK_ROWS, False, "fgq::kBlockedExponents",
                     "Blackwell block-scaled MMA (cuBLAS, CUTLASS, FlashInfer, torch._scaled_mm)",
-                    swizzled=True, col_align=BLOCK_COLUMNS),
+                    swizzled=True, col_align=BLOCK_COLUMNS, mx_only=True),
     )
 }  # fmt: skip
 LAYOUTS = tuple(SCALE_LAYOUTS)
-KERNEL_LAYOUTS = tuple(name for name, layout in SCALE_LAYOUTS.items() if layout.has_kernel)
+
+
+def combination_error(fmt: OutputFormat, scale: ScaleFormat, layout: ScaleLayout) -> str | None:
+    """Why ``layout`` cannot hold the scales of ``fmt`` with ``scale`` scales, or None: the one
+    rule of which (format, scale format, layout) the backends, the kernels and tests cover."""
+    if layout.needs_ue8m0 and not scale.power_of_two:
+        holds = (
+            "holds one UE8M0 exponent byte per scale"
+            if layout.word_bytes == 1
+            else "packs UE8M0 exponent bytes into int32 words"
+        )
+        return f"layout={layout.name!r} {holds}; it needs scale='ue8m0', got scale={scale.name!r}"
+    if layout.mx_only and fmt.emax_elem is None:
+        mx = ", ".join(repr(f.name) for f in OUTPUT_FORMATS.values() if f.emax_elem)
+        return (
+            f"layout={layout.name!r} is the scale layout of Blackwell's MX formats; it takes "
+            f"dtype {mx}, got dtype={fmt.name!r}"
+        )
+    return None
+
+
+def supported_combinations() -> list[tuple[str, str, str]]:
+    """Every supported (output format, scale format, layout), by name, in registry order."""
+    return [
+        (fmt.name, scale.name, layout.name)
+        for fmt in OUTPUT_FORMATS.values()
+        for scale in SCALE_FORMATS.values()
+        for layout in SCALE_LAYOUTS.values()
+        if combination_error(fmt, scale, layout) is None
+    ]
 
 
 def blocked_offsets(rows: np.ndarray, groups: np.ndarray, columns: int) -> np.ndarray:
@@ -206,14 +234,21 @@ class Geometry:
         return self.batches * self.scale_rows * self.scale_columns
 
     @property
+    def scale_storage_bytes(self) -> int:
+        return self.scale_storage * self.layout.word_bytes
+
+    @property
     def scale_word_strides(self) -> tuple[int, int, int]:
         """(batch, row, word) strides of the scale storage, in words."""
         return self.layout.word_strides(self.rows, self.groups)
 
     @property
     def scale_byte_strides(self) -> tuple[int, int, int]:
-        """(batch, row, word) strides in bytes: the kernel's address function reads these."""
+        """(batch, row, word) strides in bytes: the kernel's address function reads these (for
+        the blocked layout: a batch, a row of 128x4 tiles, one tile)."""
         batch, row, word = self.scale_word_strides
+        if self.layout.swizzled:  # a row of 128x4 tiles, and one tile
+            return batch, self.scale_columns // BLOCK_COLUMNS * 512, 512
         size = self.layout.word_bytes
         return batch * size, row * size, word * size
 
@@ -224,21 +259,33 @@ class Geometry:
             return (batch,) * self.batched + (row, word)
         return self._lead_strides(row, batch) + (word,)
 
+    @property
+    def scale_address(self) -> tuple[int, int, int, int, int, int, int]:
+        """The address function's byte strides: ``(batch, row % 32, (row // 32) % 4,
+        row // 128, group // n, group % n, n)`` with ``n`` scales a word.
+
+        A row's offset is taken in three parts so that one function serves the strided layouts
+        (row strides 1, 32 and 128 times the row stride) and the blocked layout's 128x4 tiles
+        (16 bytes, 4 bytes, and ``Cb / 4`` tiles of 512 bytes), as the kernels' address
+        functions do (kernels/layouts.cuh); the NumPy backend writes through
+        ``scale_byte_offsets``.
+        """
+        batch, row, word = self.scale_byte_strides
+        if self.layout.swizzled:
+            return batch, 16, 4, row, word, 1, BLOCK_COLUMNS
+        per_word = self.layout.scales_per_word
+        return batch, row, 32 * row, 128 * row, word, self.layout.scale_bytes, per_word
+
     def scale_byte_offsets(self) -> np.ndarray:
         """Byte offset of the first byte of every scale, ``[batches, rows, groups]``: the
         layout's address map, as the kernel's address function computes it."""
-        batch, row, word = self.scale_byte_strides
-        if self.layout.swizzled:
-            within = blocked_offsets(
-                np.arange(self.rows)[:, None], np.arange(self.groups)[None, :], self.groups
-            )
-            return np.arange(self.batches)[:, None, None] * batch + within[None]
-        groups = np.arange(self.groups)
-        per_word = self.layout.scales_per_word
-        column = (groups // per_word) * word + (groups % per_word) * self.layout.scale_bytes
+        batch, row, row32, row128, word, byte, per_word = self.scale_address
+        rows, groups = np.arange(self.rows), np.arange(self.groups)
+        row_offset = (rows % 32) * row + (rows // 32 % 4) * row32 + (rows // 128) * row128
+        column = (groups // per_word) * word + (groups % per_word) * byte
         return (
             np.arange(self.batches)[:, None, None] * batch
-            + np.arange(self.rows)[None, :, None] * row
+            + row_offset[None, :, None]
             + column[None, None, :]
         )
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from ._arrays import NUMPY, ArrayInfo
 from ._launch import KernelKey, grid_limits_error, max_experts
-from ._layout import Geometry, ScaleLayout, row_strides, scale_layout
+from ._layout import Geometry, ScaleLayout, combination_error, row_strides, scale_layout
 from ._spec import (
     INPUT_TYPES,
     InputMode,
@@ -96,16 +96,9 @@ def check_options(group_size, dtype, scale, layout, eps, pad_rows, activation=No
     fmt = output_format(dtype)
     scale = scale_format(scale)
     layout = scale_layout(layout)
-    if layout.needs_ue8m0 and not scale.power_of_two and layout.word_bytes == 1:
-        raise ValueError(
-            f"layout={layout.name!r} holds one UE8M0 exponent byte per scale; it needs "
-            f"scale='ue8m0', got scale={scale.name!r}"
-        )
-    if layout.needs_ue8m0 and not scale.power_of_two:
-        raise ValueError(
-            f"layout={layout.name!r} packs UE8M0 exponent bytes into int32 words; it needs "
-            f"scale='ue8m0', got scale={scale.name!r}"
-        )
+    error = combination_error(fmt, scale, layout)
+    if error:
+        raise ValueError(error)
     eps = check_eps(eps)
     pad_rows = check_flag(pad_rows, "pad_rows")
     mode = input_mode(activation)
@@ -180,11 +173,6 @@ def make_request(
     fused = mode.name if mode.name is not None else ("masked_m" if masked else None)
     if norm is not None:
         fused = "norm"
-    if info.kind != NUMPY and not layout.has_kernel:
-        raise NotImplementedError(
-            f"layout={layout.name!r}: the CUDA kernel does not write it yet; the NumPy backend "
-            f"does (numpy arrays and torch CPU tensors)"
-        )
     if info.kind != NUMPY and not empty:
         error = grid_limits_error(geometry, info.itemsize, fused)
         if error:

@@ -24,8 +24,15 @@ from typing import Any
 import numpy as np
 
 from . import _jit, _launch, api
-from ._layout import KERNEL_LAYOUTS, SCALE_LAYOUTS, Geometry
-from ._spec import GROUP_SIZES, INPUT_TYPES, OUTPUT_FORMATS, SCALE_FORMATS
+from ._layout import LAYOUTS, SCALE_LAYOUTS, Geometry, combination_error, supported_combinations
+from ._spec import (
+    GROUP_SIZES,
+    INPUT_TYPES,
+    OUTPUT_FORMATS,
+    SCALE_FORMATS,
+    SCALE_RULES,
+    check_scale_rule,
+)
 from .reference import quantize_into
 
 DEFAULT_M = (1, 4, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
@@ -36,7 +43,7 @@ INPUT_BYTES = {name: t.itemsize for name, t in INPUT_TYPES.items()}
 
 
 def bytes_moved(m: int, k: int, input_dtype: str, geometry: Geometry) -> int:
-    scale_bytes = geometry.scale_storage * 4
+    scale_bytes = geometry.scale_storage_bytes
     return m * k * INPUT_BYTES[input_dtype] + m * k + scale_bytes
 
 
@@ -103,13 +110,13 @@ def eager_time_us(sync, call, iterations: int = 200, repeats: int = 11) -> float
     return statistics.median(times)
 
 
-def _check(x_host, q_dev, s_dev, geometry, fmt_name, scale, cupy) -> None:
+def _check(x_host, q_dev, s_dev, geometry, fmt_name, scale, cupy, rule="rceil") -> None:
     """Bit-exact check of a device result against the NumPy backend, before any timing."""
     q_ref = np.empty(geometry.q_storage, np.uint8)
     s_ref = np.empty(geometry.scale_storage, geometry.layout.dtype)
-    quantize_into(x_host, geometry, fmt_name, scale, 1e-10, q_ref, s_ref)
+    quantize_into(x_host, geometry, fmt_name, scale, 1e-10, q_ref, s_ref, rule=rule)
     s_logical = np.lib.stride_tricks.as_strided(
-        s_ref, geometry.scale_shape, tuple(4 * s for s in geometry.scale_strides)
+        s_ref, geometry.scale_shape, tuple(s_ref.itemsize * s for s in geometry.scale_strides)
     )
     if not (
         np.array_equal(cupy.asnumpy(q_dev).view(np.uint8).reshape(-1), q_ref)
@@ -123,6 +130,7 @@ def bench_shape(cupy, torch, roofline, bandwidth: float, m: int, k: int, args) -
     from .__main__ import activation
 
     options = dict(dtype=args.dtype, scale=args.scale, layout=args.layout)
+    options["scale_rule"] = args.scale_rule
     geometry = Geometry((m, k), args.group_size, args.layout, False)
     moved = bytes_moved(m, k, args.input_dtype, geometry)
     x_host = activation(m, k, seed=m + k).astype(args.input_dtype_np)
@@ -131,7 +139,7 @@ def bench_shape(cupy, torch, roofline, bandwidth: float, m: int, k: int, args) -
     outputs = [api.quantize(x, args.group_size, **options) for x in inputs]
     cupy.cuda.runtime.deviceSynchronize()
     q_first, s_first = outputs[0]
-    _check(x_host, q_first, s_first, geometry, args.dtype, args.scale, cupy)
+    _check(x_host, q_first, s_first, geometry, args.dtype, args.scale, cupy, args.scale_rule)
     calls = max(n_buffers, 32)
 
     def quantizer(i):
@@ -195,12 +203,10 @@ def run_matrix(args) -> list[dict]:
     m, k = args.m[0], args.k[0]
     host_dtypes = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16, "float32": np.float32}
     combos = [
-        c
-        for c in itertools.product(
-            host_dtypes, GROUP_SIZES, OUTPUT_FORMATS, SCALE_FORMATS, KERNEL_LAYOUTS,
-        )
-        if SCALE_FORMATS[c[3]].power_of_two or not SCALE_LAYOUTS[c[4]].needs_ue8m0
-    ]  # fmt: skip
+        (i, g, *combination)
+        for i, g in itertools.product(host_dtypes, GROUP_SIZES)
+        for combination in supported_combinations()
+    ]
     baseline = ("bfloat16", 128, "e4m3", "ue8m0", "packed")
     if args.only:
         combos = [c for c in combos if re.search(args.only, " ".join(map(str, c)))]
@@ -362,8 +368,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--input-dtype", default="bfloat16", choices=list(INPUT_BYTES))
     parser.add_argument("--dtype", default="e4m3", choices=list(OUTPUT_FORMATS))
     parser.add_argument("--scale", default="ue8m0", choices=list(SCALE_FORMATS))
-    parser.add_argument("--layout", default="packed", choices=list(KERNEL_LAYOUTS))
+    parser.add_argument("--layout", default="packed", choices=list(LAYOUTS))
     parser.add_argument("--group-size", type=int, default=128, choices=list(GROUP_SIZES))
+    parser.add_argument("--scale-rule", default="rceil", choices=list(SCALE_RULES))
     parser.add_argument("--json", help="write the rows to this file")
     parser.add_argument(
         "--plot", help="draw GB/s and fraction of floor against M (needs the plot extra)"
@@ -429,8 +436,15 @@ def run_parsed(args, parser: argparse.ArgumentParser) -> int:
     """Run the benchmark for parsed ``args``; usage errors go through ``parser``."""
     if any(k % args.group_size for k in args.k):
         parser.error(f"--k: every K must be a multiple of --group-size {args.group_size}")
-    if SCALE_LAYOUTS[args.layout].needs_ue8m0 and args.scale != "ue8m0":
-        parser.error(f"--layout {args.layout} needs --scale ue8m0")
+    error = combination_error(
+        OUTPUT_FORMATS[args.dtype], SCALE_FORMATS[args.scale], SCALE_LAYOUTS[args.layout]
+    )
+    if error:
+        parser.error(error)
+    try:
+        check_scale_rule(args.scale_rule, OUTPUT_FORMATS[args.dtype], SCALE_FORMATS[args.scale])
+    except ValueError as rule_error:
+        parser.error(str(rule_error))
     if args.plot:
         try:
             import matplotlib  # noqa: F401

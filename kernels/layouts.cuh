@@ -9,12 +9,16 @@
 namespace fgq {
 
 // the address functions; each ScaleLayout row of _layout.py names one as its kernel_trait
-enum ScaleLayoutKind : int { kFloatWords = 0, kPackedExponents = 1 };
+enum ScaleLayoutKind : int { kFloatWords = 0, kPackedExponents = 1, kBlockedExponents = 2 };
 
 template <int kLayout> struct ScaleLayout;
 
 // row, col, col_tma: one float32 per group (the scale, or its power of two for UE8M0)
+// kSpreadPadding: false, the padding rows below a batch's last row are few (at most 3, a TMA
+// box) and each group's lane 0 zeroes its own scale in each (zero); true, the blocked layout's
+// up to 127 are spread over all lanes of the last row (zero_rows)
 template <> struct ScaleLayout<kFloatWords> {
+  static constexpr bool kSpreadPadding = false;
   __device__ static __forceinline__ void store(const Params& p, u32 batch, u32 row, int group,
                                                float scale, u32 exponent, bool real_row) {
     u8* at = p.scales + batch * p.s_batch_stride + row * p.s_row_stride + group * p.s_word_stride;
@@ -26,14 +30,14 @@ template <> struct ScaleLayout<kFloatWords> {
   }
 };
 
-// packed, packed_row: UE8M0 exponent bytes, four groups per int32 word (group g is byte g % 4)
-template <> struct ScaleLayout<kPackedExponents> {
+// UE8M0 exponent bytes, four groups per 4-byte word (group g is byte g % 4); Layout::word_at
+// is where the word of (batch, row, group) starts
+template <class Layout> struct ExponentBytes {
   __device__ static __forceinline__ void store(const Params& p, u32 batch, u32 row, int group,
                                                float scale, u32 exponent, bool real_row) {
     // NOTES: each group's lane 0 writes its own byte; the last group of a row also zeroes the
     // unused bytes of its word, so the padding is owned by the kernel without atomics.
-    u8* word = p.scales + batch * p.s_batch_stride + row * p.s_row_stride +
-               (group / 4) * p.s_word_stride;
+    u8* word = Layout::word_at(p, batch, row, group);
     word[group % 4] = real_row ? static_cast<u8>(exponent) : 0;
     if (group == p.groups_per_row - 1) {
       for (int b = group % 4 + 1; b < 4; ++b) word[b] = 0;
@@ -41,9 +45,38 @@ template <> struct ScaleLayout<kPackedExponents> {
   }
   // zero a padding row's word of (batch, row, group): one 4-byte store by its first group
   __device__ static __forceinline__ void zero(const Params& p, u32 batch, u32 row, int group) {
-    if (group % 4 == 0) {
-      *reinterpret_cast<u32*>(p.scales + batch * p.s_batch_stride + row * p.s_row_stride +
-                              (group / 4) * p.s_word_stride) = 0u;
+    if (group % 4 == 0) *reinterpret_cast<u32*>(Layout::word_at(p, batch, row, group)) = 0u;
+  }
+};
+
+// packed, packed_row: strided int32 words
+template <> struct ScaleLayout<kPackedExponents> : ExponentBytes<ScaleLayout<kPackedExponents>> {
+  static constexpr bool kSpreadPadding = false;
+  __device__ static __forceinline__ u8* word_at(const Params& p, u32 batch, u32 row, int group) {
+    return p.scales + batch * p.s_batch_stride + row * p.s_row_stride +
+           (group / 4) * p.s_word_stride;
+  }
+};
+
+// blocked: Blackwell's 128x4 tiles of 512 bytes. s_row_stride is the bytes of a row of tiles,
+// s_word_stride a tile's 512; inside a tile, row r's word sits at (r % 32) * 16 + (r / 32 % 4) * 4
+template <> struct ScaleLayout<kBlockedExponents> : ExponentBytes<ScaleLayout<kBlockedExponents>> {
+  static constexpr bool kSpreadPadding = true;
+  __device__ static __forceinline__ u8* word_at(const Params& p, u32 batch, u32 row, int group) {
+    return p.scales + batch * p.s_batch_stride + (row >> 7) * p.s_row_stride +
+           (group / 4) * p.s_word_stride + (row & 31u) * 16u + ((row >> 5) & 3u) * 4u;
+  }
+  // zero the words of rows [first, scale_rows) in the tile column of `group`, called by every
+  // lane of every group of one row: the column's 4 * lanes threads (fewer in a last column of
+  // under four groups) take every such thread's-count-th row, one 4-byte store each
+  // NOTES: the padding rows all lie in the last real row's row of tiles (scale_rows is the
+  // next multiple of 128), so no two threads share a word and nothing else writes these words
+  __device__ static __forceinline__ void zero_rows(const Params& p, u32 batch, u32 first,
+                                                   int group, int lane, int lanes) {
+    const int column = group & ~3;
+    const int members = min(4, p.groups_per_row - column) * lanes;
+    for (u32 r = first + (group & 3) * lanes + lane; r < p.scale_rows; r += members) {
+      *reinterpret_cast<u32*>(word_at(p, batch, r, column)) = 0u;
     }
   }
 };

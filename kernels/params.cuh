@@ -29,8 +29,8 @@ struct Params {
   float eps;            // floor of the group maximum
   u8* scales;           // scale storage; the layout's address function places each scale
   i64 s_batch_stride;   // bytes of scale storage between batches
-  i64 s_row_stride;     // bytes of scale storage between rows
-  i64 s_word_stride;    // bytes between the scale words of one row
+  i64 s_row_stride;     // bytes of scale storage between rows (blocked: between row tiles)
+  i64 s_word_stride;    // bytes between the scale words of one row (blocked: group tiles)
   u32 q_rows;           // rows of q storage per batch: padding rows below it are zeroed
   u32 scale_rows;       // rows of scale storage per batch: padding rows below it are zeroed
   float fmax;           // the output format's clamp

@@ -134,6 +134,25 @@ __device__ __forceinline__ void store_zeros(u8* dst) {
   }
 }
 
+// zero the padding rows below `row`, the last real row of `batch`: q's below q_rows, the
+// scales' below scale_rows; called by every lane of every group of that row, q_batch is the
+// lane's bytes of row 0
+template <int kValues, int kLanes, int kLayout>
+__device__ __forceinline__ void zero_padding_rows(const Params& p, u8* q_batch, i64 k, u32 batch,
+                                                  u32 row, int group, int lane) {
+  if constexpr (ScaleLayout<kLayout>::kSpreadPadding) {
+#pragma unroll 1
+    for (u32 pad = row + 1u; pad < p.q_rows; ++pad) store_zeros<kValues>(q_batch + pad * k);
+    ScaleLayout<kLayout>::zero_rows(p, batch, row + 1u, group, lane, kLanes);
+  } else {
+#pragma unroll 1
+    for (u32 pad = row + 1u; pad < p.grid_rows; ++pad) {
+      if (pad < p.q_rows) store_zeros<kValues>(q_batch + pad * k);
+      if (pad < p.scale_rows && lane == 0) ScaleLayout<kLayout>::zero(p, batch, pad, group);
+    }
+  }
+}
+
 // quantize one group (this lane's share) and store it -------------------------------------------
 // `words` are this lane's values; `mask` names the lanes that run this call together (the
 // group's own lanes, or with kWholeWarp all 32); `real_row` false quantizes a padding row's
@@ -262,11 +281,7 @@ __global__ void __launch_bounds__(kMaxThreads,
     // slots, while the loads are in flight: stores issued after the group's dependent chain
     // would lengthen the kernel's tail (docs/perf.md step 17)
     if (active && row == p.rows - 1u) {
-#pragma unroll 1
-      for (u32 pad = row + 1u; pad < p.grid_rows; ++pad) {
-        if (pad < p.q_rows) store_zeros<kValues>(q_batch + pad * k);
-        if (pad < p.scale_rows && lane == 0) ScaleLayout<kLayout>::zero(p, batch, pad, group);
-      }
+      zero_padding_rows<kValues, kLanes, kLayout>(p, q_batch, k, batch, row, group, lane);
     }
     quantize_group<kIn, kGroup, kOut, kScale, kLayout, true>(
         p, words, 0xffffffffu, true, q_batch + row * k, active, active && lane == 0, batch, row,
@@ -549,11 +564,7 @@ __global__ void __launch_bounds__(kMaxNormThreads) quantize_norm(const __grid_co
     const bool store = in_row && real[r];
     u8* q_batch = p.q + batch[r] * p.q_batch_stride + value0;
     if (store && row[r] == p.rows - 1u) {
-#pragma unroll 1
-      for (u32 pad = row[r] + 1u; pad < p.grid_rows; ++pad) {
-        if (pad < p.q_rows) store_zeros<kValues>(q_batch + pad * k);
-        if (pad < p.scale_rows && lane == 0) ScaleLayout<kLayout>::zero(p, batch[r], pad, group);
-      }
+      zero_padding_rows<kValues, kLanes, kLayout>(p, q_batch, k, batch[r], row[r], group, lane);
     }
     quantize_group<kIn, kGroup, kOut, kScale, kLayout, true>(
         p, words[r], 0xffffffffu, true, q_batch + row[r] * k, store, store && lane == 0, batch[r],

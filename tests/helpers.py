@@ -51,8 +51,7 @@ def reference_storage(
     """(q bytes, scale bytes) of the whole storage the NumPy backend writes, padding included."""
     fmt = output_format(dtype)
     q = np.full(geometry.q_storage, 0xAB, np.uint8)
-    scale_dtype = np.dtype(geometry.layout.dtype)
-    scales = np.full(geometry.scale_storage, -1, scale_dtype)
+    scales = np.full(geometry.scale_storage_bytes, 0xFF, np.uint8).view(geometry.layout.dtype)
     reference.quantize_into(np.asarray(x), geometry, fmt, scale, eps, q, scales, rule=rule)
     return q, scales.view(np.uint8)
 
@@ -72,3 +71,19 @@ def assert_same_bytes(got: np.ndarray, expected: np.ndarray, what: str, inputs=N
             f"{what}: {diff.size} bytes differ; first at byte {i}: got {got[i]:#04x}, "
             f"expected {expected[i]:#04x}{context}"
         )
+
+
+Q_POISON, SCALE_POISON = 0xFF, 0x7F
+
+
+def host_poisoned(geometry: Geometry, fmt: str, q_poison: int = Q_POISON):
+    """(q view, scale view, q storage bytes, scale storage bytes): numpy views in the layout
+    over poisoned storage, as test_gpu.poisoned_outputs poisons the device's."""
+    q_buf = np.full(geometry.q_storage, q_poison, np.uint8)
+    s_buf = np.full(geometry.scale_storage_bytes, SCALE_POISON, np.uint8)
+    q = np.lib.stride_tricks.as_strided(q_buf, geometry.shape, geometry.q_strides)
+    words = s_buf.view(geometry.layout.dtype)
+    s = np.lib.stride_tricks.as_strided(
+        words, geometry.scale_shape, tuple(words.itemsize * v for v in geometry.scale_strides)
+    )
+    return q.view(output_format(fmt).numpy_dtype), s, q_buf, s_buf

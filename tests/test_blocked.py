@@ -86,5 +86,8 @@ def test_blocked_needs_ue8m0_scales():
     x = np.zeros((4, 64), ml_dtypes.bfloat16)
     with pytest.raises(ValueError, match="layout='blocked' holds one UE8M0 exponent byte"):
         fgq.quantize(x, 32, layout="blocked")
+    for dtype in ("int8", "e4m3fnuz"):  # not MX element formats: no block-scaled MMA takes them
+        with pytest.raises(ValueError, match="layout='blocked' is the scale layout of Blackwell"):
+            fgq.quantize(x, 32, dtype=dtype, scale="ue8m0", layout="blocked")
     with pytest.raises(ValueError, match="scale_out: expected shape"):
         fgq.quantize(x, 32, scale="ue8m0", layout="blocked", scale_out=np.zeros((4, 4), np.uint8))

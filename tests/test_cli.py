@@ -43,7 +43,9 @@ def test_the_main_job_fails_on_a_wrong_code(capsys, monkeypatch):
         (["bench", "--layout", "nope"], "invalid choice: 'nope'"),
         (["bench", "--group-size", "100"], "invalid choice: 100"),
         (["bench", "--k", "0"], "positive integer"),
-        (["bench", "--layout", "packed", "--scale", "float32"], "needs --scale ue8m0"),
+        (["bench", "--layout", "packed", "--scale", "float32"], "needs scale='ue8m0'"),
+        (["bench", "--layout", "blocked", "--dtype", "int8"], "Blackwell's MX formats"),
+        (["bench", "--scale-rule", "floor", "--dtype", "int8"], "scale_rule='floor'"),
         (["nope"], "invalid choice: 'nope'"),
     ],
 )

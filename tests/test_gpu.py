@@ -5,17 +5,22 @@ import os
 
 import numpy as np
 import pytest
-from helpers import NP_INPUT, activations, assert_same_bytes, reference_storage
+from helpers import (
+    NP_INPUT,
+    Q_POISON,
+    SCALE_POISON,
+    activations,
+    assert_same_bytes,
+    host_poisoned,
+    reference_storage,
+)
 
 import fp8_group_quant as fgq
 from fp8_group_quant import _jit, _launch
-from fp8_group_quant._layout import KERNEL_LAYOUTS, SCALE_LAYOUTS, Geometry
-from fp8_group_quant._spec import GROUP_SIZES, INPUT_TYPES, OUTPUT_FORMATS, SCALE_FORMATS
+from fp8_group_quant._layout import Geometry, supported_combinations
+from fp8_group_quant._spec import GROUP_SIZES, INPUT_TYPES, OUTPUT_FORMATS
 
 pytestmark = pytest.mark.gpu
-
-Q_POISON = 0xFF
-SCALE_POISON = 0x7F
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -66,7 +71,7 @@ def poisoned_outputs(geometry: Geometry, lib: str, fmt: str):
         import cupy
 
         q_buf = cupy.full(geometry.q_storage, Q_POISON, cupy.uint8)
-        s_buf = cupy.full(geometry.scale_storage * 4, SCALE_POISON, cupy.uint8)
+        s_buf = cupy.full(geometry.scale_storage_bytes, SCALE_POISON, cupy.uint8)
         s_buf = s_buf.view(geometry.layout.dtype)
         q_view = q_buf.view(fmt.container)
 
@@ -80,7 +85,7 @@ def poisoned_outputs(geometry: Geometry, lib: str, fmt: str):
 
         q_buf = torch.full((geometry.q_storage,), Q_POISON, dtype=torch.uint8, device="cuda")
         s_buf = torch.full(
-            (geometry.scale_storage * 4,), SCALE_POISON, dtype=torch.uint8, device="cuda"
+            (geometry.scale_storage_bytes,), SCALE_POISON, dtype=torch.uint8, device="cuda"
         )
         s_buf = s_buf.view(getattr(torch, geometry.layout.dtype))
         q_view = q_buf.view(getattr(torch, fmt.dtype_name))
@@ -121,11 +126,9 @@ def check(x_host, x_device, lib, group_size, dtype, scale, layout, pad_rows=Fals
 
 # every row of every registry: a new format or layout is tested here without a new line
 COMBINATIONS = [
-    (i, g, o, s, layout)
-    for i, g, o, s, layout in itertools.product(
-        INPUT_TYPES, GROUP_SIZES, OUTPUT_FORMATS, SCALE_FORMATS, KERNEL_LAYOUTS
-    )
-    if SCALE_FORMATS[s].power_of_two or not SCALE_LAYOUTS[layout].needs_ue8m0
+    (i, g, *combination)
+    for i, g in itertools.product(INPUT_TYPES, GROUP_SIZES)
+    for combination in supported_combinations()
 ]
 
 
@@ -835,18 +838,6 @@ def test_silu_mul_refuses_what_it_cannot_read():
 # the masked MoE layout (issue 13) -----------------------------------------------------------------
 
 
-def host_poisoned(geometry: Geometry, fmt: str):
-    """numpy views over storage poisoned as poisoned_outputs poisons the device's."""
-    q_buf = np.full(geometry.q_storage, Q_POISON, np.uint8)
-    s_buf = np.full(geometry.scale_storage * 4, SCALE_POISON, np.uint8)
-    q = np.lib.stride_tricks.as_strided(q_buf, geometry.shape, geometry.q_strides)
-    words = s_buf.view(geometry.layout.dtype)
-    s = np.lib.stride_tricks.as_strided(
-        words, geometry.scale_shape, tuple(4 * v for v in geometry.scale_strides)
-    )
-    return q.view(OUTPUT_FORMATS[fmt].numpy_dtype), s, q_buf, s_buf
-
-
 def check_masked(x_host, counts, lib, group_size, dtype, scale, layout, activation, **kwargs):
     """The masked kernel into poisoned device storage against the NumPy backend into poisoned
     host storage: every byte, the untouched ones included."""
@@ -1211,9 +1202,17 @@ def test_a_call_right_after_a_device_copy_reads_the_copy(lib):
                               f"{name} right after a copy, call {i}")  # fmt: skip
 
 
-def test_the_blocked_layout_is_refused_on_the_gpu_until_its_kernel_lands():
-    import cupy
-
-    x = cupy.asarray(activations(np.random.default_rng(25), (4, 64), "bfloat16"))
-    with pytest.raises(NotImplementedError, match="layout='blocked': the CUDA kernel"):
-        fgq.quantize(x, 32, scale="ue8m0", layout="blocked")
+@pytest.mark.parametrize("rule", ["rceil", "floor"])
+def test_blocked_scales_across_tiles_batches_and_padding(rule, kernel_path):
+    # rows past one 128-row tile, a partial last tile, group columns past one 4-group tile with
+    # padding columns, batches that each own their padded tiles, one token (127 padding rows)
+    rng = np.random.default_rng(25)
+    shapes = [((129, 5 * 32), 32), ((300, 56 * 32), 32), ((2, 130, 7 * 32), 32),
+              ((1, 7168), 32), ((3, 2, 257, 2048), 64), ((256, 1024), 128)]  # fmt: skip
+    for i, (shape, group_size) in enumerate(shapes):
+        for input_dtype in ("bfloat16", "float32"):
+            x = activations(rng, shape, input_dtype, specials=True)
+            lib = ("cupy", "torch")[i % 2]
+            for dtype in ("e4m3", "e5m2"):
+                check(x, to_device(x, lib), lib, group_size, dtype, "ue8m0", "blocked",
+                      pad_rows=i % 3 == 0, scale_rule=rule)  # fmt: skip

@@ -3,7 +3,7 @@
 import ml_dtypes
 import numpy as np
 import pytest
-from helpers import activations
+from helpers import activations, host_poisoned
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -20,22 +20,13 @@ Q_POISON, SCALE_POISON = 0x55, 0x7F
 
 
 def poisoned(geometry: Geometry):
-    """(q view, scale view, q storage bytes, scale storage bytes) over poisoned storage."""
-    size = geometry.layout.word_bytes
-    q_buf = np.full(geometry.q_storage, Q_POISON, np.uint8)
-    s_buf = np.full(geometry.scale_storage * size, SCALE_POISON, np.uint8)
-    q = np.lib.stride_tricks.as_strided(q_buf, geometry.shape, geometry.q_strides)
-    words = s_buf.view(geometry.layout.dtype)
-    s = np.lib.stride_tricks.as_strided(
-        words, geometry.scale_shape, tuple(size * v for v in geometry.scale_strides)
-    )
-    return q.view(ml_dtypes.float8_e4m3fn), s, q_buf, s_buf
+    return host_poisoned(geometry, "e4m3", Q_POISON)
 
 
 def expected_storage(x, counts, geometry, scale, activation, fmt="e4m3"):
     """Poisoned storage with each expert's first rows written as a plain call writes them."""
     q_buf = np.full(geometry.q_storage, Q_POISON, np.uint8)
-    s_buf = np.full(geometry.scale_storage * geometry.layout.word_bytes, SCALE_POISON, np.uint8)
+    s_buf = np.full(geometry.scale_storage_bytes, SCALE_POISON, np.uint8)
     full_q, full_s, fq_buf, fs_buf = poisoned(geometry)
     full_q = full_q.view(np.uint8).view(output_format(fmt).numpy_dtype)
     fgq.quantize(x, geometry.group_size, dtype=fmt, scale=scale, layout=geometry.layout.name,
@@ -168,13 +159,10 @@ def test_vllm_persistent_masked_m_silu_mul_quant(fmt, dtype, shape, strides):
 
 @st.composite
 def masked_cases(draw):
-    from fp8_group_quant._layout import SCALE_LAYOUTS
-    from fp8_group_quant._spec import GROUP_SIZES, INPUT_TYPES, OUTPUT_FORMATS
+    from fp8_group_quant._layout import supported_combinations
+    from fp8_group_quant._spec import GROUP_SIZES, INPUT_TYPES
 
-    layout = draw(st.sampled_from(sorted(SCALE_LAYOUTS)))
-    scale = "ue8m0" if SCALE_LAYOUTS[layout].needs_ue8m0 else draw(
-        st.sampled_from(["float32", "ue8m0"])
-    )  # fmt: skip
+    fmt, scale, layout = draw(st.sampled_from(supported_combinations()))
     experts, tokens = draw(st.integers(1, 6)), draw(st.integers(1, 9))
     group = draw(st.sampled_from(GROUP_SIZES))
     activation_name = draw(st.sampled_from([None, "silu_mul"]))
@@ -182,7 +170,7 @@ def masked_cases(draw):
     counts = draw(st.lists(st.integers(-3, tokens + 3), min_size=experts, max_size=experts))
     return dict(
         input_dtype=draw(st.sampled_from(sorted(INPUT_TYPES))),
-        fmt=draw(st.sampled_from(sorted(OUTPUT_FORMATS))),
+        fmt=fmt,
         scale=scale, layout=layout, group=group, activation=activation_name,
         shape=(experts, tokens, width),
         counts=np.array(counts, draw(st.sampled_from([np.int32, np.int64]))),

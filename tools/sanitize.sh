@@ -21,7 +21,7 @@ for tool in ${SANITIZE_TOOLS:-memcheck initcheck racecheck}; do
   compute-sanitizer --tool "$tool" --error-exitcode 99 --print-limit 20 \
     python3 tools/sanitize_cases.py $full > "$log.$tool" 2>&1
   code=$?
-  grep -E "^# |ERROR SUMMARY|RACECHECK SUMMARY|========= (Invalid|Uninitialized|Race|Program hit|Error)" \
+  grep -E "^# |ERROR SUMMARY|RACECHECK SUMMARY|========= (Invalid|Uninitialized|Race|Program hit|Error)|^Traceback|^[A-Za-z.]*Error" \
     "$log.$tool" | tail -25 | tee -a "$log"
   echo "exit code $code" | tee -a "$log"
   [ "$code" -eq 0 ] || status=1
