@@ -164,6 +164,18 @@ def all_kernel_keys() -> list[KernelKey]:
     ] + [KernelKey(*combination, True, True, norm=True) for combination in combinations]
 
 
+def nvfp4_names(input_dtype: str) -> tuple[str, str]:
+    """The NVFP4 kernels of one input type: (quantize_nvfp4, nvfp4_amax) (fp8_group_quant.nvfp4)."""
+    trait = INPUT_TYPES[input_dtype].kernel_trait
+    return f"fgq::quantize_nvfp4<{trait}>", f"fgq::nvfp4_amax<{trait}>"
+
+
+def all_name_expressions() -> list[str]:
+    """Every instantiation of quantize.cu: the kernel keys', then NVFP4's."""
+    names = [key.name_expression for key in all_kernel_keys()]
+    return names + [name for input_dtype in INPUT_TYPES for name in nvfp4_names(input_dtype)]
+
+
 DEFAULT_KEY = KernelKey("bfloat16", 128, "e4m3", "ue8m0", "fgq::kPackedExponents", True, True)
 DEFAULT_KEYS = (DEFAULT_KEY, dataclasses.replace(DEFAULT_KEY, one_pass=False))  # both paths
 

@@ -147,8 +147,9 @@ FormatName = Literal[
     "e4m3", "float8_e4m3fn", "fp8_e4m3", "e5m2", "float8_e5m2", "fp8_e5m2", "int8",
     "e4m3fnuz", "float8_e4m3fnuz", "fp8_e4m3fnuz",
 ]  # fmt: skip
-# ``dtype=`` takes a name or a numpy / ml_dtypes / torch dtype of one of the formats
-OutputDType = Union[FormatName, np.dtype, type, "torch.dtype"]
+# ``dtype=`` takes a name or a numpy / ml_dtypes / torch dtype of one of the formats, or NVFP4's
+# "e2m1" (fp8_group_quant.nvfp4, outside the registry: two codes a byte, e4m3 block scales)
+OutputDType = Union[FormatName, Literal["e2m1"], np.dtype, type, "torch.dtype"]
 
 
 def output_format(dtype) -> OutputFormat:
@@ -178,7 +179,8 @@ class ScaleFormat:
     kernel_trait: str  # the ScaleFormat code in kernels/common.cuh
 
 
-ScaleName = Literal["float32", "ue8m0"]  # the keys of SCALE_FORMATS (a test keeps them equal)
+# the keys of SCALE_FORMATS (a test keeps them equal), and NVFP4's e4m3 block scales
+ScaleName = Literal["float32", "ue8m0", "e4m3"]
 SCALE_FORMATS = {
     s.name: s
     for s in (

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from . import _jit, _launch, reference
+from . import _jit, _launch, nvfp4, reference
 from . import activation as _activation
 from ._arrays import (
     CUPY,
@@ -84,7 +84,8 @@ def quantize(
     norm: tuple | None = None,
     residual=None,
     scale_rule: ScaleRuleName = "rceil",
-) -> tuple[Array, Array]:
+    global_scale=None,
+) -> tuple[Array, ...]:
     """Quantize ``x`` per token in groups of ``group_size`` channels.
 
     For each group ``v`` of ``group_size`` consecutive values of a row:
@@ -158,6 +159,14 @@ def quantize(
     residual : array like ``x``, optional
         With ``norm``: ``x + residual`` (rounded to x's dtype) is normalised instead of ``x`` and
         written back to ``residual``, as the engines' fused add-RMSNorm does.
+    global_scale : float or one-element float32 array, optional
+        NVFP4 only (``group_size=16, dtype="e2m1", scale="e4m3", layout="blocked"``): e2m1
+        codes two to a byte (first value in the low nibble) ``[..., K/2]`` uint8, e4m3 block
+        scales ``s = e4m3(global * amax / 6)`` as blocked uint8 bytes, codes of
+        ``v / (s / global)`` (``docs/spec.md``, section 4a). A device array stays on the device
+        (never read on the host; it must hold a positive finite value). None computes
+        ``448 * 6 / amax(x)`` on the device (one extra pass over ``x``) and returns it as a
+        third output, a one-element float32 array. No other option applies to NVFP4.
 
     Returns
     -------
@@ -165,7 +174,18 @@ def quantize(
         numpy: ``ml_dtypes.float8_*`` / ``int8``; torch: ``torch.float8_*`` / ``torch.int8``;
         cupy: ``uint8`` holding the float8 bytes (see ``as_float8``) / ``int8``.
     scales : array of ``x``'s library, shape ``x.shape[:-1] + (ng or kp,)``, strides as above.
+    global_scale : NVFP4 with ``global_scale=None`` only: the computed global scale.
     """
+    if nvfp4.is_nvfp4(dtype, scale):
+        nvfp4.check_options(group_size, dtype, scale, layout, {
+            "eps": (eps, DEFAULT_EPS), "pad_rows": (pad_rows, False),
+            "activation": (activation, None), "masked_m": (masked_m, None),
+            "expected_m": (expected_m, None), "norm": (norm, None), "residual": (residual, None),
+            "scale_rule": (scale_rule, "rceil"), "out": (out, None), "scale_out": (scale_out, None),
+        })  # fmt: skip
+        return nvfp4.quantize(x, global_scale)
+    if global_scale is not None:
+        raise ValueError("global_scale: only NVFP4 (dtype='e2m1', scale='e4m3') takes one")
     options = (group_size, dtype, scale, layout, eps, pad_rows, activation, scale_rule)
     if norm is not None or residual is not None:
         return _quantize_norm(x, options, norm, residual, out, scale_out, masked_m, expected_m)
@@ -736,7 +756,7 @@ def quantize_packed(
     and strides ``(..., 1, align(M, 4))``. Same as ``quantize(x, group_size, dtype="e4m3",
     scale="ue8m0", layout="packed", ...)``; see ``quantize`` for the parameters.
     """
-    return quantize(
+    q, scales = quantize(
         x,
         group_size,
         dtype="e4m3",
@@ -747,6 +767,7 @@ def quantize_packed(
         scale_out=scale_out,
         pad_rows=pad_rows,
     )
+    return q, scales
 
 
 def warmup(device: int | None = None, variants=None) -> list[str]:
@@ -896,14 +917,28 @@ def unpack_scales(packed: Array, groups: int) -> Array:
 
 
 def dequantize(
-    q: Array, scales: Array, group_size: int = 128, dtype: OutputDType | None = None
+    q: Array,
+    scales: Array,
+    group_size: int = 128,
+    dtype: OutputDType | None = None,
+    global_scale=None,
 ) -> Array:
     """Float32 ``q_i * s_group`` with the shape of ``q``.
 
     ``scales`` is any layout ``quantize`` returns: float32 ``[..., ng]``, packed int32
     ``[..., kp]`` or the blocked layout's uint8 storage. ``dtype`` names the format of uint8
     codes (cupy's float8 container; default "e4m3"); other dtypes say it themselves.
+    NVFP4 (``group_size=16, dtype="e2m1"``, with its ``global_scale``): ``q`` ``[..., K/2]``
+    packed codes, float32 ``[..., K]`` of ``e2m1(code) * RN(S / global_scale)``.
     """
+    if dtype == nvfp4.E2M1:
+        if group_size != nvfp4.GROUP or global_scale is None:
+            raise ValueError("dtype='e2m1': NVFP4 needs group_size=16 and its global_scale")
+        return nvfp4.dequantize(q, scales, global_scale)
+    if global_scale is not None:
+        raise ValueError("global_scale: only NVFP4 (dtype='e2m1') takes one")
+    if group_size == nvfp4.GROUP:
+        raise ValueError("group_size=16 is NVFP4's: pass dtype='e2m1' and its global_scale")
     if is_torch_cpu(q) and is_torch_cpu(scales):  # through numpy views, back as a tensor
         values = dequantize(
             torch_cpu_to_numpy(q, "q"), torch_cpu_to_numpy(scales, "scales"), group_size, dtype

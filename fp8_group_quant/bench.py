@@ -394,6 +394,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "unfused steps (needs torch; --k sets N)",
     )
     parser.add_argument(
+        "--nvfp4",
+        action="store_true",
+        help="NVFP4 (e2m1, e4m3 blocked scales, G=16), given and computed global scale, against "
+        "a same-traffic roof",
+    )
+    parser.add_argument(
         "--chain",
         action="store_true",
         help="a graph of [producer -> quantize -> consumer] steps, with and without PDL",
@@ -466,6 +472,10 @@ def run_parsed(args, parser: argparse.ArgumentParser) -> int:
         rows = run_fused(args)
     elif args.chain:
         rows = run_chain(args)
+    elif args.nvfp4:
+        from .bench_nvfp4 import run_nvfp4
+
+        rows = run_nvfp4(args)
     else:
         rows = run_matrix(args) if args.matrix else run(args)
     extra = cold_start() if args.cold_start else {}

@@ -277,6 +277,35 @@ __device__ __forceinline__ float divide_by_max(float amax, float fmax, float inv
   return div_rn(amax, fmax);
 }
 
+// NVFP4 (docs/spec.md, section 4a) ------------------------------------------------------------
+constexpr float kE2M1Max = 6.0f;
+constexpr float kE4M3Max = 448.0f;
+
+// the e4m3 byte of u >= 0, rounded to nearest even (subnormals included), saturated to 448
+__device__ __forceinline__ u32 e4m3_byte(float u) {
+  u16 r;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(0.0f), "f"(fminf(u, kE4M3Max)));
+  return r & 0xffu;
+}
+
+// the float32 value of a non-negative e4m3 byte (exact)
+__device__ __forceinline__ float e4m3_value(u32 byte) {
+  const u32 exponent = (byte >> 3) & 15u, mantissa = byte & 7u;
+  if (exponent == 0u) return mul_rn(static_cast<float>(mantissa), 0.001953125f);  // m * 2^-9
+  return __uint_as_float(((exponent + 120u) << 23) | (mantissa << 20));
+}
+
+// the e2m1 code (bit 3 the sign) of a float t that is not NaN: |t| rounded to nearest on
+// 0, 0.5, 1, 1.5, 2, 3, 4, 6, ties to the even code, saturating at 6
+// NOTES: each comparison is one tie point or midpoint: > at the ties that go down to an even
+// code (0.25, 1.25, 2.5, 5), >= at those that go up to one (0.75, 1.75, 3.5)
+__device__ __forceinline__ u32 e2m1_code(float t) {
+  const float m = fabsf(t);
+  const u32 code = (m > 0.25f) + (m >= 0.75f) + (m > 1.25f) + (m >= 1.75f) + (m > 2.5f) +
+                   (m >= 3.5f) + (m > 5.0f);
+  return code | ((__float_as_uint(t) >> 31) << 3);
+}
+
 // UE8M0 scales -----------------------------------------------------------------------------------
 // Exponent byte of the smallest power of two >= max(y, floor): the biased exponent, plus one if
 // any mantissa bit is set. y is positive and finite here.

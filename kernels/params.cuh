@@ -46,6 +46,10 @@ struct Params {
   i64 r_row_stride;     // fused add-RMSNorm: residual elements between rows
   float eps_norm;       // fused RMSNorm: added to the mean square
   u32 floor_emax;       // scale_rule="floor": the format's emax_elem; 0 for "rceil"
+  u32 global_mode;      // NVFP4: global_scale (0), *global_ptr (1), from amax at *global_ptr (2)
+  float global_scale;   // NVFP4: the global scale, in mode 0
+  const void* global_ptr;  // NVFP4: see global_mode (nvfp4_amax writes amax there)
+  u8* global_out;       // NVFP4, mode 2: the computed global scale (float32) is written here
 };
 
 }  // namespace fgq

@@ -572,4 +572,114 @@ __global__ void __launch_bounds__(kMaxNormThreads) quantize_norm(const __grid_co
   }
 }
 
+// NVFP4: e2m1 codes two to a byte, e4m3 scales in the blocked layout ------------------------
+// NOTES: a group is 16 values, one 32-byte lane of 16-bit input (two of float32), so a thread
+// owns a group (or half of one): the one-pass grid's slot numbering with one-row tiles, no
+// loop. The arithmetic is docs/spec.md section 4a, one IEEE float32 operation per step; the
+// divisions by d take the exact reciprocal path of divide_fast where d >= 2^-80.
+
+// the global scale of the launch (after wait_for_producer: it may come from the device)
+__device__ __forceinline__ float nvfp4_global(const Params& p) {
+  if (p.global_mode == 0u) return p.global_scale;
+  if (p.global_mode == 1u) return *static_cast<const float*>(p.global_ptr);
+  const float amax = __uint_as_float(*static_cast<const u32*>(p.global_ptr));
+  if (amax == 0.0f) return 1.0f;
+  const float g = div_rn(448.0f * 6.0f, amax);
+  return g == __int_as_float(0x7f800000) ? 3.4028234663852886e38f : g;
+}
+
+template <int kIn>
+__global__ void __launch_bounds__(kMaxThreads) quantize_nvfp4(const __grid_constant__ Params p) {
+  typedef Input<kIn> In;
+  typedef typename In::Storage Storage;
+  constexpr int kValues = kLaneWords * 4 / In::kBytes;  // 16 (16-bit input) or 8 (float32)
+  constexpr int kLanes = 16 / kValues;
+  typedef ScaleLayout<kBlockedExponents> Layout;
+
+  const u32 slot_in_grid = blockIdx.x * (blockDim.x / kLanes) + threadIdx.x / kLanes;
+  const int lane = threadIdx.x % kLanes;
+  const bool active = slot_in_grid < p.slots;
+  const u32 slot = min(slot_in_grid, p.slots - 1u);
+  const u32 flat_row = divide_u31(slot, p.tile_slots_magic, p.tile_slots_shift);
+  const int group = static_cast<int>(slot - flat_row * static_cast<u32>(p.groups_per_row));
+  const u32 batch = divide_u31(flat_row, p.batch_tiles_magic, p.batch_tiles_shift);
+  const u32 row = flat_row - batch * p.rows;
+  u32 words[kLaneWords];
+  wait_for_producer();
+  load_lane<kIn, true>(static_cast<const Storage*>(p.x) + batch * p.x_batch_stride +
+                           row * p.x_row_stride + group * 16 + lane * kValues, words);
+  const float g = nvfp4_global(p);
+  signal_dependents();
+  if (active && row == p.rows - 1u) Layout::zero_rows(p, batch, row + 1u, group, lane, kLanes);
+  if (p.global_mode == 2u && slot_in_grid == 0u && lane == 0) {
+    *reinterpret_cast<float*>(p.global_out) = g;
+  }
+
+  // amax over the finite values, then s, S and d
+  u32 magnitude = group_max<kLanes>(max_finite_magnitude<kIn>(words), 0xffffffffu);
+  const float amax = In::magnitude_to_f32(magnitude);
+  const u32 s_byte = e4m3_byte(div_rn(mul_rn(g, amax), kE2M1Max));
+  const float d = div_rn(e4m3_value(s_byte), g);
+  const bool fast = d >= kMinFastDivisor;
+  const float r = fast ? rcp_rn(d) : 0.0f;
+
+  u32 packed[kValues / 8];
+#pragma unroll
+  for (int w = 0; w < kValues / 8; ++w) packed[w] = 0u;
+#pragma unroll
+  for (int i = 0; i < kValues; ++i) {
+    const u32 raw = In::raw(words, i);
+    const float v = __uint_as_float(In::f32_bits(words, i));
+    float t;
+    if (d == 0.0f) {
+      t = mul_rn(v, 0.0f);
+    } else if (fast) {
+      const float q = mul_rn(v, r);  // an overflowing quotient stays infinite: it saturates
+      t = fabsf(q) == __int_as_float(0x7f800000) ? q : divide_fast(v, d, r);
+    } else {
+      t = div_rn(v, d);
+    }
+    u32 code = e2m1_code(t);
+    const u32 magnitude_i = raw & (In::kSign - 1u);
+    if (magnitude_i >= In::kInf) {  // NaN: +0; +-Inf: +-6
+      code = magnitude_i == In::kInf ? (7u | ((raw & In::kSign) != 0u ? 8u : 0u)) : 0u;
+    }
+    packed[i / 8] |= code << (4 * (i % 8));
+  }
+  if (!active) return;
+  u8* q = p.q + batch * p.q_batch_stride + row * (static_cast<i64>(p.groups_per_row) * 8) +
+          group * 8 + lane * (kValues / 2);
+  if constexpr (kValues == 16) {
+    *reinterpret_cast<uint2*>(q) = make_uint2(packed[0], packed[1]);
+  } else {
+    *reinterpret_cast<u32*>(q) = packed[0];
+  }
+  if (lane == 0) Layout::store(p, batch, row, group, 0.0f, s_byte, true);
+}
+
+// the largest finite magnitude of x, as float32 bits, into *global_ptr (zeroed before): the
+// computed global scale's one extra pass over x
+template <int kIn>
+__global__ void __launch_bounds__(kMaxThreads) nvfp4_amax(const __grid_constant__ Params p) {
+  typedef Input<kIn> In;
+  typedef typename In::Storage Storage;
+  constexpr int kValues = kLaneWords * 4 / In::kBytes;
+  const u32 lanes_per_row = static_cast<u32>(p.groups_per_row) * (16 / kValues);
+  wait_for_producer();
+  u32 best = 0u;
+  for (u32 i = blockIdx.x * blockDim.x + threadIdx.x; i < p.slots; i += gridDim.x * blockDim.x) {
+    const u32 flat_row = divide_u31(i, p.tile_slots_magic, p.tile_slots_shift);
+    const u32 batch = divide_u31(flat_row, p.batch_tiles_magic, p.batch_tiles_shift);
+    const u32 row = flat_row - batch * p.rows;
+    const u32 column = i - flat_row * lanes_per_row;
+    u32 words[kLaneWords];
+    load_lane<kIn, true>(static_cast<const Storage*>(p.x) + batch * p.x_batch_stride +
+                             row * p.x_row_stride + column * kValues, words);
+    best = max(best, __float_as_uint(In::magnitude_to_f32(max_finite_magnitude<kIn>(words))));
+  }
+  signal_dependents();
+  best = group_max<32>(best, 0xffffffffu);
+  if ((threadIdx.x & 31u) == 0u && best != 0u) atomicMax(static_cast<u32*>(const_cast<void*>(p.global_ptr)), best);
+}
+
 }  // namespace fgq

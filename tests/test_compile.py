@@ -11,15 +11,17 @@ nvrtc = pytest.importorskip("cupy_backends.cuda.libs.nvrtc", reason="CuPy is not
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_every_instantiation_compiles(arch):
-    keys = _launch.all_kernel_keys()
-    # inputs x group sizes x formats x (float scales, ue8m0 in float words, packed), each with
-    # plain input (x alignment x the two paths), SiLU-and-multiply (aligned, one pass), the
-    # masked kernel for both (aligned) and the RMSNorm kernel (aligned, residual at run time)
-    assert len(keys) == 3 * 4 * 4 * 3 * (2 * 2 + 1 + 2 + 1)
+    keys = _launch.all_name_expressions()
+    # inputs x group sizes x (formats x (float scales, ue8m0 in float words, packed) and the
+    # blocked layout of e4m3 and e5m2), each with plain input (x alignment x the two paths),
+    # SiLU-and-multiply (aligned, one pass), the masked kernel for both (aligned) and the
+    # RMSNorm kernel (aligned, residual at run time); then NVFP4's two kernels per input type
+    assert len(keys) == 3 * 4 * (4 * 3 + 2) * (2 * 2 + 1 + 2 + 1) + 3 * 2
     report = []
-    lowered = _jit.compile_offline(_launch.SOURCE, [k.name_expression for k in keys], arch, report)
+    lowered = _jit.compile_offline(_launch.SOURCE, keys, arch, report)
     assert len(set(lowered.values())) == len(keys)  # one distinct kernel per key
-    kernels = ("_ZN3fgq15quantize_groups", "_ZN3fgq15quantize_masked", "_ZN3fgq13quantize_norm")
+    kernels = ("_ZN3fgq15quantize_groups", "_ZN3fgq15quantize_masked", "_ZN3fgq13quantize_norm",
+               "_ZN3fgq14quantize_nvfp4", "_ZN3fgq10nvfp4_amax")  # fmt: skip
     assert all(name.startswith(kernels) for name in lowered.values())
     # ptxas's resource report: one spill line per kernel, and on Hopper, where the register
     # bounds were measured, no kernel spills (a spill in the loop cost int8 and float-scale

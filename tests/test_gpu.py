@@ -28,7 +28,7 @@ def compiled():
     """All instantiations in one NVRTC call: much faster than one call per test."""
     import cupy
 
-    keys = [k.name_expression for k in _launch.all_kernel_keys()]
+    keys = _launch.all_name_expressions()
     _jit.preload(_launch.SOURCE, keys, cupy.cuda.runtime.getDevice())
 
 
@@ -1216,3 +1216,68 @@ def test_blocked_scales_across_tiles_batches_and_padding(rule, kernel_path):
             for dtype in ("e4m3", "e5m2"):
                 check(x, to_device(x, lib), lib, group_size, dtype, "ue8m0", "blocked",
                       pad_rows=i % 3 == 0, scale_rule=rule)  # fmt: skip
+
+
+# NVFP4 (issue 14) -------------------------------------------------------------------------------
+
+
+def poison_pool(lib: str, sizes) -> None:
+    """Fill and free blocks of these byte sizes, so that the pool hands them out poisoned next:
+    bytes a kernel leaves unwritten then show up as 0xAB (a best effort: the pools reuse freed
+    blocks of the same size)."""
+    if lib == "cupy":
+        import cupy
+
+        blocks = [cupy.full(n, 0xAB, cupy.uint8) for n in sizes]
+    else:
+        import torch
+
+        blocks = [torch.full((n,), 0xAB, dtype=torch.uint8, device="cuda") for n in sizes]
+    del blocks
+
+
+def nvfp4_call(x, global_scale):
+    return fgq.quantize(x, 16, dtype="e2m1", scale="e4m3", layout="blocked",
+                        global_scale=global_scale)  # fmt: skip
+
+
+@pytest.mark.parametrize("input_dtype", list(INPUT_TYPES))
+@pytest.mark.parametrize("lib", ["cupy", "torch"])
+def test_nvfp4_kernel_matches_the_numpy_backend(input_dtype, lib):
+    from test_nvfp4 import nvfp4_inputs
+
+    rng = np.random.default_rng(len(input_dtype) + len(lib))
+    shapes = [(1, 16), (5, 48), (129, 80), (2, 3, 64), (2, 130, 224), (1, 7168), (300, 2048),
+              (4, 0), (3, 0, 32)]  # fmt: skip
+    for shape in shapes:
+        x = nvfp4_inputs(rng, shape, input_dtype)
+        geometry = Geometry(shape, 16, "blocked", False)
+        device_g = to_device(np.array([0.75], np.float32), lib)
+        for given, host_given in ((None, None), (3.0, 3.0), (device_g, 0.75)):
+            expected = nvfp4_call(x, host_given)
+            for inputs in (to_device(x, lib), wider_rows(x, 64, lib, 32)):
+                poison_pool(lib, (x.size // 2, geometry.scale_storage, 8))
+                got = nvfp4_call(inputs, given)
+                assert len(got) == len(expected)
+                what = f"NVFP4 {lib} {input_dtype} {shape} global={host_given}"
+                for name, a, b in zip(("q", "scales", "global"), got, expected):
+                    assert tuple(a.shape) == b.shape, (what, name)
+                    assert_same_bytes(to_host_bytes(a), b, f"{name} ({what})")
+                back = fgq.dequantize(got[0], got[1], 16, dtype="e2m1",
+                                      global_scale=got[2] if given is None else given)  # fmt: skip
+                host_g = expected[2] if given is None else host_given
+                want = fgq.dequantize(expected[0], expected[1], 16, dtype="e2m1",
+                                      global_scale=host_g)  # fmt: skip
+                assert_same_bytes(to_host_bytes(back), np.asarray(want), f"dequantize ({what})")
+
+
+def test_nvfp4_device_checks():
+    import cupy
+
+    x = cupy.zeros((4, 64), cupy.float32)
+    with pytest.raises(ValueError, match="16-byte aligned base"):
+        nvfp4_call(x[:, 1:33], 1.0)  # the base 4 bytes past an aligned address
+    with pytest.raises(TypeError, match="global_scale: expected a float or a one-element"):
+        nvfp4_call(x, np.ones(1, np.float32))  # a host array for a GPU call
+    with pytest.raises(ValueError, match="global_scale: expected one float32 element"):
+        nvfp4_call(x, cupy.ones(2, cupy.float32))

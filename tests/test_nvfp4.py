@@ -1,14 +1,14 @@
-"""NVFP4's arithmetic (docs/spec.md, section 4a) on the NumPy backend against the scalar model.
-
-quantize() does not write NVFP4 yet (issue 14): these tests pin the definition that its kernel
-and its NumPy path will follow.
-"""
+"""NVFP4 (docs/spec.md, section 4a) on the NumPy backend against the scalar model: the
+building blocks, quantize(dtype="e2m1") and dequantize, and the checks. tests/test_gpu.py holds
+the kernel against this backend."""
 
 import ml_dtypes
 import numpy as np
 import pytest
 
+import fp8_group_quant as fgq
 from fp8_group_quant import reference, spec_model
+from fp8_group_quant._layout import Geometry
 
 
 def groups(rng, count: int) -> np.ndarray:
@@ -102,3 +102,134 @@ def test_how_often_a_reciprocal_rule_differs(given):
         assert 0 < scale_share < 0.02 and 0 < code_share < 0.01, (scale_share, code_share)
     else:  # g = 1: the scales agree, 0.066% of the codes differ at e2m1 ties
         assert scale_share == 0 and 0 < code_share < 0.005, (scale_share, code_share)
+
+
+# quantize(dtype="e2m1") on the NumPy backend ------------------------------------------------------
+
+
+def nvfp4_inputs(rng, shape, dtype="bfloat16") -> np.ndarray:
+    """Random rows with outliers, e2m1 ties, NaN/Inf, zero and tiny groups, in ``dtype``."""
+    flat = groups(rng, -(-int(np.prod(shape)) // 16)).reshape(-1)[: int(np.prod(shape))]
+    return flat.reshape(shape).astype(getattr(ml_dtypes, dtype, None) or np.dtype(dtype))
+
+
+def expected_nvfp4(x: np.ndarray, g: float):
+    """(q bytes, blocked scale storage) group by group from the scalar model and the spec's
+    blocked offset formula: independent of the backend's vectorised path."""
+    shape = x.shape
+    geometry = Geometry(shape, 16, "blocked", False)
+    rows = np.asarray(x, np.float32).reshape(geometry.batches, geometry.rows, geometry.groups, 16)
+    codes = np.zeros(rows.shape, np.uint8)
+    storage = np.zeros((geometry.batches, geometry.scale_rows * geometry.scale_columns), np.uint8)
+    for b in range(geometry.batches):
+        for r in range(geometry.rows):
+            for c in range(geometry.groups):
+                got_codes, scale = spec_model.nvfp4_group(rows[b, r, c].tolist(), g)
+                codes[b, r, c] = got_codes
+                storage[b, spec_model.blocked_offset(r, c, geometry.groups)] = scale
+    codes = codes.reshape(shape)
+    return codes[..., 0::2] | (codes[..., 1::2] << 4), storage.reshape(geometry.scale_shape)
+
+
+@pytest.mark.parametrize(
+    "shape", [(1, 16), (5, 48), (129, 80), (2, 3, 64), (2, 130, 32), (3, 0, 32), (4, 0)]
+)
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_quantize_writes_nvfp4_as_the_scalar_model(shape, dtype):
+    rng = np.random.default_rng(sum(shape) + len(dtype))
+    x = nvfp4_inputs(rng, shape, dtype)
+    q, s, g = fgq.quantize(x, 16, dtype="e2m1", scale="e4m3", layout="blocked")
+    assert g.dtype == np.float32 and g.shape == (1,)
+    assert g[0] == reference.nvfp4_global_scale(x)
+    want_q, want_s = expected_nvfp4(x, float(g[0]))
+    assert q.dtype == np.uint8 and q.shape == (*shape[:-1], shape[-1] // 2)
+    assert np.array_equal(q, want_q) and np.array_equal(s, want_s)
+    for given in (3.0, np.array([0.25], np.float32)):  # a float, or a one-element array
+        q2, s2 = fgq.quantize(x, 16, dtype="e2m1", scale="e4m3", layout="blocked",
+                              global_scale=given)  # fmt: skip
+        want_q, want_s = expected_nvfp4(x, float(np.float32(np.asarray(given).reshape(-1)[0])))
+        assert np.array_equal(q2, want_q) and np.array_equal(s2, want_s)
+
+
+def test_nvfp4_round_trip_and_torch_cpu():
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((300, 256)).astype(np.float32)
+    q, s, g = fgq.quantize(x, 16, dtype="e2m1", scale="e4m3", layout="blocked")
+    back = fgq.dequantize(q, s, 16, dtype="e2m1", global_scale=g)
+    assert back.shape == x.shape and back.dtype == np.float32
+    # e2m1 keeps 2 significant bits: each value within half a step of its group's grid, which
+    # is at most amax / 6 (the scale's own rounding adds at most 1/16 of it)
+    amax = np.abs(x.reshape(300, 16, 16)).max(-1, keepdims=True)
+    err = np.abs(back - x).reshape(300, 16, 16)
+    assert (err <= amax / 6 * 1.07).all()
+    assert np.sqrt(np.mean((back - x) ** 2) / np.mean(x**2)) < 0.15
+    torch = pytest.importorskip("torch")
+    tq, ts, tg = fgq.quantize(torch.from_numpy(x), 16, dtype="e2m1", scale="e4m3",
+                              layout="blocked")  # fmt: skip
+    assert tq.dtype == torch.uint8 and np.array_equal(tq.numpy(), q)
+    assert np.array_equal(ts.numpy(), s) and tg.numpy()[0] == g[0]
+    assert np.array_equal(fgq.dequantize(tq, ts, 16, dtype="e2m1", global_scale=tg).numpy(), back)
+
+
+def test_the_kernels_e2m1_comparisons_round_as_the_spec():
+    # kernels/common.cuh e2m1_code: seven comparisons, > at ties going down to an even code,
+    # >= at those going up; checked against the scalar model at every tie and its neighbours
+    def kernel_code(t):
+        m = abs(np.float32(t))
+        code = sum([m > 0.25, m >= 0.75, m > 1.25, m >= 1.75, m > 2.5, m >= 3.5, m > 5.0])
+        return int(code) | (8 if np.signbit(np.float32(t)) else 0)
+
+    points = [0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 7.0]
+    values = []
+    for p in points:
+        for v in (np.float32(p), np.nextafter(np.float32(p), np.float32(0)),
+                  np.nextafter(np.float32(p), np.float32(100))):  # fmt: skip
+            values += [v, -v]
+    values += [np.float32(np.inf), np.float32(-np.inf), np.float32(1e-45), np.float32(3e38)]
+    for v in values:
+        assert kernel_code(v) == spec_model.e2m1_code(float(v)), v
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, words",
+    [
+        (dict(group_size=32), ValueError, "group_size: NVFP4 scales groups of 16"),
+        (dict(scale="ue8m0"), ValueError, "pass scale='e4m3'"),
+        (dict(dtype="e4m3"), ValueError, "it needs dtype='e2m1'"),
+        (dict(layout="row"), ValueError, "layout: NVFP4's e4m3 scales are written in the"),
+        (dict(pad_rows=True), ValueError, "pad_rows: not supported with dtype='e2m1'"),
+        (dict(scale_rule="floor"), ValueError, "scale_rule: not supported"),
+        (dict(eps=1e-3), ValueError, "eps: not supported"),
+        (dict(activation="silu_mul"), ValueError, "activation: not supported"),
+        (dict(masked_m=np.ones(2, np.int32)), ValueError, "masked_m: not supported"),
+        (dict(out=np.zeros((4, 16), np.uint8)), ValueError, "out: not supported"),
+        (dict(global_scale=0.0), ValueError, "global_scale: expected a positive finite"),
+        (dict(global_scale=float("nan")), ValueError, "global_scale: expected a positive finite"),
+        (dict(global_scale=-1.0), ValueError, "global_scale: expected a positive finite"),
+        (dict(global_scale=np.ones(2, np.float32)), ValueError, "one-element float32"),
+        (dict(global_scale=np.ones(1, np.float64)), ValueError, "one-element float32"),
+    ],
+)
+def test_nvfp4_refuses_what_it_does_not_do(kwargs, error, words):
+    x = np.ones((4, 32), ml_dtypes.bfloat16)
+    options = dict(group_size=16, dtype="e2m1", scale="e4m3", layout="blocked") | kwargs
+    with pytest.raises(error, match=words):
+        fgq.quantize(x, **options)
+
+
+def test_nvfp4_input_checks():
+    with pytest.raises(ValueError, match="NVFP4 needs K a multiple of 16"):
+        fgq.quantize(np.ones((2, 24), np.float32), 16, dtype="e2m1", scale="e4m3",
+                     layout="blocked")  # fmt: skip
+    with pytest.raises(TypeError, match="x: expected one of"):
+        fgq.quantize(np.ones((2, 32), np.int32), 16, dtype="e2m1", scale="e4m3", layout="blocked")
+    with pytest.raises(ValueError, match="global_scale: only NVFP4"):
+        fgq.quantize(np.ones((2, 32), np.float32), 32, global_scale=1.0)
+    q, s, g = fgq.quantize(np.ones((2, 32), np.float32), 16, dtype="e2m1", scale="e4m3",
+                           layout="blocked")  # fmt: skip
+    with pytest.raises(ValueError, match="NVFP4 needs group_size=16 and its global_scale"):
+        fgq.dequantize(q, s, 16, dtype="e2m1")
+    with pytest.raises(ValueError, match="group_size=16 is NVFP4's: pass dtype='e2m1'"):
+        fgq.dequantize(q, s, 16)
+    with pytest.raises(ValueError, match="scales: blocked scales for K = 32"):
+        fgq.dequantize(q, s[:, :2], 16, dtype="e2m1", global_scale=g)

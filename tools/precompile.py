@@ -16,7 +16,7 @@ from fp8_group_quant import _jit, _launch
 
 
 def compile_chunks(part: int, parts: int) -> int:
-    keys = [key.name_expression for key in _launch.all_kernel_keys()]
+    keys = _launch.all_name_expressions()
     chunks = _jit.preload_chunks(keys)[part::parts]
     for chunk in chunks:
         failures = _jit.precompile(_launch.SOURCE, chunk)

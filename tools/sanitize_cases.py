@@ -84,6 +84,8 @@ def main() -> int:
                       f"{'ok' if same else 'MISMATCH'}")  # fmt: skip
     fused_calls, fused_failures = fused_cases(combos, rng)
     calls, failures = calls + fused_calls, failures + fused_failures
+    nvfp4_calls, nvfp4_failures = nvfp4_cases(rng)
+    calls, failures = calls + nvfp4_calls, failures + nvfp4_failures
     cupy.cuda.runtime.deviceSynchronize()
     print(f"# {calls} calls, {failures} mismatches")
     return 1 if failures else 0
@@ -155,6 +157,32 @@ def fused_cases(combos, rng) -> tuple[int, int]:
         failures += not same
         print(f"norm     {input_dtype:8} G={group:<3} {fmt:8} {scale:7} {layout:10} "
               f"residual {'ok' if same else 'MISMATCH'}")  # fmt: skip
+    return calls, failures
+
+
+def nvfp4_cases(rng) -> tuple[int, int]:
+    """NVFP4 in every input type, with a given, a device and a computed global scale, at a
+    partial row tile (5 rows: 123 padding rows), batches and an odd count of 16-groups. The
+    outputs are library-allocated, so initcheck sees any byte left unwritten as they are
+    copied back."""
+    calls = failures = 0
+    for input_dtype in INPUT_TYPES:
+        for shape in ((5, 48), (2, 3, 80), (1, 7168)):
+            x_host = values(rng, shape, input_dtype)
+            for given, host_given in ((None, None), (2.5, 2.5), ("device", 0.5)):
+                device_given = cupy.asarray([0.5], cupy.float32) if given == "device" else given
+                got = fgq.quantize(cupy.asarray(x_host), 16, dtype="e2m1", scale="e4m3",
+                                   layout="blocked", global_scale=device_given)  # fmt: skip
+                want = fgq.quantize(x_host, 16, dtype="e2m1", scale="e4m3", layout="blocked",
+                                    global_scale=host_given)  # fmt: skip
+                same = len(got) == len(want) and all(
+                    np.array_equal(a.get().view(np.uint8), np.asarray(b).view(np.uint8))
+                    for a, b in zip(got, want)
+                )
+                calls += 1
+                failures += not same
+                print(f"nvfp4    {input_dtype:8} {str(shape):14} global={given} "
+                      f"{'ok' if same else 'MISMATCH'}")  # fmt: skip
     return calls, failures
 
 
