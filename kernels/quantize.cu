@@ -623,23 +623,30 @@ __global__ void __launch_bounds__(kMaxThreads) quantize_nvfp4(const __grid_const
   const bool fast = d >= kMinFastDivisor;
   const float r = fast ? rcp_rn(d) : 0.0f;
 
+  // the quotients RN(v / d): the reciprocal path for every value (one uniform branch), or the
+  // rare cases (d = 0, or d below 2^-80 with an enormous global scale) one value at a time
+  float t[kValues];
+  if (fast) {
+#pragma unroll
+    for (int i = 0; i < kValues; ++i) {
+      const float v = __uint_as_float(In::f32_bits(words, i));
+      const float q = mul_rn(v, r);  // an overflowing quotient stays infinite: it saturates
+      t[i] = fabsf(q) == __int_as_float(0x7f800000) ? q : divide_fast(v, d, r);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < kValues; ++i) {
+      const float v = __uint_as_float(In::f32_bits(words, i));
+      t[i] = d == 0.0f ? mul_rn(v, 0.0f) : div_rn(v, d);
+    }
+  }
   u32 packed[kValues / 8];
 #pragma unroll
   for (int w = 0; w < kValues / 8; ++w) packed[w] = 0u;
 #pragma unroll
   for (int i = 0; i < kValues; ++i) {
     const u32 raw = In::raw(words, i);
-    const float v = __uint_as_float(In::f32_bits(words, i));
-    float t;
-    if (d == 0.0f) {
-      t = mul_rn(v, 0.0f);
-    } else if (fast) {
-      const float q = mul_rn(v, r);  // an overflowing quotient stays infinite: it saturates
-      t = fabsf(q) == __int_as_float(0x7f800000) ? q : divide_fast(v, d, r);
-    } else {
-      t = div_rn(v, d);
-    }
-    u32 code = e2m1_code(t);
+    u32 code = e2m1_code(t[i]);
     const u32 magnitude_i = raw & (In::kSign - 1u);
     if (magnitude_i >= In::kInf) {  // NaN: +0; +-Inf: +-6
       code = magnitude_i == In::kInf ? (7u | ((raw & In::kSign) != 0u ? 8u : 0u)) : 0u;
