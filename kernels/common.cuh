@@ -297,13 +297,16 @@ __device__ __forceinline__ float e4m3_value(u32 byte) {
 
 // the e2m1 code (bit 3 the sign) of a float t that is not NaN: |t| rounded to nearest on
 // 0, 0.5, 1, 1.5, 2, 3, 4, 6, ties to the even code, saturating at 6
-// NOTES: each comparison is one tie point or midpoint: > at the ties that go down to an even
-// code (0.25, 1.25, 2.5, 5), >= at those that go up to one (0.75, 1.75, 3.5)
+// NOTES: the grid has step 2^(k-1) on [2^k, 2^(k+1)) for k = 1, 2 and 0.5 below 2, so with
+// k = (m >= 2) + (m >= 4) the code is RNE(m * 2^(1-k)) + 2k, capped at 7: the scaling is
+// exact and the add of 1.5 * 2^23 rounds once, to nearest even (the integer in the low
+// mantissa bits). Checked against the scalar model at every tie (tests/test_nvfp4.py).
 __device__ __forceinline__ u32 e2m1_code(float t) {
   const float m = fabsf(t);
-  const u32 code = (m > 0.25f) + (m >= 0.75f) + (m > 1.25f) + (m >= 1.75f) + (m > 2.5f) +
-                   (m >= 3.5f) + (m > 5.0f);
-  return code | ((__float_as_uint(t) >> 31) << 3);
+  const u32 k = (m >= 2.0f) + (m >= 4.0f);
+  const float step = __uint_as_float(0x40000000u - (k << 23));  // 2^(1-k)
+  const u32 rounded = __float_as_uint(fma_rn(m, step, 12582912.0f)) - 0x4B400000u;
+  return min(rounded + 2u * k, 7u) | ((__float_as_uint(t) >> 31) << 3);
 }
 
 // UE8M0 scales -----------------------------------------------------------------------------------

@@ -615,23 +615,36 @@ __global__ void __launch_bounds__(kMaxThreads) quantize_nvfp4(const __grid_const
     *reinterpret_cast<float*>(p.global_out) = g;
   }
 
-  // amax over the finite values, then s, S and d
-  u32 magnitude = group_max<kLanes>(max_finite_magnitude<kIn>(words), 0xffffffffu);
+  // amax over the finite values (the slow path only for a warp holding Inf or NaN, as in
+  // quantize_group), then s, S and d
+  u32 magnitude = group_max<kLanes>(In::max_magnitude(words), 0xffffffffu);
+  const bool nonfinite = magnitude >= In::kInf;
+  if (__builtin_expect(__any_sync(0xffffffffu, nonfinite), 0)) {
+    const u32 finite = group_max<kLanes>(max_finite_magnitude<kIn>(words), 0xffffffffu);
+    if (nonfinite) magnitude = finite;
+  }
   const float amax = In::magnitude_to_f32(magnitude);
-  const u32 s_byte = e4m3_byte(div_rn(mul_rn(g, amax), kE2M1Max));
-  const float d = div_rn(e4m3_value(s_byte), g);
-  const bool fast = d >= kMinFastDivisor;
-  const float r = fast ? rcp_rn(d) : 0.0f;
+  // RN(RN(g * amax) / 6): Markstein's division by 6 with RN(1/6), exact where divide_by_max is
+  const float u = divide_by_max(mul_rn(g, amax), kE2M1Max, __uint_as_float(0x3e2aaaabu));
+  const u32 s_byte = e4m3_byte(u);
+  // d = RN(S / g): the reciprocal path while S / g stays normal (S >= 2^-9 or 0)
+  const float S = e4m3_value(s_byte);
+  const float d = g >= kMinFastDivisor && g <= 1.152921504606847e18f  // 2^60
+                      ? divide_fast(S, g, rcp_rn(g))
+                      : div_rn(S, g);
+  // NOTES: with u <= 448 the scale did not saturate, so |v / d| <= amax / d stays below 10
+  // (S is at least u / 1.5 where it is a subnormal e4m3, 2^-9 and up): no quotient overflows
+  // and Markstein's path is exact. Saturated scales, d = 0 and d < 2^-80 take div.rn.
+  const bool fast = d >= kMinFastDivisor && u <= kE4M3Max;
 
   // the quotients RN(v / d): the reciprocal path for every value (one uniform branch), or the
-  // rare cases (d = 0, or d below 2^-80 with an enormous global scale) one value at a time
+  // rare cases one value at a time
   float t[kValues];
   if (fast) {
+    const float r = rcp_rn(d);
 #pragma unroll
     for (int i = 0; i < kValues; ++i) {
-      const float v = __uint_as_float(In::f32_bits(words, i));
-      const float q = mul_rn(v, r);  // an overflowing quotient stays infinite: it saturates
-      t[i] = fabsf(q) == __int_as_float(0x7f800000) ? q : divide_fast(v, d, r);
+      t[i] = divide_fast(__uint_as_float(In::f32_bits(words, i)), d, r);
     }
   } else {
 #pragma unroll
@@ -644,14 +657,17 @@ __global__ void __launch_bounds__(kMaxThreads) quantize_nvfp4(const __grid_const
 #pragma unroll
   for (int w = 0; w < kValues / 8; ++w) packed[w] = 0u;
 #pragma unroll
-  for (int i = 0; i < kValues; ++i) {
-    const u32 raw = In::raw(words, i);
-    u32 code = e2m1_code(t[i]);
-    const u32 magnitude_i = raw & (In::kSign - 1u);
-    if (magnitude_i >= In::kInf) {  // NaN: +0; +-Inf: +-6
-      code = magnitude_i == In::kInf ? (7u | ((raw & In::kSign) != 0u ? 8u : 0u)) : 0u;
+  for (int i = 0; i < kValues; ++i) packed[i / 8] |= e2m1_code(t[i]) << (4 * (i % 8));
+  if (__builtin_expect(nonfinite, 0)) {  // NaN: +0; +-Inf: +-6
+#pragma unroll
+    for (int i = 0; i < kValues; ++i) {
+      const u32 raw = In::raw(words, i), magnitude_i = raw & (In::kSign - 1u);
+      if (magnitude_i >= In::kInf) {
+        const u32 code = magnitude_i == In::kInf ? (7u | ((raw & In::kSign) != 0u ? 8u : 0u)) : 0u;
+        const int shift = 4 * (i % 8);
+        packed[i / 8] = (packed[i / 8] & ~(0xfu << shift)) | (code << shift);
+      }
     }
-    packed[i / 8] |= code << (4 * (i % 8));
   }
   if (!active) return;
   u8* q = p.q + batch * p.q_batch_stride + row * (static_cast<i64>(p.groups_per_row) * 8) +

@@ -171,13 +171,20 @@ def test_nvfp4_round_trip_and_torch_cpu():
     assert np.array_equal(fgq.dequantize(tq, ts, 16, dtype="e2m1", global_scale=tg).numpy(), back)
 
 
-def test_the_kernels_e2m1_comparisons_round_as_the_spec():
-    # kernels/common.cuh e2m1_code: seven comparisons, > at ties going down to an even code,
-    # >= at those going up; checked against the scalar model at every tie and its neighbours
+def test_the_kernels_e2m1_rounding_matches_the_spec():
+    # kernels/common.cuh e2m1_code, transcribed: k = (m >= 2) + (m >= 4), then the code is
+    # RNE(m * 2^(1-k)) + 2k capped at 7, the rounding one float32 add of 1.5 * 2^23 (an FMA);
+    # checked against the scalar model at every tie and midpoint, their neighbours, and a
+    # sweep of random magnitudes
     def kernel_code(t):
-        m = abs(np.float32(t))
-        code = sum([m > 0.25, m >= 0.75, m > 1.25, m >= 1.75, m > 2.5, m >= 3.5, m > 5.0])
-        return int(code) | (8 if np.signbit(np.float32(t)) else 0)
+        t = np.float32(t)
+        m = np.abs(t)
+        k = int(m >= 2) + int(m >= 4)
+        step = np.uint32(0x40000000 - (k << 23)).view(np.float32)
+        with np.errstate(over="ignore"):
+            total = np.float32(np.float64(m) * np.float64(step) + 12582912.0)  # one rounding
+        rounded = (int(total.view(np.uint32)) - 0x4B400000) & 0xFFFFFFFF
+        return min(rounded + 2 * k, 7) | (8 if np.signbit(t) else 0)
 
     points = [0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 7.0]
     values = []
@@ -185,6 +192,8 @@ def test_the_kernels_e2m1_comparisons_round_as_the_spec():
         for v in (np.float32(p), np.nextafter(np.float32(p), np.float32(0)),
                   np.nextafter(np.float32(p), np.float32(100))):  # fmt: skip
             values += [v, -v]
+    rng = np.random.default_rng(5)
+    values += list(np.exp(rng.uniform(-20, 5, 20000)).astype(np.float32))
     values += [np.float32(np.inf), np.float32(-np.inf), np.float32(1e-45), np.float32(3e38)]
     for v in values:
         assert kernel_code(v) == spec_model.e2m1_code(float(v)), v
