@@ -459,7 +459,9 @@ def _output(given, name: str, x_info: ArrayInfo, spec: OutputSpec):
         raise ValueError(f"{name}: the array is read-only")
     if not spec.storage:  # nothing is written: an empty output's pointer and strides are moot
         return given, info
-    if name == "out" and info.ptr % VECTOR_ALIGNMENT:
+    # NOTES: the blocked layout's padding is zeroed with 4- and 16-byte stores on the GPU
+    vector = name == "out" or (info.kind != NUMPY and spec.dtype == "uint8")
+    if vector and info.ptr % VECTOR_ALIGNMENT:
         raise ValueError(
             f"{name}: expected a {VECTOR_ALIGNMENT}-byte aligned pointer, got {info.ptr:#x}"
         )

@@ -1,4 +1,5 @@
-"""Drop-in replacements for the quantizers vLLM and SGLang call, with their signatures.
+"""Drop-in replacements for the quantizers vLLM, SGLang and FlashInfer call, with their
+signatures.
 
 Outputs have the shapes, dtypes and strides those functions return, and the values of
 fp8_group_quant's contract (see the README). Swap by changing an import::
@@ -8,6 +9,12 @@ fp8_group_quant's contract (see the README). Swap by changing an import::
 
     # from sglang.srt.layers.quantization.fp8_kernel import sglang_per_token_group_quant_fp8
     from fp8_group_quant.compat import sglang_per_token_group_quant_fp8
+
+    # from flashinfer import fp4_quantize, mxfp8_quantize
+    from fp8_group_quant.compat import fp4_quantize, mxfp8_quantize
+
+    # from vllm._custom_ops import scaled_fp4_quant
+    from fp8_group_quant.compat import scaled_fp4_quant
 """
 
 from __future__ import annotations
@@ -23,6 +30,9 @@ __all__ = [
     "silu_mul_per_token_group_quant_fp8_colmajor",
     "persistent_masked_m_silu_mul_quant",
     "rms_norm_per_block_quant",
+    "mxfp8_quantize",
+    "fp4_quantize",
+    "scaled_fp4_quant",
 ]
 
 
@@ -310,3 +320,186 @@ def rms_norm_per_block_quant(
         else:
             residual[...] = r.reshape(shape)
     return (q.reshape(shape) if flatten else q), scales
+
+
+# Blackwell block-scaled formats (issue 14): FlashInfer's and vLLM's quantizers ------------------
+
+
+def _library(array) -> str:
+    return type(array).__module__.split(".")[0]
+
+
+def _rows_2d(x):
+    """``x`` as ``[rows, K]``, every leading dimension flattened (a 1-D x is one row)."""
+    return x.reshape(-1, x.shape[-1])
+
+
+def _scale_bytes_view(scales, float8: str):
+    """uint8 scale bytes as ``float8`` (torch's and ml_dtypes' name), where the library has it."""
+    library = _library(scales)
+    if library == "torch":
+        import torch
+
+        return scales.view(getattr(torch, float8))
+    if library == "numpy":
+        import ml_dtypes
+
+        return scales.view(getattr(ml_dtypes, float8))
+    return scales  # cupy has no float8 dtype: the bytes
+
+
+def _linear_scales(blocked, rows: int, groups: int, group_size: int):
+    """The scale bytes of the blocked storage as a row-major ``[rows, groups]`` uint8 array."""
+    import numpy as np
+
+    geometry = Geometry((rows, groups * group_size), group_size, scale_layout("blocked"), False)
+    offsets = geometry.scale_byte_offsets().reshape(rows, groups)
+    library = _library(blocked)
+    flat = blocked.reshape(-1)
+    if library == "torch":
+        import torch
+
+        return flat[torch.from_numpy(offsets).to(flat.device)]
+    if library == "cupy":
+        import cupy
+
+        return flat[cupy.asarray(offsets)]
+    return flat[np.asarray(offsets)]
+
+
+def _check_layout_name(value, name: str) -> str:
+    """FlashInfer's SfLayout (an enum or its name): 'layout_128x4' or 'layout_linear'."""
+    text = getattr(value, "name", value)
+    if text in ("layout_128x4", "layout_linear"):
+        return text
+    raise NotImplementedError(
+        f"{name}: {value!r}: the 128x4 (blocked) and linear layouts are implemented; the 8x4 "
+        "layout is not"
+    )
+
+
+def mxfp8_quantize(
+    input,
+    is_sf_swizzled_layout: bool = True,
+    alignment: int = 32,
+    enable_pdl=None,
+    backend: str = "cuda",
+    sf_swizzle_layout=None,
+):
+    """FlashInfer's ``mxfp8_quantize`` (flashinfer/quantization/fp8_quantization.py): MXFP8.
+
+    Returns ``(x_q, sf)``: ``x_q`` float8_e4m3fn shaped like ``input``; ``sf`` a flat uint8
+    array of UE8M0 bytes, the 128x4 blocked tiles of ``align(M, 128) * align(K/32, 4)`` bytes
+    (every leading dimension flattened into M), or with ``is_sf_swizzled_layout=False`` the
+    row-major ``M * K/32`` bytes. Values follow this library's ``scale_rule="rceil"`` (the
+    exact ceiling of ``amax / 448``); FlashInfer multiplies by an approximate reciprocal of
+    448 first, which can differ where the quotient sits at a power of two. ``enable_pdl`` and
+    ``backend`` are accepted and ignored (PDL is on where the device has it). K must be a
+    multiple of ``alignment`` (FlashInfer pads K; padding is not implemented).
+    """
+    if sf_swizzle_layout is not None:
+        is_sf_swizzled_layout = _check_layout_name(sf_swizzle_layout, "sf_swizzle_layout") == (
+            "layout_128x4"
+        )
+    k = input.shape[-1]
+    if alignment < 32 or alignment % 32 or k % alignment:
+        raise NotImplementedError(
+            f"alignment: K = {k} must be a multiple of alignment={alignment} (a multiple of "
+            "32); padding K is not implemented"
+        )
+    x = _rows_2d(input)
+    layout = "blocked" if is_sf_swizzled_layout else ROW
+    q, scales = quantize(x, 32, dtype="e4m3", scale="ue8m0", layout=layout)
+    if not is_sf_swizzled_layout:  # float32 powers of two -> their exponent bytes
+        bits = scales.view("int32") if _library(scales) != "torch" else _torch_int32(scales)
+        scales = _exponent_bytes(bits)
+    return q.reshape(input.shape), scales.reshape(-1)
+
+
+def _torch_int32(scales):
+    import torch
+
+    return scales.view(torch.int32)
+
+
+def _exponent_bytes(bits):
+    """The biased exponents of positive float32 bit patterns, as uint8."""
+    shifted = bits >> 23
+    if _library(bits) == "torch":
+        import torch
+
+        return shifted.to(torch.uint8)
+    return shifted.astype("uint8")
+
+
+def fp4_quantize(
+    input,
+    global_scale=None,
+    sf_vec_size: int = 16,
+    sf_use_ue8m0: bool = False,
+    is_sf_swizzled_layout: bool = True,
+    is_sf_8x4_layout: bool = False,
+    is_global_scale_inversed: bool = False,
+    enable_pdl=None,
+    backend: str = "cuda",
+):
+    """FlashInfer's ``fp4_quantize`` (flashinfer/quantization/fp4_quantization.py): NVFP4.
+
+    Returns ``(x_q, sf)``: ``x_q`` uint8 ``[..., K/2]`` (first value in the low nibble);
+    ``sf`` uint8 e4m3 bytes, the blocked tiles as ``[align(M, 128), align(K/16, 4)]`` or with
+    ``is_sf_swizzled_layout=False`` row-major ``[M, K/16]`` (M: every leading dimension
+    flattened). ``global_scale`` (a one-element float32 tensor, as FlashInfer requires for
+    NVFP4) multiplies: ``s = e4m3(global * amax / 6)``. Values follow ``docs/spec.md``
+    section 4a (correctly rounded divisions; FlashInfer multiplies by approximate reciprocals,
+    section 4a says how often that differs). MXFP4 (``sf_vec_size=32``, ``sf_use_ue8m0``), the
+    8x4 layout and an inverted global scale are not implemented.
+    """
+    if sf_vec_size != 16 or sf_use_ue8m0:
+        raise NotImplementedError(
+            f"sf_vec_size={sf_vec_size}, sf_use_ue8m0={sf_use_ue8m0}: only NVFP4 (16, False) is "
+            "implemented"
+        )
+    if is_sf_8x4_layout:
+        raise NotImplementedError("is_sf_8x4_layout: the 8x4 scale layout is not implemented")
+    if is_global_scale_inversed:
+        raise NotImplementedError(
+            "is_global_scale_inversed: an inverted global scale is not implemented"
+        )
+    if global_scale is None:
+        raise ValueError(
+            "global_scale: FlashInfer's fp4_quantize needs it for NVFP4 (sf_vec_size=16)"
+        )
+    return _nvfp4(input, global_scale, is_sf_swizzled_layout, None)
+
+
+def scaled_fp4_quant(
+    input,
+    input_global_scale,
+    is_sf_swizzled_layout: bool = True,
+    backend: str = "none",
+    padded_n: int | None = None,
+):
+    """vLLM's ``scaled_fp4_quant`` (vllm/_custom_ops.py): NVFP4.
+
+    Returns ``(output, output_scale)``: ``output`` uint8 ``[m, n/2]`` (``input`` reshaped to
+    ``[-1, n]``); ``output_scale`` the blocked e4m3 bytes ``[align(m, 128), align(n/16, 4)]``
+    viewed as float8_e4m3fn (vLLM's int32 storage, viewed), or with
+    ``is_sf_swizzled_layout=False`` uint8 ``[m, n/16]``. Values follow ``docs/spec.md``
+    section 4a (see ``fp4_quantize`` for how they differ from the upstream kernels). The
+    TensorRT-LLM backend's 8x4 layout and ``padded_n`` past ``n`` are not implemented.
+    """
+    if "trtllm" in backend:
+        raise NotImplementedError(f"backend={backend!r}: the 8x4 scale layout is not implemented")
+    if padded_n is not None and padded_n != input.shape[-1]:
+        raise NotImplementedError(f"padded_n={padded_n}: padding n is not implemented")
+    return _nvfp4(input, input_global_scale, is_sf_swizzled_layout, "float8_e4m3fn")
+
+
+def _nvfp4(input, global_scale, swizzled: bool, view: str | None):
+    x = _rows_2d(input)
+    q, scales = quantize(x, 16, dtype="e2m1", scale="e4m3", layout="blocked",
+                         global_scale=global_scale)  # fmt: skip
+    rows, groups = x.shape[0], x.shape[1] // 16
+    if not swizzled:
+        return q, _linear_scales(scales, rows, groups, 16)
+    return q, (scales if view is None else _scale_bytes_view(scales, view))

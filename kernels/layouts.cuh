@@ -66,17 +66,28 @@ template <> struct ScaleLayout<kBlockedExponents> : ExponentBytes<ScaleLayout<kB
     return p.scales + batch * p.s_batch_stride + (row >> 7) * p.s_row_stride +
            (group / 4) * p.s_word_stride + (row & 31u) * 16u + ((row >> 5) & 3u) * 4u;
   }
-  // zero the words of rows [first, scale_rows) in the tile column of `group`, called by every
-  // lane of every group of one row: the column's 4 * lanes threads (fewer in a last column of
-  // under four groups) take every such thread's-count-th row, one 4-byte store each
+  // zero the words of rows [first, scale_rows) in the 512-byte tile of `group`'s column,
+  // called by every lane of every group of one row: the column's 4 * lanes threads (fewer in
+  // a last column of under four groups) share the tile's 32 chunks of 16 bytes (chunk c holds
+  // rows c, c + 32, c + 64 and c + 96); a chunk of padding rows only takes one 16-byte store,
+  // one that also holds real rows a 4-byte store per padding row
   // NOTES: the padding rows all lie in the last real row's row of tiles (scale_rows is the
-  // next multiple of 128), so no two threads share a word and nothing else writes these words
+  // next multiple of 128), so no two threads share a word and nothing else writes these words;
+  // the storage starts 16-byte aligned (the API checks scale_out) and tiles are 512 bytes
   __device__ static __forceinline__ void zero_rows(const Params& p, u32 batch, u32 first,
                                                    int group, int lane, int lanes) {
+    if (first >= p.scale_rows) return;
     const int column = group & ~3;
     const int members = min(4, p.groups_per_row - column) * lanes;
-    for (u32 r = first + (group & 3) * lanes + lane; r < p.scale_rows; r += members) {
-      *reinterpret_cast<u32*>(word_at(p, batch, r, column)) = 0u;
+    const u32 within = first & 127u;  // the first padding row inside the tile, at least 1
+    u8* tile = word_at(p, batch, first & ~127u, column);
+    for (u32 c = (group & 3) * lanes + lane; c < 32u; c += members) {
+      const u32 real_quads = within > c ? (within - c + 31u) / 32u : 0u;
+      if (real_quads == 0u) {
+        *reinterpret_cast<uint4*>(tile + c * 16u) = make_uint4(0u, 0u, 0u, 0u);
+      } else {
+        for (u32 q = real_quads; q < 4u; ++q) *reinterpret_cast<u32*>(tile + c * 16u + q * 4u) = 0u;
+      }
     }
   }
 };

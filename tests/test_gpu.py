@@ -1281,3 +1281,17 @@ def test_nvfp4_device_checks():
         nvfp4_call(x, np.ones(1, np.float32))  # a host array for a GPU call
     with pytest.raises(ValueError, match="global_scale: expected one float32 element"):
         nvfp4_call(x, cupy.ones(2, cupy.float32))
+
+
+def test_blocked_scale_out_must_be_16_byte_aligned():
+    import cupy
+
+    x = cupy.asarray(activations(np.random.default_rng(26), (5, 128), "bfloat16"))
+    storage = cupy.zeros(128 * 4 + 16, cupy.uint8)
+    misaligned = storage[4 : 4 + 128 * 4].reshape(128, 4)
+    with pytest.raises(ValueError, match="scale_out: expected a 16-byte aligned pointer"):
+        fgq.quantize(x, 32, scale="ue8m0", layout="blocked", scale_out=misaligned)
+    aligned = storage[16:].reshape(128, 4)
+    q, s = fgq.quantize(x, 32, scale="ue8m0", layout="blocked", scale_out=aligned)
+    _, want = fgq.quantize(cupy.asnumpy(x), 32, scale="ue8m0", layout="blocked")
+    assert s is aligned and np.array_equal(cupy.asnumpy(s), want)
