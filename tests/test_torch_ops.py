@@ -120,3 +120,12 @@ def test_the_op_on_cuda_compiles_and_replays_in_a_cuda_graph():
     torch.cuda.synchronize()
     replayed = step(static_x)
     assert torch.equal(static_out[0], replayed[0]) and torch.equal(static_out[1], replayed[1])
+
+
+def test_nvfp4_is_refused_by_name_not_by_a_tuple_error():
+    import torch
+
+    from fp8_group_quant import torch_ops
+
+    with pytest.raises(NotImplementedError, match="dtype='e2m1': NVFP4"):
+        torch_ops.quantize(torch.ones(4, 32), 16, dtype="e2m1", scale="e4m3", layout="blocked")
