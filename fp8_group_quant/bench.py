@@ -440,8 +440,9 @@ def main(argv: list[str]) -> int:
 
 def run_parsed(args, parser: argparse.ArgumentParser) -> int:
     """Run the benchmark for parsed ``args``; usage errors go through ``parser``."""
-    if any(k % args.group_size for k in args.k):
-        parser.error(f"--k: every K must be a multiple of --group-size {args.group_size}")
+    group = 16 if args.nvfp4 else args.group_size  # NVFP4's groups are 16 values
+    if any(k % group for k in args.k):
+        parser.error(f"--k: every K must be a multiple of the group size {group}")
     error = combination_error(
         OUTPUT_FORMATS[args.dtype], SCALE_FORMATS[args.scale], SCALE_LAYOUTS[args.layout]
     )

@@ -28,7 +28,8 @@ def run_nvfp4(args) -> list[dict]:
     name = cupy.cuda.runtime.getDeviceProperties(device)["name"].decode()
     bandwidth = copy_bandwidth(cupy)
     print(f"# {name}: device copy {bandwidth / 1e12:.2f} TB/s (read + write)")
-    print("# bfloat16 -> NVFP4 (e2m1, e4m3 blocked scales, G=16); GPU times from CUDA-graph replay")
+    print(f"# {args.input_dtype} -> NVFP4 (e2m1, e4m3 blocked scales, G=16); GPU times from "
+          "CUDA-graph replay")  # fmt: skip
     print(f"{'M':>6} {'K':>5} {'floor us':>9} {'roof us':>8} {'given us':>9} {'given/roof':>10} "
           f"{'computed us':>11} {'comp/roof':>9}")  # fmt: skip
     roof_kernel = _jit.get_function("roofline.cu", "fgq::roofline_narrow", device)

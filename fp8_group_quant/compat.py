@@ -19,6 +19,8 @@ fp8_group_quant's contract (see the README). Swap by changing an import::
 
 from __future__ import annotations
 
+import math
+
 from ._layout import COL, COL_TMA, PACKED, ROW, Geometry, LayoutName, scale_layout
 from ._spec import ScaleName
 from .api import quantize
@@ -469,7 +471,10 @@ def fp4_quantize(
         raise ValueError(
             "global_scale: FlashInfer's fp4_quantize needs it for NVFP4 (sf_vec_size=16)"
         )
-    return _nvfp4(input, global_scale, is_sf_swizzled_layout, None)
+    if backend not in ("cuda", "cute-dsl"):
+        raise ValueError(f"backend: expected 'cuda' or 'cute-dsl', got {backend!r}")
+    q, scales = _nvfp4(input, global_scale, is_sf_swizzled_layout)
+    return q.reshape(*input.shape[:-1], input.shape[-1] // 2), scales
 
 
 def scaled_fp4_quant(
@@ -484,22 +489,29 @@ def scaled_fp4_quant(
     Returns ``(output, output_scale)``: ``output`` uint8 ``[m, n/2]`` (``input`` reshaped to
     ``[-1, n]``); ``output_scale`` the blocked e4m3 bytes ``[align(m, 128), align(n/16, 4)]``
     viewed as float8_e4m3fn (vLLM's int32 storage, viewed), or with
-    ``is_sf_swizzled_layout=False`` uint8 ``[m, n/16]``. Values follow ``docs/spec.md``
+    ``is_sf_swizzled_layout=False`` ``[m, n/16]`` (also viewed). Values follow ``docs/spec.md``
     section 4a (see ``fp4_quantize`` for how they differ from the upstream kernels). The
-    TensorRT-LLM backend's 8x4 layout and ``padded_n`` past ``n`` are not implemented.
+    TensorRT-LLM backend's 8x4 layout (vLLM takes it for m <= 32) and ``padded_n`` past ``n``
+    are not implemented.
     """
-    if "trtllm" in backend:
-        raise NotImplementedError(f"backend={backend!r}: the 8x4 scale layout is not implemented")
+    rows = 1 if len(input.shape) == 1 else math.prod(input.shape[:-1])
+    if "trtllm" in backend and rows <= 32:  # where vLLM switches to FlashInfer's 8x4 layout
+        raise NotImplementedError(
+            f"backend={backend!r} with m = {rows} <= 32: the 8x4 scale layout is not implemented"
+        )
     if padded_n is not None and padded_n != input.shape[-1]:
         raise NotImplementedError(f"padded_n={padded_n}: padding n is not implemented")
-    return _nvfp4(input, input_global_scale, is_sf_swizzled_layout, "float8_e4m3fn")
+    if input_global_scale is None:
+        raise ValueError("input_global_scale: vLLM's scaled_fp4_quant needs it")
+    q, scales = _nvfp4(input, input_global_scale, is_sf_swizzled_layout)
+    return q, _scale_bytes_view(scales, "float8_e4m3fn")  # vLLM views both layouts as fp8
 
 
-def _nvfp4(input, global_scale, swizzled: bool, view: str | None):
+def _nvfp4(input, global_scale, swizzled: bool):
+    """(q ``[rows, K/2]``, uint8 scale bytes, blocked or row-major) of input as ``[rows, K]``."""
     x = _rows_2d(input)
     q, scales = quantize(x, 16, dtype="e2m1", scale="e4m3", layout="blocked",
                          global_scale=global_scale)  # fmt: skip
-    rows, groups = x.shape[0], x.shape[1] // 16
     if not swizzled:
-        return q, _linear_scales(scales, rows, groups, 16)
-    return q, (scales if view is None else _scale_bytes_view(scales, view))
+        return q, _linear_scales(scales, x.shape[0], x.shape[1] // 16, 16)
+    return q, scales

@@ -86,7 +86,12 @@ def _host_global(global_scale) -> np.float32 | None:
     if isinstance(global_scale, numbers.Real) and not isinstance(global_scale, bool):
         value = np.float32(global_scale)
     else:
-        array = np.asarray(global_scale)
+        if not isinstance(global_scale, np.ndarray):
+            raise TypeError(
+                f"global_scale: expected a float or a one-element float32 array on the host, "
+                f"like x, got {type(global_scale).__name__}"
+            )
+        array = global_scale
         if array.size != 1 or array.dtype != np.float32:
             raise ValueError(
                 f"global_scale: expected a float or a one-element float32 array, got "

@@ -582,8 +582,10 @@ __global__ void __launch_bounds__(kMaxNormThreads) quantize_norm(const __grid_co
 __device__ __forceinline__ float nvfp4_global(const Params& p) {
   if (p.global_mode == 0u) return p.global_scale;
   if (p.global_mode == 1u) return *static_cast<const float*>(p.global_ptr);
-  const float amax = __uint_as_float(*static_cast<const u32*>(p.global_ptr));
-  if (amax == 0.0f) return 1.0f;
+  const u32 amax_bits = *static_cast<const u32*>(p.global_ptr);
+  // NOTES: compared as bits: CuPy compiles with -ftz=true, where a subnormal amax == 0.0f
+  if (amax_bits == 0u) return 1.0f;
+  const float amax = __uint_as_float(amax_bits);
   const float g = div_rn(448.0f * 6.0f, amax);
   return g == __int_as_float(0x7f800000) ? 3.4028234663852886e38f : g;
 }
@@ -637,27 +639,36 @@ __global__ void __launch_bounds__(kMaxThreads) quantize_nvfp4(const __grid_const
   // and Markstein's path is exact. Saturated scales, d = 0 and d < 2^-80 take div.rn.
   const bool fast = d >= kMinFastDivisor && u <= kE4M3Max;
 
-  // the quotients RN(v / d): the reciprocal path for every value (one uniform branch), or the
-  // rare cases one value at a time
-  float t[kValues];
+  // |RN(v / d)|: the reciprocal path for every value (one uniform branch; Markstein's three
+  // operations, the sign left out), or the rare cases one value at a time. The code's sign is
+  // v's (d > 0, or t = v * 0), which keeps -0 and negative values that round to zero at 8.
+  float m[kValues];
   if (fast) {
     const float r = rcp_rn(d);
 #pragma unroll
     for (int i = 0; i < kValues; ++i) {
-      t[i] = divide_fast(__uint_as_float(In::f32_bits(words, i)), d, r);
+      const float v = __uint_as_float(In::f32_bits(words, i));
+      const float q = mul_rn(v, r);
+      m[i] = fabsf(fma_rn(fma_rn(-q, d, v), r, q));
     }
   } else {
 #pragma unroll
     for (int i = 0; i < kValues; ++i) {
       const float v = __uint_as_float(In::f32_bits(words, i));
-      t[i] = d == 0.0f ? mul_rn(v, 0.0f) : div_rn(v, d);
+      m[i] = fabsf(__float_as_uint(d) == 0u ? 0.0f : div_rn(v, d));  // d >= 0; bits, not -ftz
     }
   }
   u32 packed[kValues / 8];
 #pragma unroll
-  for (int w = 0; w < kValues / 8; ++w) packed[w] = 0u;
+  for (int w = 0; w < kValues / 8; ++w) {
+    u32 codes[8];
 #pragma unroll
-  for (int i = 0; i < kValues; ++i) packed[i / 8] |= e2m1_code(t[i]) << (4 * (i % 8));
+    for (int j = 0; j < 8; ++j) {
+      const u32 sign = (In::raw(words, 8 * w + j) & In::kSign) != 0u ? 8u : 0u;
+      codes[j] = e2m1_magnitude(m[8 * w + j]) | sign;
+    }
+    packed[w] = pack_nibbles(codes);
+  }
   if (__builtin_expect(nonfinite, 0)) {  // NaN: +0; +-Inf: +-6
 #pragma unroll
     for (int i = 0; i < kValues; ++i) {

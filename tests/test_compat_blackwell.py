@@ -79,15 +79,18 @@ def test_nvfp4_drop_ins(function, shape):
     q, sf = function(x, g)
     q_ref, s_ref = fgq.quantize(x.reshape(rows, k), 16, dtype="e2m1", scale="e4m3",
                                 layout="blocked", global_scale=g)  # fmt: skip
-    assert q.dtype == np.uint8 and q.shape == (rows, k // 2) and np.array_equal(q, q_ref)
+    # FlashInfer keeps x's leading dimensions, vLLM flattens them
+    q_shape = (*shape[:-1], k // 2) if function is compat.fp4_quantize else (rows, k // 2)
+    assert q.dtype == np.uint8 and q.shape == q_shape
+    assert np.array_equal(q.reshape(rows, k // 2), q_ref)
     geometry = Geometry((rows, k), 16, "blocked", False)
     assert sf.shape == geometry.scale_shape
     assert np.array_equal(np.asarray(sf).view(np.uint8), s_ref)
     if function is compat.scaled_fp4_quant:  # vLLM views its scales as float8_e4m3fn
         assert sf.dtype == ml_dtypes.float8_e4m3fn
     _, linear = function(x, g, is_sf_swizzled_layout=False)
-    assert linear.dtype == np.uint8 and linear.shape == (rows, k // 16)
-    assert np.array_equal(linear, row_major(s_ref, rows, k // 16))
+    assert linear.dtype == sf.dtype and linear.shape == (rows, k // 16)
+    assert np.array_equal(linear.view(np.uint8), row_major(s_ref, rows, k // 16))
 
 
 def test_torch_tensors_get_torch_dtypes():
@@ -100,6 +103,12 @@ def test_torch_tensors_get_torch_dtypes():
     assert q8.dtype == torch.float8_e4m3fn and sf8.dtype == torch.uint8 and sf8.shape == (512,)
     _, linear = compat.fp4_quantize(x, g, is_sf_swizzled_layout=False)
     assert linear.dtype == torch.uint8 and linear.shape == (7, 4)
+    _, linear = compat.scaled_fp4_quant(x, g, is_sf_swizzled_layout=False)
+    assert linear.dtype == torch.float8_e4m3fn and linear.shape == (7, 4)
+    q3, _ = compat.fp4_quantize(x.reshape(7, 2, 32), g)  # FlashInfer keeps leading dimensions
+    assert q3.shape == (7, 2, 16)
+    big = torch.zeros(40, 64)  # m > 32: vLLM's trtllm backend keeps the 128x4 layout
+    assert compat.scaled_fp4_quant(big, g, backend="trtllm")[1].shape == (128, 4)
 
 
 @pytest.mark.parametrize(
@@ -111,6 +120,8 @@ def test_torch_tensors_get_torch_dtypes():
         (lambda x: compat.fp4_quantize(x, 1.0, is_global_scale_inversed=True),
          NotImplementedError, "inverted global scale"),
         (lambda x: compat.scaled_fp4_quant(x, 1.0, backend="trtllm"), NotImplementedError, "8x4"),
+        (lambda x: compat.scaled_fp4_quant(x, None), ValueError, "input_global_scale: vLLM"),
+        (lambda x: compat.fp4_quantize(x, 1.0, backend="triton"), ValueError, "backend: expected"),
         (lambda x: compat.scaled_fp4_quant(x, 1.0, padded_n=128), NotImplementedError, "padded_n"),
         (lambda x: compat.mxfp8_quantize(x, alignment=128), NotImplementedError, "alignment"),
         (lambda x: compat.mxfp8_quantize(x, sf_swizzle_layout="layout_8x4"),

@@ -1295,3 +1295,16 @@ def test_blocked_scale_out_must_be_16_byte_aligned():
     q, s = fgq.quantize(x, 32, scale="ue8m0", layout="blocked", scale_out=aligned)
     _, want = fgq.quantize(cupy.asnumpy(x), 32, scale="ue8m0", layout="blocked")
     assert s is aligned and np.array_equal(cupy.asnumpy(s), want)
+
+
+@pytest.mark.parametrize("lib", ["cupy", "torch"])
+def test_nvfp4_subnormal_edges_on_the_gpu(lib):
+    # -ftz=true must not turn a subnormal amax or d into zero (compared as bits in the kernel)
+    from test_nvfp4 import SUBNORMAL_CASES
+
+    for values, input_dtype, given in SUBNORMAL_CASES:
+        x = values.astype(NP_INPUT[input_dtype])
+        want = nvfp4_call(x, given)
+        got = nvfp4_call(to_device(x, lib), given)
+        for name, a, b in zip(("q", "scales", "global"), got, want):
+            assert_same_bytes(to_host_bytes(a), b, f"{name} ({lib} {input_dtype} {values[0, 0]})")

@@ -172,7 +172,8 @@ def test_nvfp4_round_trip_and_torch_cpu():
 
 
 def test_the_kernels_e2m1_rounding_matches_the_spec():
-    # kernels/common.cuh e2m1_code, transcribed: k = (m >= 2) + (m >= 4), then the code is
+    # kernels/common.cuh e2m1_magnitude (and the sign, bit 3, from the input), transcribed:
+    # k = (m >= 2) + (m >= 4), then the code is
     # RNE(m * 2^(1-k)) + 2k capped at 7, the rounding one float32 add of 1.5 * 2^23 (an FMA);
     # checked against the scalar model at every tie and midpoint, their neighbours, and a
     # sweep of random magnitudes
@@ -217,6 +218,7 @@ def test_the_kernels_e2m1_rounding_matches_the_spec():
         (dict(global_scale=-1.0), ValueError, "global_scale: expected a positive finite"),
         (dict(global_scale=np.ones(2, np.float32)), ValueError, "one-element float32"),
         (dict(global_scale=np.ones(1, np.float64)), ValueError, "one-element float32"),
+        (dict(global_scale=[1.0]), TypeError, "global_scale: expected a float or a one-element"),
     ],
 )
 def test_nvfp4_refuses_what_it_does_not_do(kwargs, error, words):
@@ -242,3 +244,24 @@ def test_nvfp4_input_checks():
         fgq.dequantize(q, s, 16)
     with pytest.raises(ValueError, match="scales: blocked scales for K = 32"):
         fgq.dequantize(q, s[:, :2], 16, dtype="e2m1", global_scale=g)
+
+
+# inputs where a -ftz comparison would call a subnormal amax or d zero (the kernel compares
+# bits; tests/test_gpu.py runs these through it)
+SUBNORMAL_CASES = [
+    (np.full((1, 16), 5e-38, np.float32), "bfloat16", None),  # g saturates at FLT_MAX
+    (np.full((2, 16), 1e-39, np.float32), "bfloat16", None),  # subnormal amax
+    (np.full((1, 16), 6 * 2.0**-127, np.float32), "float32", 2.0**127),  # subnormal d
+    (np.full((1, 32), 1e-45, np.float32), "float32", None),  # the smallest subnormal
+]
+
+
+@pytest.mark.parametrize("values, dtype, given", SUBNORMAL_CASES)
+def test_nvfp4_subnormal_edges_follow_the_scalar_model(values, dtype, given):
+    x = values.astype(getattr(ml_dtypes, dtype, None) or np.dtype(dtype))
+    outputs = fgq.quantize(x, 16, dtype="e2m1", scale="e4m3", layout="blocked", global_scale=given)
+    g = float(outputs[2][0]) if given is None else given
+    if given is None:
+        assert outputs[2][0] == reference.nvfp4_global_scale(x)
+    want_q, want_s = expected_nvfp4(x, g)
+    assert np.array_equal(outputs[0], want_q) and np.array_equal(outputs[1], want_s)
