@@ -104,10 +104,11 @@ def quantize(
         current stream (torch's for tensors, CuPy's for cupy arrays). JAX, numba and other
         DLPack / CUDA-array-interface arrays run through zero-copy CuPy views.
     group_size : {32, 64, 128, 256}
-    dtype : {"e4m3", "e5m2", "int8", "e4m3fnuz"}
+    dtype : {"e4m3", "e5m2", "int8", "e4m3fnuz", "e2m1"}
         Output format: float8_e4m3fn (fmax 448), float8_e5m2 (57344), int8 (127) or
-        float8_e4m3fnuz (AMD; clamped at 224 as vLLM and SGLang do on ROCm).
-    scale : {"float32", "ue8m0"}
+        float8_e4m3fnuz (AMD; clamped at 224 as vLLM and SGLang do on ROCm); "e2m1" is NVFP4
+        (see ``global_scale``).
+    scale : {"float32", "ue8m0", "e4m3"}
         Float scales, or power-of-two scales (as float32 in float layouts, as exponent bytes in
         the packed layouts).
     layout : {"row", "col", "col_tma", "packed", "packed_row", "blocked"}
@@ -117,7 +118,7 @@ def quantize(
         ``packed`` int32 ``[M, kp]`` strides ``(1, tma)``, group ``g`` in byte ``g % 4`` of word
         ``g // 4`` (DeepGEMM, SM100); ``packed_row`` int32 ``[M, kp]`` strides ``(kp, 1)``;
         ``blocked`` uint8 ``[align(M, 128), align(ng, 4)]``, the 128x4 tiles Blackwell's
-        block-scaled MMA reads, one UE8M0 byte per scale (NumPy backend only for now).
+        block-scaled MMA reads, one UE8M0 byte per scale (e4m3 and e5m2 only).
         Padded layouts own their padded storage and every padding byte is written as zero.
     eps : float
         Floor of the group maximum; a positive, finite, normal float32 value.

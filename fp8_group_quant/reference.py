@@ -151,7 +151,7 @@ def quantize_into_masked(
         storage[last] = 0
 
 
-# NVFP4 (docs/spec.md, section 4a): defined here first; quantize() does not write it yet -------
+# NVFP4 (docs/spec.md, section 4a): the NumPy backend of quantize(dtype="e2m1") ---------------
 
 NVFP4_GROUP = 16
 E2M1_MAX = np.float32(6.0)
