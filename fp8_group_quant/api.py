@@ -716,6 +716,8 @@ def prepare(
     is the lowest-overhead eager path for decode-sized inputs; the first call here also
     compiles, and quantizes ``x`` (writing the residual, with ``norm``).
     """
+    if nvfp4.is_nvfp4(dtype, scale):
+        raise NotImplementedError("dtype='e2m1': NVFP4 has no prepared call yet; call quantize")
     signature = device_signature(x)
     if signature is None:
         raise TypeError(f"x: prepare needs a cupy array or torch CUDA tensor, got {type(x)}")
@@ -778,7 +780,7 @@ def warmup(device: int | None = None, variants=None) -> list[str]:
 
     ``device``: a CUDA ordinal (default: the current device). ``variants``: None for the default
     kernel (bfloat16, G = 128, e4m3, packed UE8M0 scales; both its paths, the one-pass kernel and
-    the row loop), ``"all"`` for every instantiation, or
+    the row loop), ``"all"`` for every instantiation (NVFP4's included), or
     an iterable of dicts of ``quantize`` options plus ``input_dtype`` (default ``"bfloat16"``),
     e.g. ``[{"input_dtype": "float16", "scale": "ue8m0", "layout": "col_tma"}]``. Kernels for
     16-byte aligned inputs are loaded; the unaligned fallback loads on first use. Returns the
@@ -789,12 +791,14 @@ def warmup(device: int | None = None, variants=None) -> list[str]:
     if variants is None:
         keys = list(_launch.DEFAULT_KEYS)
     elif isinstance(variants, str) and variants == "all":
-        keys = _launch.all_kernel_keys()
+        keys = []
     elif isinstance(variants, (str, dict)):
         raise TypeError(f"variants: expected None, 'all' or an iterable of dicts, got {variants!r}")
     else:
         keys = [key for v in variants for key in _warmup_keys(dict(v))]
     expressions = list(dict.fromkeys(k.name_expression for k in keys))
+    if variants == "all":  # the same list, in the same chunks, as tools/precompile.py
+        expressions = _launch.all_name_expressions()
     _jit.preload(_launch.SOURCE, expressions, int(device))
     return expressions
 

@@ -265,3 +265,9 @@ def test_nvfp4_subnormal_edges_follow_the_scalar_model(values, dtype, given):
         assert outputs[2][0] == reference.nvfp4_global_scale(x)
     want_q, want_s = expected_nvfp4(x, g)
     assert np.array_equal(outputs[0], want_q) and np.array_equal(outputs[1], want_s)
+
+
+def test_prepare_names_nvfp4_as_not_prepared():
+    with pytest.raises(NotImplementedError, match="dtype='e2m1': NVFP4 has no prepared call"):
+        fgq.prepare(np.ones((4, 32), np.float32), 16, dtype="e2m1", scale="e4m3",
+                    layout="blocked")  # fmt: skip
