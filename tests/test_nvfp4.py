@@ -5,6 +5,8 @@ the kernel against this backend."""
 import ml_dtypes
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import fp8_group_quant as fgq
 from fp8_group_quant import reference, spec_model
@@ -144,10 +146,10 @@ def test_quantize_writes_nvfp4_as_the_scalar_model(shape, dtype):
     want_q, want_s = expected_nvfp4(x, float(g[0]))
     assert q.dtype == np.uint8 and q.shape == (*shape[:-1], shape[-1] // 2)
     assert np.array_equal(q, want_q) and np.array_equal(s, want_s)
-    for given in (3.0, np.array([0.25], np.float32)):  # a float, or a one-element array
+    for value in (3.0, np.array([0.25], np.float32)):  # a float, or a one-element array
         q2, s2 = fgq.quantize(x, 16, dtype="e2m1", scale="e4m3", layout="blocked",
-                              global_scale=given)  # fmt: skip
-        want_q, want_s = expected_nvfp4(x, float(np.float32(np.asarray(given).reshape(-1)[0])))
+                              global_scale=value)  # fmt: skip
+        want_q, want_s = expected_nvfp4(x, float(np.float32(np.asarray(value).reshape(-1)[0])))
         assert np.array_equal(q2, want_q) and np.array_equal(s2, want_s)
 
 
@@ -271,3 +273,31 @@ def test_prepare_names_nvfp4_as_not_prepared():
     with pytest.raises(NotImplementedError, match="dtype='e2m1': NVFP4 has no prepared call"):
         fgq.prepare(np.ones((4, 32), np.float32), 16, dtype="e2m1", scale="e4m3",
                     layout="blocked")  # fmt: skip
+
+
+@st.composite
+def nvfp4_cases(draw):
+    batched = draw(st.booleans())
+    lead = (draw(st.integers(1, 3)),) if batched else ()
+    rows = draw(st.integers(0 if not batched else 1, 9))
+    groups = draw(st.integers(1, 5))
+    scale = draw(st.one_of(st.none(), st.floats(2.0**-100, 2.0**100, width=32)))
+    return dict(
+        shape=(*lead, *((1,) if batched else ()), rows, groups * 16),
+        dtype=draw(st.sampled_from(["bfloat16", "float16", "float32"])),
+        given=scale,
+        seed=draw(st.integers(0, 2**32 - 1)),
+    )
+
+
+@settings(max_examples=150, deadline=None)
+@given(nvfp4_cases())
+def test_nvfp4_property(case):
+    # any shape (batched or not, any rows, any count of 16-groups), dtype and global scale: the
+    # NumPy backend writes what the scalar model and the spec's blocked offsets say
+    x = nvfp4_inputs(np.random.default_rng(case["seed"]), case["shape"], case["dtype"])
+    outputs = fgq.quantize(x, 16, dtype="e2m1", scale="e4m3", layout="blocked",
+                           global_scale=case["given"])  # fmt: skip
+    g = float(outputs[2][0]) if case["given"] is None else case["given"]
+    want_q, want_s = expected_nvfp4(x, g)
+    assert np.array_equal(outputs[0], want_q) and np.array_equal(outputs[1], want_s)
