@@ -318,11 +318,24 @@ __device__ __forceinline__ u32 pack_nibbles(const u32 (&c)[8]) {
 }
 
 // UE8M0 scales -----------------------------------------------------------------------------------
-// Exponent byte of the smallest power of two >= max(y, floor): the biased exponent, plus one if
-// any mantissa bit is set. y is positive and finite here.
-__device__ __forceinline__ u32 ue8m0_exponent(float y, float floor) {
-  const u32 bits = __float_as_uint(fmaxf(y, floor));
-  return (bits >> 23) + ((bits & 0x7fffffu) != 0u);
+// The exponent byte of docs/spec.md section 3 item 3: y = max(RN(amax / fmax), floor), then
+// y's biased exponent plus one if any mantissa bit is set (the smallest power of two >= y),
+// computed from the bits of amax, fmax and floor without the division. amax is a positive,
+// finite, normal float32 (at least eps); fmax and floor are positive normal floats.
+// NOTES: with amax = ma * 2^ea and fmax = mf * 2^ef (ma, mf in [1, 2)), amax / fmax lies in
+// (2^(ea - ef - 1), 2^(ea - ef)] when ma <= mf and in (2^(ea - ef), 2^(ea - ef + 1)) when
+// ma > mf, so its ceiling exponent is ea - ef + (ma > mf), a comparison of mantissa bits.
+// Rounding the quotient first changes nothing: RN lands on 2^n from above only for a quotient
+// in (2^n, 2^n (1 + 2^-24)], i.e. ma in (mf, mf (1 + 2^-24)], an interval shorter than ma's
+// step of 2^-23 that holds no float. The ceiling is monotone, so the floor is a maximum of
+// exponents; a quotient below 2^-126 is far below the floor. Checked against the division
+// over every bfloat16 and every float32 mantissa (tests/test_spec.py).
+__device__ __forceinline__ u32 ue8m0_exponent(float amax, float fmax, float floor) {
+  const u32 a = __float_as_uint(amax), f = __float_as_uint(fmax), b = __float_as_uint(floor);
+  const int ceiling = static_cast<int>(a >> 23) - (static_cast<int>(f >> 23) - 127) +
+                      ((a & 0x7fffffu) > (f & 0x7fffffu));
+  const int floor_ceiling = static_cast<int>(b >> 23) + ((b & 0x7fffffu) != 0u);
+  return static_cast<u32>(max(ceiling, floor_ceiling));
 }
 
 }  // namespace fgq

@@ -1,7 +1,8 @@
 // Scale layouts: where the scale of (batch, row, group) is stored, and what is stored there.
 //
 // A layout's trait is its address function; its numbers (strides, padding, alignment) come from
-// its descriptor in _layout.py through Params, in bytes. store() runs on the group's lane 0; a
+// its descriptor in _layout.py through Params, in bytes. at() is where the scale of (batch, row,
+// group) goes, store_at() writes it there on the group's lane 0; a
 // padding row (real_row false) stores zeros, so the kernel owns its padding without a memset.
 #pragma once
 #include "params.cuh"
@@ -19,28 +20,39 @@ template <int kLayout> struct ScaleLayout;
 // up to 127 are spread over all lanes of the last row (zero_rows)
 template <> struct ScaleLayout<kFloatWords> {
   static constexpr bool kSpreadPadding = false;
-  __device__ static __forceinline__ void store(const Params& p, u32 batch, u32 row, int group,
-                                               float scale, u32 exponent, bool real_row) {
-    u8* at = p.scales + batch * p.s_batch_stride + row * p.s_row_stride + group * p.s_word_stride;
+  // where the scale of (batch, row, group) goes; store_at writes it there
+  __device__ static __forceinline__ u8* at(const Params& p, u32 batch, u32 row, int group) {
+    return p.scales + batch * p.s_batch_stride + row * p.s_row_stride + group * p.s_word_stride;
+  }
+  __device__ static __forceinline__ void store_at(u8* at, const Params& p, int group, float scale,
+                                                  u32 exponent, bool real_row) {
     *reinterpret_cast<float*>(at) = real_row ? scale : 0.0f;
   }
   // zero the scale of (batch, row, group) in a padding row
   __device__ static __forceinline__ void zero(const Params& p, u32 batch, u32 row, int group) {
-    store(p, batch, row, group, 0.0f, 0u, false);
+    store_at(at(p, batch, row, group), p, group, 0.0f, 0u, false);
   }
 };
 
 // UE8M0 exponent bytes, four groups per 4-byte word (group g is byte g % 4); Layout::word_at
 // is where the word of (batch, row, group) starts
 template <class Layout> struct ExponentBytes {
-  __device__ static __forceinline__ void store(const Params& p, u32 batch, u32 row, int group,
-                                               float scale, u32 exponent, bool real_row) {
+  // the word that holds the scale of (batch, row, group); store_at writes the group's byte
+  __device__ static __forceinline__ u8* at(const Params& p, u32 batch, u32 row, int group) {
+    return Layout::word_at(p, batch, row, group);
+  }
+  __device__ static __forceinline__ void store_at(u8* word, const Params& p, int group,
+                                                  float scale, u32 exponent, bool real_row) {
     // NOTES: each group's lane 0 writes its own byte; the last group of a row also zeroes the
-    // unused bytes of its word, so the padding is owned by the kernel without atomics.
-    u8* word = Layout::word_at(p, batch, row, group);
-    word[group % 4] = real_row ? static_cast<u8>(exponent) : 0;
+    // unused bytes above its own, so the padding is owned by the kernel without atomics. The
+    // byte stores are predicated, not a loop (a loop, or a switch over aligned stores, which
+    // the compiler made a jump table read from constant memory, sat on the kernel's tail)
+    const int at = group & 3;
+    word[at] = real_row ? static_cast<u8>(exponent) : 0;
     if (group == p.groups_per_row - 1) {
-      for (int b = group % 4 + 1; b < 4; ++b) word[b] = 0;
+      if (at < 1) word[1] = 0;
+      if (at < 2) word[2] = 0;
+      if (at < 3) word[3] = 0;
     }
   }
   // zero a padding row's word of (batch, row, group): one 4-byte store by its first group

@@ -9,7 +9,11 @@
 namespace fgq {
 
 struct Params {
-  // NOTES: what the prologue reads before the load comes first, in one 64-byte run
+  // NOTES: what the prologue reads before the load comes first, in one 64-byte run. Every
+  // field the plain kernel reads ends before x_up_offset (c[0x0][0x2a8] on sm_90, where the
+  // parameters start at 0x210), in constant-cache lines the prologue already touches: a field
+  // alone in its line (floor_emax was, at 0x2dc) is first read after the group's shuffles,
+  // and its miss sits on the dependent chain (docs/perf.md step 18)
   const void* x;        // input values
   i64 x_batch_stride;   // input elements between batches
   i64 x_row_stride;     // input elements between rows
@@ -37,15 +41,15 @@ struct Params {
   float inverse_fmax;   // RN(1 / fmax)
   float ue8m0_floor;    // floor of amax / fmax before the power-of-two ceiling
   u32 nonfinite_codes;  // codes of +NaN, -NaN, +Inf, -Inf, one byte each from the lowest
+  u32 floor_emax;       // scale_rule="floor": the format's emax_elem; 0 for "rceil"
+  u32 masked_i64;       // masked layout: 1 when masked_m holds int64 counts
   i64 x_up_offset;      // fused SiLU-and-multiply: elements from a gate value to its up value
   const void* masked_m; // masked layout: rows of each batch to quantize (int32 or int64), or 0
-  u32 masked_i64;       // masked layout: 1 when masked_m holds int64 counts
   const void* weight;   // fused RMSNorm: the weight [K], x's type
   u8* residual;         // fused add-RMSNorm: x + residual is written back here; 0 without
   i64 r_batch_stride;   // fused add-RMSNorm: residual elements between batches
   i64 r_row_stride;     // fused add-RMSNorm: residual elements between rows
   float eps_norm;       // fused RMSNorm: added to the mean square
-  u32 floor_emax;       // scale_rule="floor": the format's emax_elem; 0 for "rceil"
   u32 global_mode;      // NVFP4: global_scale (0), *global_ptr (1), from amax at *global_ptr (2)
   float global_scale;   // NVFP4: the global scale, in mode 0
   const void* global_ptr;  // NVFP4: see global_mode (nvfp4_amax writes amax there)

@@ -156,11 +156,12 @@ __device__ __forceinline__ void zero_padding_rows(const Params& p, u8* q_batch, 
 // quantize one group (this lane's share) and store it -------------------------------------------
 // `words` are this lane's values; `mask` names the lanes that run this call together (the
 // group's own lanes, or with kWholeWarp all 32); `real_row` false quantizes a padding row's
-// zeros. The codes go to q_dst when store_q, the scale through the layout when store_scale.
+// zeros. The codes go to q_dst when store_q, the scale to scale_at (the layout's at() of the
+// group) when store_scale.
 template <int kIn, int kGroup, int kOut, int kScale, int kLayout, bool kWholeWarp>
 __device__ __forceinline__ void quantize_group(const Params& p, const u32 (&words)[kLaneWords],
                                                u32 mask, bool real_row, u8* q_dst, bool store_q,
-                                               bool store_scale, u32 batch, u32 row, int group) {
+                                               u8* scale_at, bool store_scale, int group) {
   typedef Input<kIn> In;
   constexpr int kValues = kLaneWords * 4 / In::kBytes;
   constexpr int kLanes = kGroup / kValues;
@@ -194,14 +195,14 @@ __device__ __forceinline__ void quantize_group(const Params& p, const u32 (&word
       encode_lane<kIn, kOut, kDivideExact, kValues>(words, scale, 0.0f, codes);
     }
   } else {
-    // NOTES: no div.rn fallback needed: below amax = 2^-60, where divide_fast may be inexact,
-    // the quotient is under 2^-68 either way and the 1e-10 floor of ue8m0_exponent decides.
+    // NOTES: both rules from amax's bits, no division (ue8m0_exponent says why that is the
+    // spec's quotient; it took 10 dependent instructions through Markstein's division).
     // scale_rule="floor" (a uniform branch): amax's biased exponent minus emax_elem, at least 1
     if (p.floor_emax != 0u) {
       exponent = static_cast<u32>(max(static_cast<int>(__float_as_uint(amax) >> 23) -
                                           static_cast<int>(p.floor_emax), 1));
     } else {
-      exponent = ue8m0_exponent(divide_fast(amax, p.fmax, p.inverse_fmax), p.ue8m0_floor);
+      exponent = ue8m0_exponent(amax, p.fmax, p.ue8m0_floor);
     }
     scale = __uint_as_float(exponent << 23);
     const float inverse = __uint_as_float((254u - exponent) << 23);
@@ -225,7 +226,7 @@ __device__ __forceinline__ void quantize_group(const Params& p, const u32 (&word
       *reinterpret_cast<uint2*>(q_dst) = make_uint2(codes[0], codes[1]);
     }
   }
-  if (store_scale) ScaleLayout<kLayout>::store(p, batch, row, group, scale, exponent, real_row);
+  if (store_scale) ScaleLayout<kLayout>::store_at(scale_at, p, group, scale, exponent, real_row);
 }
 
 template <int kIn, int kGroup, int kOut, int kScale, int kLayout, bool kVec16, bool kOnePass,
@@ -266,6 +267,7 @@ __global__ void __launch_bounds__(kMaxThreads,
     const bool active = in_grid && row < p.rows;
     const u32 read_row = min(row, p.rows - 1u);
     const i64 value0 = static_cast<i64>(group) * kGroup + lane * kValues;
+    const i64 k = static_cast<i64>(p.groups_per_row) * kGroup;
     u32 words[kLaneWords];
     // NOTES: PDL: nothing global is read or written before the producer of x is done (the
     // previous kernel may also still read q and the scales); once our loads are issued the
@@ -275,8 +277,17 @@ __global__ void __launch_bounds__(kMaxThreads,
         p, static_cast<const Storage*>(p.x) + batch * p.x_batch_stride + read_row * p.x_row_stride +
                value0, table, words);
     signal_dependents();
-    const i64 k = static_cast<i64>(p.groups_per_row) * kGroup;
     u8* q_batch = p.q + batch * p.q_batch_stride + value0;
+    // NOTES: the stores' addresses are computed here, while the load is in flight, and pinned
+    // (an empty asm that "modifies" them); the compiler otherwise recomputed them after the
+    // group's dependent chain, about 40 instructions between the codes and their stores
+    // (docs/perf.md step 18)
+    u8* q_dst = q_batch + row * k;
+    u8* scale_at = ScaleLayout<kLayout>::at(p, batch, row, group);
+    u32 stores = active ? (lane == 0 ? 3u : 1u) : 0u;  // bit 0: the codes, bit 1: the scale
+    asm volatile("" : "+l"(q_dst), "+l"(scale_at), "+r"(stores));
+    __builtin_assume(__isGlobal(q_dst));
+    __builtin_assume(__isGlobal(scale_at));
     // NOTES: the padding rows of q and the scales get their zeros from the last real row's
     // slots, while the loads are in flight: stores issued after the group's dependent chain
     // would lengthen the kernel's tail (docs/perf.md step 17)
@@ -284,8 +295,7 @@ __global__ void __launch_bounds__(kMaxThreads,
       zero_padding_rows<kValues, kLanes, kLayout>(p, q_batch, k, batch, row, group, lane);
     }
     quantize_group<kIn, kGroup, kOut, kScale, kLayout, true>(
-        p, words, 0xffffffffu, true, q_batch + row * k, active, active && lane == 0, batch, row,
-        group);
+        p, words, 0xffffffffu, true, q_dst, stores & 1u, scale_at, stores & 2u, group);
     return;
   }
 
@@ -349,7 +359,8 @@ __global__ void __launch_bounds__(kMaxThreads,
     }
     quantize_group<kIn, kGroup, kOut, kScale, kLayout, false>(
         p, words, mask, row < rows, p.q + batch * p.q_batch_stride + row * k + value0,
-        row < p.q_rows, lane == 0 && row < p.scale_rows, batch, row, group);
+        row < p.q_rows, ScaleLayout<kLayout>::at(p, batch, row, group),
+        lane == 0 && row < p.scale_rows, group);
 
     if (next_batch >= batches) break;
     batch = next_batch;
@@ -472,7 +483,8 @@ __global__ void __launch_bounds__(kMaskedThreads, 8) quantize_masked(const __gri
       const i64 value0 = static_cast<i64>(group[u]) * kGroup + lane * kValues;
       quantize_group<kIn, kGroup, kOut, kScale, kLayout, true>(
           p, words[u], 0xffffffffu, true, p.q + batch[u] * p.q_batch_stride + row[u] * k + value0,
-          active[u], active[u] && lane == 0, batch[u], row[u], group[u]);
+          active[u], ScaleLayout<kLayout>::at(p, batch[u], row[u], group[u]),
+          active[u] && lane == 0, group[u]);
     }
   }
 }
@@ -567,8 +579,8 @@ __global__ void __launch_bounds__(kMaxNormThreads) quantize_norm(const __grid_co
       zero_padding_rows<kValues, kLanes, kLayout>(p, q_batch, k, batch[r], row[r], group, lane);
     }
     quantize_group<kIn, kGroup, kOut, kScale, kLayout, true>(
-        p, words[r], 0xffffffffu, true, q_batch + row[r] * k, store, store && lane == 0, batch[r],
-        row[r], group);
+        p, words[r], 0xffffffffu, true, q_batch + row[r] * k, store,
+        ScaleLayout<kLayout>::at(p, batch[r], row[r], group), store && lane == 0, group);
   }
 }
 
@@ -688,7 +700,7 @@ __global__ void __launch_bounds__(kMaxThreads) quantize_nvfp4(const __grid_const
   } else {
     *reinterpret_cast<u32*>(q) = packed[0];
   }
-  if (lane == 0) Layout::store(p, batch, row, group, 0.0f, s_byte, true);
+  if (lane == 0) Layout::store_at(Layout::at(p, batch, row, group), p, group, 0.0f, s_byte, true);
 }
 
 // the largest finite magnitude of x, as float32 bits, into *global_ptr (zeroed before): the
