@@ -195,6 +195,8 @@ __device__ __forceinline__ u32 max_finite_magnitude(const u32 (&w)[kLaneWords]) 
 // t = v / s, t[j] in bits 8j to 8j + 7, for finite inputs. Its numbers (fmax, the codes of NaN and
 // Inf) live in one Python table, _spec.OUTPUT_FORMATS, and reach the kernel through Params.
 // kLean: the format's encoding fits the 40-register budget of six resident blocks per SM.
+// kCodeExponent: encode4 takes t * 2^kCodeExponent, so that a caller multiplying by a power of
+// two folds the factor into its own multiply (exact: |t| <= fmax, far from overflow).
 
 template <int kOut> struct Output;
 
@@ -202,6 +204,7 @@ template <int kOut> struct Output;
 template <int kOut>
 struct Float8Output {
   static constexpr bool kLean = true;
+  static constexpr u32 kCodeExponent = 0;
   __device__ static __forceinline__ u32 encode4(const float (&t)[4]) {
     return Output<kOut>::encode2(t[0], t[1]) | (Output<kOut>::encode2(t[2], t[3]) << 16);
   }
@@ -225,13 +228,14 @@ template <> struct Output<kE5M2> : Float8Output<kE5M2> {
   }
 };
 
-// float8_e4m3fnuz (AMD): bias 8, so the code of t is the e4m3fn code of 2t (an exact multiply);
-// the clamp at +-224 is e4m3fn's +-448 halved. The format has no -0: 0x80 is its only NaN.
+// float8_e4m3fnuz (AMD): bias 8, so the code of t is the e4m3fn code of 2t (an exact multiply,
+// which kCodeExponent hands to the caller); the clamp at +-224 is e4m3fn's +-448 halved. The
+// format has no -0: 0x80 is its only NaN.
 template <> struct Output<kE4M3FNUZ> {
   static constexpr bool kLean = true;
-  __device__ static __forceinline__ u32 encode4(const float (&t)[4]) {
-    const u32 codes = Output<kE4M3>::encode4({mul_rn(t[0], 2.0f), mul_rn(t[1], 2.0f),
-                                              mul_rn(t[2], 2.0f), mul_rn(t[3], 2.0f)});
+  static constexpr u32 kCodeExponent = 1;
+  __device__ static __forceinline__ u32 encode4(const float (&t2)[4]) {
+    const u32 codes = Output<kE4M3>::encode4(t2);
     // a byte of zero magnitude (+0 or -0) becomes +0
     return codes & __vcmpne4(codes & 0x7f7f7f7fu, 0u);
   }
@@ -239,6 +243,7 @@ template <> struct Output<kE4M3FNUZ> {
 
 template <> struct Output<kInt8> {
   static constexpr bool kLean = false;
+  static constexpr u32 kCodeExponent = 0;
   __device__ static __forceinline__ u32 encode4(const float (&t)[4]) {
     // NOTES: the spec's clamp to +-127 never binds for a finite input: |v| <= amax and
     // s >= RN(amax / 127) (a power of two at least that for UE8M0), so |v / s| <= 127.002 even

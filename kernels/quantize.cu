@@ -34,15 +34,21 @@ namespace fgq {
 constexpr int kMaxThreads = 256;  // _launch.py reads this line
 // NOTES: six resident blocks of 256 threads cap a kernel at 40 registers, five at 48. The lean
 // instantiations (16-bit input to float8 with power-of-two scales, vector loads) fit 40 with no
-// spill and keep six blocks; int8 output, exact float scales, float32 input and the element-wise
-// load fallback need up to 48 and spilled 4 to 56 bytes at 40 (ptxas -v), so they take five: no
-// instantiation spills (tests/test_compile.py checks it for sm_90).
-template <int kIn, int kOut, int kScale, bool kVec16, int kAct>
+// spill and keep six blocks, in both paths. So does the one-pass path of every vector-load
+// instantiation (no spill since session 7 computes its store addresses once), and it takes six
+// where that measured faster (below). In the row loop, int8 output, exact float scales and
+// float32 input, and anywhere the element-wise load fallback, need up to 48 and spilled 4 to
+// 56 bytes at 40 (ptxas -v), so they take five: no instantiation spills (tests/test_compile.py
+// checks it for sm_90).
+template <int kIn, int kOut, int kScale, bool kVec16, bool kOnePass, int kAct>
 constexpr int min_blocks_per_sm() {
-  return (kIn == kF32 || !Output<kOut>::kLean || kScale == kFloat32Scale || !kVec16 ||
-          kAct != kIdentity)
-             ? 5
-             : 6;
+  constexpr bool lean = kIn != kF32 && Output<kOut>::kLean && kScale != kFloat32Scale;
+  // one pass at six blocks measured faster for int8 and float32 input (session 7, run 4: int8
+  // with UE8M0 scales from 1.06 to 1.02x the headline per byte at M = 8192) and slower for exact
+  // float scales of 16-bit input (1.07 to 1.09-1.15x: their three extra instructions a value
+  // want the row loop's prefetch), which keep five blocks, and so the loop past 16 waves
+  constexpr bool one_pass_six = kOnePass && (kScale != kFloat32Scale || kIn == kF32);
+  return kVec16 && kAct == kIdentity && (lean || one_pass_six) ? 6 : 5;
 }
 
 // load one lane's 32 bytes ------------------------------------------------------------------------
@@ -116,9 +122,13 @@ __device__ __forceinline__ void encode_lane(const u32 (&words)[kLaneWords], floa
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const float v = __uint_as_float(Input<kIn>::f32_bits(words, 4 * w + j));
-      if constexpr (kOp == kMultiply) t[j] = mul_rn(v, factor);  // exact: a power of two
+      // kMultiply: factor already holds the format's 2^kCodeExponent; both exact powers of two
+      if constexpr (kOp == kMultiply) t[j] = mul_rn(v, factor);
       if constexpr (kOp == kDivideFast) t[j] = divide_fast(v, scale, factor);
       if constexpr (kOp == kDivideExact) t[j] = div_rn(v, scale);
+      if constexpr (kOp != kMultiply && Output<kOut>::kCodeExponent != 0) {
+        t[j] = mul_rn(t[j], static_cast<float>(1u << Output<kOut>::kCodeExponent));
+      }
     }
     codes[w] = Output<kOut>::encode4(t);
   }
@@ -205,7 +215,7 @@ __device__ __forceinline__ void quantize_group(const Params& p, const u32 (&word
       exponent = ue8m0_exponent(amax, p.fmax, p.ue8m0_floor);
     }
     scale = __uint_as_float(exponent << 23);
-    const float inverse = __uint_as_float((254u - exponent) << 23);
+    const float inverse = __uint_as_float((254u + Output<kOut>::kCodeExponent - exponent) << 23);
     encode_lane<kIn, kOut, kMultiply, kValues>(words, scale, inverse, codes);
   }
   if (__builtin_expect(nonfinite, 0)) {  // NaN keeps its sign, e5m2 keeps Inf, int8 NaN gives 0
@@ -232,7 +242,7 @@ __device__ __forceinline__ void quantize_group(const Params& p, const u32 (&word
 template <int kIn, int kGroup, int kOut, int kScale, int kLayout, bool kVec16, bool kOnePass,
           int kAct>
 __global__ void __launch_bounds__(kMaxThreads,
-                                  (min_blocks_per_sm<kIn, kOut, kScale, kVec16, kAct>()))
+                                  (min_blocks_per_sm<kIn, kOut, kScale, kVec16, kOnePass, kAct>()))
     quantize_groups(const __grid_constant__ Params p) {
   typedef Input<kIn> In;
   typedef typename In::Storage Storage;
