@@ -15,7 +15,7 @@ import numpy as np
 from . import _jit, _launch, nvfp4
 from ._arrays import describe
 from ._layout import BLOCKED, SCALE_LAYOUTS, Geometry, row_strides
-from .bench import ROOFLINE_THREADS, ROTATE_BYTES, copy_bandwidth, graph_time_us
+from .bench import ROOFLINE_THREADS, ROTATE_BYTES, copy_bandwidth, interleaved_graph_times_us
 
 GIVEN_GLOBAL = 1.5
 
@@ -85,9 +85,11 @@ def bench_shape(cupy, roof_kernel, bandwidth: float, m: int, k: int, args) -> di
     def roof(x):
         return lambda: roof_kernel(grid, block, (x, q_roof, np.int64(chunks)))
 
-    roof_us = graph_time_us(cupy, [roof(x) for x in inputs] * repeat)
-    given_us = graph_time_us(cupy, [call(x, 0) for x in inputs] * repeat)
-    computed_us = graph_time_us(cupy, [call(x, 2) for x in inputs] * repeat)
+    roof_us, given_us, computed_us = interleaved_graph_times_us(
+        cupy,
+        [[roof(x) for x in inputs] * repeat]
+        + [[call(x, mode) for x in inputs] * repeat for mode in (0, 2)],
+    )
     moved = x_host.nbytes + m * k // 2 + geometry.scale_storage_bytes
     floor_us = moved / bandwidth * 1e6
     return {"M": m, "K": k, "bytes": moved, "floor_us": floor_us, "roofline_us": roof_us,
