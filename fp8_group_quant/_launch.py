@@ -247,10 +247,12 @@ def one_pass_threads(slots: int, lanes: int) -> int:
 def one_pass_wave_limit(blocks_per_sm: int, threads: int) -> float:
     """The most resident waves a one-pass grid may have before the row loop takes over.
 
-    NOTES: the lean instantiations (at most 40 registers: six blocks of 256 threads per SM)
-    ran faster in one pass at every size measured, up to 36 waves (M = 16384, K = 7168: 82.8
-    us against 85.7 for the loop, docs/perf.md step 17). The heavier ones hid latency worse
-    without the loop's prefetch (step 14: up to 1.23x at 25 waves), so they keep 16.
+    NOTES: the instantiations whose one-pass kernel fits 40 registers (six blocks of 256
+    threads per SM: every vector-load one since session 7, but exact float32 scales of 16-bit
+    input, see min_blocks_per_sm in quantize.cu) ran faster in one pass at every size measured,
+    up to 36 waves (M = 16384, K = 7168: 82.8 us against 85.7 for the loop, docs/perf.md steps
+    17 and 19). The others hid latency worse without the loop's prefetch (step 14: up to 1.23x
+    at 25 waves; step 19: float32 scales 1.09-1.15x against the loop's 1.07), so they keep 16.
     """
     if ONE_PASS_MAX_WAVES is not None:
         return ONE_PASS_MAX_WAVES
@@ -518,9 +520,10 @@ def prepare(request, device: int) -> Launch:
 
     NOTES: two paths. The one-pass kernel (docs/perf.md step 17) numbers the group slots of
     every real row flat over a 1-D grid of one_pass_threads() blocks; it takes every grid of
-    the lean instantiations and grids of up to 16 resident waves of the others
-    (one_pass_wave_limit). Larger grids of those take the row loop with a few resident waves
-    of blocks of whole row tiles (step 14), whose prefetch hides their latency better.
+    the instantiations whose one-pass kernel fits six blocks per SM and grids of up to 16
+    resident waves of the others (one_pass_wave_limit). Larger grids of those take the row
+    loop with a few resident waves of blocks of whole row tiles (step 14), whose prefetch
+    hides their latency better.
     """
     geometry = request.output
     key = request.kernel_key()
