@@ -127,35 +127,50 @@ template <> __device__ __forceinline__ float round_to_input<kF16>(float v) {
 }
 template <> __device__ __forceinline__ float round_to_input<kF32>(float v) { return v; }
 
-// the input type's encoding of v, rounded to nearest even; NaN is the positive quiet NaN
-// (0x7fc0, 0x7e00), as NumPy converts float32's, where cvt writes 0x7fff (seen on the H200 in
-// the residual the fused add-RMSNorm writes back)
-template <int kIn> __device__ __forceinline__ u32 input_bits(float v) {
-  if constexpr (kIn == kBF16) {
-    u16 h;
-    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(v));
-    return v != v ? 0x7fc0u : h;
-  } else if constexpr (kIn == kF16) {
-    u16 h;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
-    return v != v ? 0x7e00u : h;
-  } else {
-    return __float_as_uint(v);
-  }
+// two float32 values rounded to nearest even into one word of a 16-bit input type, lo in the
+// low half; a NaN becomes what cvt writes (0x7fff, seen on the H200 in the residual the fused
+// add-RMSNorm writes back), which map_lane then canonicalises
+template <int kIn> __device__ __forceinline__ u32 input_pair(float lo, float hi);
+template <> __device__ __forceinline__ u32 input_pair<kBF16>(float lo, float hi) {
+  u32 r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+template <> __device__ __forceinline__ u32 input_pair<kF16>(float lo, float hi) {
+  u32 r;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
 }
 
-// per value of one lane: bits of the input type, made by `value` from the i-th float32 value
+// per value of one lane: bits of the input type, made by `value` from the i-th float32 value;
+// NaN is the positive quiet NaN (0x7fc0, 0x7e00, 0x7fc00000), as NumPy converts float32's
+// NOTES: 16-bit types convert two values with one cvt and canonicalise NaN on a path taken only
+// by a lane that made one (before: per value a cvt, two NaN selects, a shift and an or)
 template <int kIn, typename F>
 __device__ __forceinline__ void map_lane(u32 (&words)[kLaneWords], F value) {
-  constexpr int kValues = kLaneWords * 4 / Input<kIn>::kBytes;
-  constexpr int kPerWord = 4 / Input<kIn>::kBytes;
+  typedef Input<kIn> In;
   u32 out[kLaneWords];
+  if constexpr (In::kBytes == 2) {
+    bool nan = false;
 #pragma unroll
-  for (int w = 0; w < kLaneWords; ++w) out[w] = 0u;
+    for (int w = 0; w < kLaneWords; ++w) {
+      const float lo = value(2 * w), hi = value(2 * w + 1);
+      nan |= lo != lo || hi != hi;
+      out[w] = input_pair<kIn>(lo, hi);
+    }
+    if (__builtin_expect(nan, 0)) {
+      constexpr u32 kQuietNaN = kIn == kBF16 ? 0x7fc0u : 0x7e00u;
 #pragma unroll
-  for (int i = 0; i < kValues; ++i) {
-    const u32 y = input_bits<kIn>(canonical_nan(value(i)));
-    out[i / kPerWord] |= y << (32 / kPerWord * (i % kPerWord));
+      for (int w = 0; w < kLaneWords; ++w) {
+        u32 lo = out[w] & 0xffffu, hi = out[w] >> 16;
+        if ((lo & 0x7fffu) > In::kInf) lo = kQuietNaN;
+        if ((hi & 0x7fffu) > In::kInf) hi = kQuietNaN;
+        out[w] = lo | (hi << 16);
+      }
+    }
+  } else {
+#pragma unroll
+    for (int w = 0; w < kLaneWords; ++w) out[w] = __float_as_uint(canonical_nan(value(w)));
   }
 #pragma unroll
   for (int w = 0; w < kLaneWords; ++w) words[w] = out[w];
