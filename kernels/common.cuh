@@ -332,9 +332,12 @@ __device__ __forceinline__ u32 pack_nibbles(const u32 (&c)[8]) {
 // ma > mf, so its ceiling exponent is ea - ef + (ma > mf), a comparison of mantissa bits.
 // Rounding the quotient first changes nothing: RN lands on 2^n from above only for a quotient
 // in (2^n, 2^n (1 + 2^-24)], i.e. ma in (mf, mf (1 + 2^-24)], an interval shorter than ma's
-// step of 2^-23 that holds no float. The ceiling is monotone, so the floor is a maximum of
-// exponents; a quotient below 2^-126 is far below the floor. Checked against the division
-// over every bfloat16 and every float32 mantissa (tests/test_spec.py).
+// step of 2^-23 that holds no float; landing on 2^(n-1) from above would need
+// ma / mf <= (1 + 2^-24) / 2, impossible with ma >= 1 > mf / 2 (1 + 2^-24). The ceiling is
+// monotone, so the floor is a maximum of exponents; a quotient below 2^-126 is far below the
+// floor. tests/test_reference.py checks a transcription against the division over every
+// bfloat16 and every float32 mantissa of five binades (a review also ran every positive normal
+// float32 amax for the four formats' fmax: no difference).
 __device__ __forceinline__ u32 ue8m0_exponent(float amax, float fmax, float floor) {
   const u32 a = __float_as_uint(amax), f = __float_as_uint(fmax), b = __float_as_uint(floor);
   const int ceiling = static_cast<int>(a >> 23) - (static_cast<int>(f >> 23) - 127) +

@@ -9,7 +9,8 @@
 // Grid, two paths from one template (docs/perf.md steps 14 and 17). kOnePass: the group slots
 // of the real rows are numbered flat over a 1-D grid, one group per lane set and no loop, so
 // every block but the last is full whatever K is; the launch layer takes it for every grid of
-// the lean instantiations and for grids of a few waves of the others. Otherwise the row loop:
+// the instantiations that fit six blocks per SM (min_blocks_per_sm) and for grids of a few
+// waves of the others. Otherwise the row loop:
 // a block covers a tile of tile_rows consecutive rows by groups_per_block groups, y splits a
 // row's groups over blocks, and x holds a few resident waves of blocks that walk the row tiles
 // with a stride of the grid, each lane loading its next row before it quantizes the current
@@ -35,11 +36,11 @@ constexpr int kMaxThreads = 256;  // _launch.py reads this line
 // NOTES: six resident blocks of 256 threads cap a kernel at 40 registers, five at 48. The lean
 // instantiations (16-bit input to float8 with power-of-two scales, vector loads) fit 40 with no
 // spill and keep six blocks, in both paths. So does the one-pass path of every vector-load
-// instantiation (no spill since session 7 computes its store addresses once), and it takes six
-// where that measured faster (below). In the row loop, int8 output, exact float scales and
-// float32 input, and anywhere the element-wise load fallback, need up to 48 and spilled 4 to
-// 56 bytes at 40 (ptxas -v), so they take five: no instantiation spills (tests/test_compile.py
-// checks it for sm_90).
+// instantiation of plain input (no spill since session 7 computes its store addresses once),
+// and it takes six where that measured faster (below); the fused SiLU path keeps five. In the
+// row loop, int8 output, exact float scales and float32 input, and anywhere the element-wise
+// load fallback, need up to 48 and spilled 4 to 56 bytes at 40 (ptxas -v), so they take five:
+// no instantiation spills (tests/test_compile.py checks it for sm_90).
 template <int kIn, int kOut, int kScale, bool kVec16, bool kOnePass, int kAct>
 constexpr int min_blocks_per_sm() {
   constexpr bool lean = kIn != kF32 && Output<kOut>::kLean && kScale != kFloat32Scale;

@@ -150,6 +150,25 @@ def test_kernel_ue8m0_exponent_from_bits_equals_the_division(fmax):
     assert at_floor > 2**22 and above_floor > 2**22  # both sides of the floor were covered
 
 
+def test_e4m3fnuz_doubling_folded_into_the_power_of_two_equals_the_spec():
+    # kernels: Output<kE4M3FNUZ>::kCodeExponent = 1, so the UE8M0 path multiplies by
+    # 2^(128 - e) in one step and converts with e4m3fn's instruction (clip +-448, -0 -> +0);
+    # the spec multiplies by 2^(127 - e) and converts to fnuz (clip +-224). Every finite
+    # bfloat16 value against every exponent byte the UE8M0 rule can give
+    fmt = OUTPUT_FORMATS["e4m3fnuz"]
+    bf16 = np.arange(0x10000, dtype=np.uint16).view(ml_dtypes.bfloat16).astype(np.float32)
+    v = bf16[np.isfinite(bf16)]
+    for e in range(0x5E, 0xFA):
+        with np.errstate(over="ignore"):  # huge values at small e: both sides saturate
+            t = (v * np.float32(2.0 ** (127 - e))).astype(np.float32)
+            doubled = np.clip((v * np.float32(2.0 ** (128 - e))).astype(np.float32), -448, 448)
+        spec = reference.encode(t, v, fmt)
+        kernel = doubled.astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
+        kernel = np.where((kernel & 0x7F) == 0, 0, kernel).astype(np.uint8)
+        wrong = np.flatnonzero(kernel != spec)
+        assert wrong.size == 0, (hex(e), v[wrong[:5]], kernel[wrong[:5]], spec[wrong[:5]])
+
+
 def test_ue8m0_scales_as_float_layouts_are_powers_of_two():
     x = activations(np.random.default_rng(1), (8, 512), "float32")
     _, s = fgq.quantize(x, scale="ue8m0", layout="col")
