@@ -34,7 +34,15 @@ import numpy as np
 
 from ._spec import INPUT_TYPES
 
-__all__ = ["exp_parts", "silu", "silu_mul", "round_to", "EXP_TABLE"]
+__all__ = [
+    "exp_parts",
+    "silu",
+    "silu_mul",
+    "round_to",
+    "EXP_TABLE",
+    "silu_band_table",
+    "silu_bf16_by_table",
+]
 
 F32 = np.float32
 TABLE_BITS = 6  # 64 entries
@@ -130,6 +138,49 @@ def silu_mul(gate: np.ndarray, up: np.ndarray, input_dtype: str) -> np.ndarray:
 def _canonical_nan(values: np.ndarray) -> np.ndarray:
     bits = values.view(np.uint32)
     return np.where(np.isnan(values), CANONICAL_NAN, bits).view(F32)
+
+
+# bfloat16 SiLU through a table -------------------------------------------------------------------
+# For a bfloat16 gate, round_to(silu(g), "bfloat16") is one of 65,536 values, and outside two
+# bands of exponents a rule gives it without exp (docs/experiments/silu_band.py measured every
+# gate): g for g >= 8 (Inf and NaN included), -0 for g <= -128 (-Inf included; a NaN gives NaN),
+# RN(g / 2) for |g| < 2^-8. Inside the bands, [2^-8, 8) for positive and [2^-8, 128) for
+# negative gates, the kernel reads the definition's result from a table of 3,328 entries (6.5 KB
+# in shared memory), generated into kernels/silu_band_bf16.cuh by tools/gen_silu_band.py.
+# silu_bf16_by_table is that lookup in NumPy; tests check it against silu for every gate.
+
+BAND_FIRST = 0x3B80  # bits of 2^-8, the smallest |g| in either band
+POSITIVE_BAND = 0x4100 - BAND_FIRST  # [2^-8, 8): 11 exponents of 128 mantissas
+NEGATIVE_BAND = 0x4300 - BAND_FIRST  # [2^-8, 128): 15 exponents
+BF16_INF = 0x7F80
+
+
+def silu_band_table() -> np.ndarray:
+    """uint16 [POSITIVE_BAND + NEGATIVE_BAND]: the bfloat16 bits of round(silu(g)) for the
+    positive band's gates in order of their bits, then the negative band's (by |g|)."""
+    magnitudes = np.arange(BAND_FIRST, BAND_FIRST + NEGATIVE_BAND, dtype=np.uint32)
+    positive = magnitudes[:POSITIVE_BAND].astype(np.uint16)
+    negative = (magnitudes | 0x8000).astype(np.uint16)
+    gates = np.concatenate([positive, negative]).view(INPUT_TYPES["bfloat16"].numpy_dtype)
+    y = round_to(silu(gates.astype(F32)), "bfloat16")
+    return y.astype(INPUT_TYPES["bfloat16"].numpy_dtype).view(np.uint16)
+
+
+def silu_bf16_by_table(gate_bits: np.ndarray, table: np.ndarray | None = None) -> np.ndarray:
+    """uint16 bits of round(silu(g)) for bfloat16 gates given as uint16 bits, by the kernel's
+    lookup: the table inside the bands, the three rules outside (a NaN stays the gate's NaN)."""
+    table = silu_band_table() if table is None else table
+    h = np.asarray(gate_bits, np.uint16).astype(np.uint32)
+    magnitude, negative = h & 0x7FFF, h >> 15
+    offset = magnitude - np.uint32(BAND_FIRST)  # wraps below the bands
+    width = np.where(negative == 1, NEGATIVE_BAND, POSITIVE_BAND)
+    index = np.minimum(offset + negative * POSITIVE_BAND, table.size - 1)
+    with np.errstate(invalid="ignore"):
+        half = (h << 16).view(F32) * F32(0.5)
+        below = half.astype(INPUT_TYPES["bfloat16"].numpy_dtype).view(np.uint16)
+    above = np.where((negative == 1) & (magnitude <= BF16_INF), 0x8000, h)
+    outside = np.where(magnitude < BAND_FIRST, below, above)
+    return np.where(offset < width, table[index], outside).astype(np.uint16)
 
 
 # fused RMSNorm ------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@
 // reads them from this file and compares.
 #pragma once
 #include "common.cuh"
+#include "silu_band_bf16.cuh"
 
 namespace fgq {
 
@@ -127,6 +128,63 @@ template <> __device__ __forceinline__ float round_to_input<kF16>(float v) {
 }
 template <> __device__ __forceinline__ float round_to_input<kF32>(float v) { return v; }
 
+// round_to_input(silu(g)): the tables a block holds in shared memory for kSiluMul ---------------
+
+// float16 and float32 gates: the arithmetic, with its exp table
+struct SiluByArithmetic : ExpTable {
+  template <int kIn>
+  __device__ __forceinline__ float silu_rounded(float g) const {
+    return round_to_input<kIn>(silu(g, *this));
+  }
+};
+
+// bfloat16 gates: the definition's results inside the two bands (silu_band_bf16.cuh), three
+// rules outside them (activation.silu_bf16_by_table is the same lookup in NumPy, checked there
+// against the definition for every gate)
+// NOTES: about 15 instructions a value without a branch, against about 60 for the arithmetic
+// (docs/perf.md, fused step 4); every index read is inside the table, used or not
+struct SiluBandTable {
+  uint4 vectors[kSiluBandWords / 4];
+  __device__ __forceinline__ void fill() {
+    const uint4* source = reinterpret_cast<const uint4*>(kSiluBandBF16);
+    for (int i = threadIdx.x; i < kSiluBandWords / 4; i += blockDim.x) vectors[i] = source[i];
+    __syncthreads();
+  }
+  template <int kIn>
+  __device__ __forceinline__ float silu_rounded(float g) const {
+    static_assert(kIn == kBF16, "the band table holds bfloat16 results");
+    constexpr u32 kEntries = kSiluPositiveBand + kSiluNegativeBand;
+    const u32 h = __float_as_uint(g) >> 16;
+    const u32 magnitude = h & 0x7fffu;
+    const bool negative = h >> 15;
+    const u32 offset = magnitude - static_cast<u32>(kSiluBandFirst);  // wraps below the bands
+    const u32 width = negative ? kSiluNegativeBand : kSiluPositiveBand;
+    const u32 index = min(offset + (negative ? kSiluPositiveBand : 0u), kEntries - 1u);
+    const u32 entry = reinterpret_cast<const u16*>(vectors)[index];
+    // outside: RN(g / 2) below the bands; above them g, or -0 for a negative number
+    const float above = negative && magnitude <= Input<kBF16>::kInf ? -0.0f : g;
+    const float outside = magnitude < static_cast<u32>(kSiluBandFirst) ? round_to_input<kBF16>(mul_rn(g, 0.5f)) : above;
+    return offset < width ? __uint_as_float(entry << 16) : outside;
+  }
+};
+
+// what a block of each input type and activation holds; kIdentity needs nothing
+struct NoTable {
+  __device__ __forceinline__ void fill() {}
+};
+template <int kIn, int kAct>
+struct ActivationTable {
+  typedef NoTable Type;
+};
+template <int kIn>
+struct ActivationTable<kIn, kSiluMul> {
+  typedef SiluByArithmetic Type;
+};
+template <>
+struct ActivationTable<kBF16, kSiluMul> {
+  typedef SiluBandTable Type;
+};
+
 // two float32 values rounded to nearest even into one word of a 16-bit input type, lo in the
 // low half; a NaN becomes what cvt writes (0x7fff, seen on the H200 in the residual the fused
 // add-RMSNorm writes back), which map_lane then canonicalises
@@ -182,14 +240,14 @@ __device__ __forceinline__ float value_of(const u32 (&words)[kLaneWords], int i)
 }
 
 // gate words in, y words out (the input's encoding), given the matching up words
-template <int kIn>
+template <int kIn, typename Table>
 __device__ __forceinline__ void silu_mul_lane(u32 (&words)[kLaneWords], const u32 (&up)[kLaneWords],
-                                              const ExpTable& table) {
+                                              const Table& table) {
   u32 gate[kLaneWords];
 #pragma unroll
   for (int w = 0; w < kLaneWords; ++w) gate[w] = words[w];
   map_lane<kIn>(words, [&](int i) {
-    return mul_rn(round_to_input<kIn>(silu(value_of<kIn>(gate, i), table)), value_of<kIn>(up, i));
+    return mul_rn(table.template silu_rounded<kIn>(value_of<kIn>(gate, i)), value_of<kIn>(up, i));
   });
 }
 

@@ -84,16 +84,16 @@ __device__ __forceinline__ void load_inputs(const Params& p, const typename Inpu
 }
 
 // the values quantized, from the loaded bytes: x itself, or SiLU(gate) * up
-template <int kIn, int kAct>
+template <int kIn, int kAct, typename Table>
 __device__ __forceinline__ void apply_activation(u32 (&words)[kLaneWords], const u32 (&up)[kLaneWords],
-                                                 const ExpTable& table) {
+                                                 const Table& table) {
   if constexpr (kAct == kSiluMul) silu_mul_lane<kIn>(words, up, table);
 }
 
 // one lane's values of a group: load_inputs, then apply_activation
-template <int kIn, bool kVec16, int kAct>
+template <int kIn, bool kVec16, int kAct, typename Table>
 __device__ __forceinline__ void load_values(const Params& p, const typename Input<kIn>::Storage* src,
-                                            const ExpTable& table, u32 (&words)[kLaneWords]) {
+                                            const Table& table, u32 (&words)[kLaneWords]) {
   u32 up[kLaneWords];
   load_inputs<kIn, kVec16, kAct>(p, src, words, up);
   apply_activation<kIn, kAct>(words, up, table);
@@ -255,7 +255,7 @@ __global__ void __launch_bounds__(kMaxThreads,
 
   const int lane = threadIdx.x % kLanes;
   const int tile_rows_log2 = p.tile_rows_log2;
-  __shared__ ExpTable table;  // used by kSiluMul only
+  __shared__ typename ActivationTable<kIn, kAct>::Type table;
   if constexpr (kAct == kSiluMul) table.fill();  // before any thread returns
 
   if constexpr (kOnePass) {
@@ -402,7 +402,7 @@ __global__ void __launch_bounds__(kMaskedThreads, 8) quantize_masked(const __gri
   constexpr int kValues = kLaneWords * 4 / In::kBytes;
   constexpr int kLanes = kGroup / kValues;
   constexpr int kWarps = kMaskedThreads / 32;
-  __shared__ ExpTable table;
+  __shared__ typename ActivationTable<kIn, kAct>::Type table;
   __shared__ u32 first_tile[kMaxExperts + 1];  // row tiles of the experts before e
   __shared__ u32 expert_rows[kMaxExperts];     // clamped masked_m
   __shared__ u32 warp_totals[kWarps];

@@ -51,6 +51,46 @@ def test_the_kernel_holds_the_same_constants_and_table():
     assert np.allclose(hi + lo, np.exp2(np.arange(64) / 64), rtol=2e-15, atol=0)
 
 
+def test_the_kernel_holds_the_silu_band_table():
+    # kernels/silu_band_bf16.cuh is what tools/gen_silu_band.py writes from the definition
+    import importlib.util
+
+    tool = Path(__file__).resolve().parents[1] / "tools" / "gen_silu_band.py"
+    spec = importlib.util.spec_from_file_location("gen_silu_band", tool)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    text = (KERNELS / "silu_band_bf16.cuh").read_text()
+    assert text == module.render(), "regenerate: PYTHONPATH=. python3 tools/gen_silu_band.py"
+    body = re.search(r"kSiluBandBF16\[kSiluBandWords\] = \{(.*?)\};", text, re.S).group(1)
+    words = np.array([int(v, 16) for v in re.findall(r"0x([0-9a-f]{8})u", body)], np.uint32)
+    halves = np.stack([words & 0xFFFF, words >> 16], axis=-1).reshape(-1).astype(np.uint16)
+    assert np.array_equal(halves, activation.silu_band_table())
+    assert halves.size == activation.POSITIVE_BAND + activation.NEGATIVE_BAND == 3328
+
+
+def test_the_band_lookup_gives_the_defined_silu_for_every_bfloat16_gate():
+    bits = np.arange(65536, dtype=np.uint16)
+    g = bits.view(ml_dtypes.bfloat16).astype(np.float32)
+    defined = activation.round_to(activation.silu(g), "bfloat16")
+    looked_up = activation.silu_bf16_by_table(bits).view(ml_dtypes.bfloat16).astype(np.float32)
+    nan = np.isnan(g)
+    assert np.array_equal(looked_up[~nan].view(np.uint32), defined[~nan].view(np.uint32))
+    assert np.isnan(looked_up[nan]).all()  # a NaN gate stays NaN; the multiply canonicalises it
+    # the rules do work outside the bands: 62,208 gates, and every table entry is needed
+    outside = activation.silu_bf16_by_table(bits, np.zeros(3328, np.uint16))
+    in_band = outside != activation.silu_bf16_by_table(bits)
+    assert in_band.sum() > 3000 and (~in_band).sum() > 60000
+
+
+def test_a_wrong_band_table_is_caught():
+    # the lookup really reads the table: one changed entry changes one gate's result
+    table = activation.silu_band_table().copy()
+    table[1408 + 100] ^= 1
+    bits = np.arange(65536, dtype=np.uint16)
+    changed = activation.silu_bf16_by_table(bits, table) != activation.silu_bf16_by_table(bits)
+    assert np.flatnonzero(changed).tolist() == [0x8000 | (activation.BAND_FIRST + 100)]
+
+
 def test_exp_is_within_0_53_ulp():
     x = np.linspace(-110, 64, 3_000_001).astype(np.float32)
     m, n = activation.exp_parts(x)

@@ -868,6 +868,17 @@ def test_masked_every_combination(input_dtype, group_size, dtype, scale, layout)
     check_masked(x, counts, lib, group_size, dtype, scale, layout, activation)
 
 
+@pytest.mark.parametrize("input_dtype", ["bfloat16", "float16"])
+def test_masked_silu_mul_every_16_bit_gate(input_dtype):
+    # every 16-bit pattern as a gate through the masked kernel (bfloat16: its band table), four
+    # experts of 64 rows with one row left out of each
+    rng = np.random.default_rng(15)
+    gate = np.arange(65536, dtype=np.uint16).view(NP_INPUT[input_dtype]).reshape(4, 64, 256)
+    x = np.concatenate([gate, activations(rng, (4, 64, 256), input_dtype)], axis=-1)
+    counts = np.array([63, 64, 64, 62], np.int32)
+    check_masked(x, counts, "cupy", 128, "e4m3", "ue8m0", "packed", "silu_mul")
+
+
 @pytest.mark.parametrize("lib", ["cupy", "torch"])
 def test_masked_many_experts_and_unbalanced_counts(lib):
     rng = np.random.default_rng(8)
