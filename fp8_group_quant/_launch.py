@@ -39,6 +39,11 @@ ONE_PASS_THREADS = int(os.environ.get("FP8_GROUP_QUANT_ONE_PASS_THREADS", "0"))
 # knob, measured in docs/perf.md.
 _WAVES_ENV = os.environ.get("FP8_GROUP_QUANT_WAVES")
 WAVES = float(_WAVES_ENV) if _WAVES_ENV else None
+# Resident waves of blocks the fused RMSNorm's grid holds (each block walks rows with a stride of
+# the grid, loading the next row while it works on one); 0 launches a block per row. Unset:
+# norm_waves() picks. A tuning knob, measured in docs/perf.md (fused step 7).
+_NORM_WAVES_ENV = os.environ.get("FP8_GROUP_QUANT_NORM_WAVES")
+NORM_WAVES = float(_NORM_WAVES_ENV) if _NORM_WAVES_ENV else None
 # Programmatic Dependent Launch on devices that have it (SM90 and newer); FP8_GROUP_QUANT_PDL=0
 # turns it off. Read when a plan is made.
 PDL = os.environ.get("FP8_GROUP_QUANT_PDL", "1") != "0"
@@ -233,7 +238,9 @@ def one_pass_threads(slots: int, lanes: int) -> int:
     """Threads per block of the one-pass grid (whole warps, at most kMaxThreads).
 
     NOTES: 128 measured best or within 1% of best at K = 2048, 2688 and 7168 and M = 1-16384
-    (docs/perf.md step 17); 64 lost up to 1.7x at large M, 256 up to 2% there."""
+    (docs/perf.md step 17); 64 lost up to 1.7x at large M, 256 up to 2% there. The fused
+    SiLU-and-multiply, whose blocks each copy a table into shared memory, measured the same
+    with 256 (within 1% at M >= 64, 0.15 us slower at M = 1: fused step 5)."""
     if ONE_PASS_THREADS:
         if ONE_PASS_THREADS % WARP or not 0 < ONE_PASS_THREADS <= max_threads_per_block():
             raise ValueError(
@@ -316,10 +323,22 @@ def waves_for(blocks_per_sm: int) -> float:
     return 8.0 if blocks_per_sm >= 6 else 1.0
 
 
+def norm_waves(residual: bool) -> float:
+    """Resident waves of the fused RMSNorm's grid (FP8_GROUP_QUANT_NORM_WAVES overrides).
+
+    NOTES: measured on the H200 (docs/perf.md, fused step 7), K = 7168: without the residual one
+    wave of blocks that walk the rows ran 43.1-43.3 us at M = 4096 against 45.6 with a block a
+    row; with it, the loop's extra loads in flight ran slower (59.8 against 57.5 us, and 10.8
+    against 9.6 at M = 512), so that takes a block a row."""
+    if NORM_WAVES is not None:
+        return NORM_WAVES
+    return 0.0 if residual else 1.0
+
+
 def _prepare_norm(request, key: KernelKey, device: int) -> Launch:
-    """The fused RMSNorm's grid: one block per kNormRows rows (all batches), one thread a
-    32-byte lane, rounded up to whole warps (make_request keeps rows within kMaxNormThreads
-    lanes)."""
+    """The fused RMSNorm's grid: norm_waves() resident waves of blocks at most, each walking the
+    rows (all batches) with a stride of the grid; one thread a 32-byte lane, rounded up to whole
+    warps (make_request keeps rows within kMaxNormThreads lanes)."""
     geometry = request.output
     lanes = geometry.groups * key.lanes_per_group
     threads = -(-lanes // WARP) * WARP
@@ -327,7 +346,12 @@ def _prepare_norm(request, key: KernelKey, device: int) -> Launch:
     function = _jit.get_function(SOURCE, key.name_expression, device)
     with _jit.current_device(device):
         handle = function.kernel.ptr
-    grid = (-(-geometry.batches * geometry.rows // cpp_constant("kNormRows")), 1, 1)
+    rows = geometry.batches * geometry.rows
+    waves = norm_waves(request.residual)
+    if waves > 0:
+        per_sm, sms = resident_blocks(handle, key.name_expression, threads, device)
+        rows = min(rows, max(1, int(waves * per_sm * sms)))
+    grid = (max(1, rows), 1, 1)
     return Launch(handle, grid, (threads, 1, 1), make_params(request), pdl_supported(device))
 
 

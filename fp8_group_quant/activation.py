@@ -143,44 +143,46 @@ def _canonical_nan(values: np.ndarray) -> np.ndarray:
 # bfloat16 SiLU through a table -------------------------------------------------------------------
 # For a bfloat16 gate, round_to(silu(g), "bfloat16") is one of 65,536 values, and outside two
 # bands of exponents a rule gives it without exp (docs/experiments/silu_band.py measured every
-# gate): g for g >= 8 (Inf and NaN included), -0 for g <= -128 (-Inf included; a NaN gives NaN),
-# RN(g / 2) for |g| < 2^-8. Inside the bands, [2^-8, 8) for positive and [2^-8, 128) for
-# negative gates, the kernel reads the definition's result from a table of 3,328 entries (6.5 KB
-# in shared memory), generated into kernels/silu_band_bf16.cuh by tools/gen_silu_band.py.
+# gate): RN(g / 2) for |g| < 2^-8, and above the bands max(g, -0) with NaN propagated (g for
+# g >= 8, Inf included; -0 for g <= -128, -Inf included; NaN for NaN). Inside the band
+# 2^-8 <= |g| < 128 the kernel reads the definition's result from a table of 3,840 entries
+# (7.5 KB in shared memory; for 8 <= g < 128 the entry is g itself, which lets both signs share
+# one range check), generated into kernels/silu_band_bf16.cuh by tools/gen_silu_band.py.
 # silu_bf16_by_table is that lookup in NumPy; tests check it against silu for every gate.
 
-BAND_FIRST = 0x3B80  # bits of 2^-8, the smallest |g| in either band
-POSITIVE_BAND = 0x4100 - BAND_FIRST  # [2^-8, 8): 11 exponents of 128 mantissas
-NEGATIVE_BAND = 0x4300 - BAND_FIRST  # [2^-8, 128): 15 exponents
-BF16_INF = 0x7F80
+BAND_FIRST = 0x3B80  # bits of 2^-8, the smallest |g| in the band
+BAND = 0x4300 - BAND_FIRST  # 2^-8 <= |g| < 128: 15 exponents of 128 mantissas, per sign
 
 
 def silu_band_table() -> np.ndarray:
-    """uint16 [POSITIVE_BAND + NEGATIVE_BAND]: the bfloat16 bits of round(silu(g)) for the
-    positive band's gates in order of their bits, then the negative band's (by |g|)."""
-    magnitudes = np.arange(BAND_FIRST, BAND_FIRST + NEGATIVE_BAND, dtype=np.uint32)
-    positive = magnitudes[:POSITIVE_BAND].astype(np.uint16)
-    negative = (magnitudes | 0x8000).astype(np.uint16)
-    gates = np.concatenate([positive, negative]).view(INPUT_TYPES["bfloat16"].numpy_dtype)
-    y = round_to(silu(gates.astype(F32)), "bfloat16")
-    return y.astype(INPUT_TYPES["bfloat16"].numpy_dtype).view(np.uint16)
+    """uint16 [2 * BAND]: the bfloat16 bits of round(silu(g)) for the band's positive gates in
+    order of their bits, then its negative gates in order of |g|'s bits."""
+    magnitudes = np.arange(BAND_FIRST, BAND_FIRST + BAND, dtype=np.uint32)
+    gates = np.concatenate([magnitudes, magnitudes | 0x8000]).astype(np.uint16)
+    bf16 = INPUT_TYPES["bfloat16"].numpy_dtype
+    y = round_to(silu(gates.view(bf16).astype(F32)), "bfloat16")
+    return y.astype(bf16).view(np.uint16)
 
 
 def silu_bf16_by_table(gate_bits: np.ndarray, table: np.ndarray | None = None) -> np.ndarray:
     """uint16 bits of round(silu(g)) for bfloat16 gates given as uint16 bits, by the kernel's
-    lookup: the table inside the bands, the three rules outside (a NaN stays the gate's NaN)."""
+    lookup (kernels/activation.cuh, SiluBandTable), in its 32-bit integer steps: the table
+    inside the band, the two rules outside it (a NaN stays NaN)."""
     table = silu_band_table() if table is None else table
-    h = np.asarray(gate_bits, np.uint16).astype(np.uint32)
-    magnitude, negative = h & 0x7FFF, h >> 15
-    offset = magnitude - np.uint32(BAND_FIRST)  # wraps below the bands
-    width = np.where(negative == 1, NEGATIVE_BAND, POSITIVE_BAND)
-    index = np.minimum(offset + negative * POSITIVE_BAND, table.size - 1)
+    padded = np.zeros(4096, np.uint16)  # the kernel's shared copy: any 12-bit index is inside
+    padded[: table.size] = table
+    bf16 = INPUT_TYPES["bfloat16"].numpy_dtype
+    bits = np.asarray(gate_bits, np.uint16).astype(np.uint32) << 16
+    first = np.uint32(BAND_FIRST << 17)
+    offset = (bits << 1) - first  # wraps modulo 2^32, as the kernel's u32
+    in_band = offset < np.uint32(BAND << 17)
+    below = offset >= np.uint32(2**32 - (BAND_FIRST << 17))
+    index = ((offset >> 17) + (bits >> 31) * np.uint32(BAND)) & 4095
+    g = bits.view(F32)
     with np.errstate(invalid="ignore"):
-        half = (h << 16).view(F32) * F32(0.5)
-        below = half.astype(INPUT_TYPES["bfloat16"].numpy_dtype).view(np.uint16)
-    above = np.where((negative == 1) & (magnitude <= BF16_INF), 0x8000, h)
-    outside = np.where(magnitude < BAND_FIRST, below, above)
-    return np.where(offset < width, table[index], outside).astype(np.uint16)
+        half = (g * F32(0.5)).astype(bf16).view(np.uint16)
+        above = np.maximum(g, F32(-0.0)).astype(bf16).view(np.uint16)  # NaN propagates
+    return np.where(in_band, padded[index], np.where(below, half, above)).astype(np.uint16)
 
 
 # fused RMSNorm ------------------------------------------------------------------------------------

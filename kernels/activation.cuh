@@ -64,6 +64,8 @@ struct ExpTable {
     }
     __syncthreads();
   }
+  __device__ __forceinline__ void start() { fill(); }  // as SiluBandTable's
+  __device__ __forceinline__ void wait() const {}
 };
 
 // v * 2^n for n in [-190, 127], rounded once: one multiply, or for n < -126 an exact scaling
@@ -138,39 +140,106 @@ struct SiluByArithmetic : ExpTable {
   }
 };
 
-// bfloat16 gates: the definition's results inside the two bands (silu_band_bf16.cuh), three
-// rules outside them (activation.silu_bf16_by_table is the same lookup in NumPy, checked there
-// against the definition for every gate)
-// NOTES: about 15 instructions a value without a branch, against about 60 for the arithmetic
-// (docs/perf.md, fused step 4); every index read is inside the table, used or not
+// bfloat16 gates: the definition's result read from a table inside the band 2^-8 <= |g| < 128
+// (silu_band_bf16.cuh), two rules outside it; activation.silu_bf16_by_table is the same lookup
+// in NumPy, checked there against the definition for every gate
+// NOTES: two values a step, in bfloat16x2 arithmetic where it gives the same bits: RN(g / 2) is
+// one correctly rounded bf16 multiply, max.NaN(g, -0) the rule above the band, and
+// RN_bf16(RN_f32(s * up)) equals the one correctly rounded bf16 product, since the exact product
+// of two bfloat16 values has at most 16 significant bits (docs/spec.md, section 2a). A NaN
+// this makes may carry a sign; quantize_group then encodes every NaN as +NaN (kUnsignedNaN).
+// About 12 instructions a value where the float32 lookup took about 23 (docs/perf.md, fused
+// step 5); the loaded entry is used only inside the band, and the load is predicated on it.
 struct SiluBandTable {
+  static_assert(kSiluBandWords == 2048 && 2 * kSiluBand <= 4096u, "the band table: 4,096 entries");
   uint4 vectors[kSiluBandWords / 4];
-  __device__ __forceinline__ void fill() {
+  unsigned long long barrier;  // the copy's mbarrier (sm_90 and newer)
+  // NOTES: on sm_90 and newer one thread copies the table with a bulk copy (the TMA engine)
+  // that completes on an mbarrier, and each thread waits on that before its first read; a
+  // copy by every thread, four 16-byte reads and writes each, took about 90 instructions a
+  // thread (docs/perf.md, fused step 5). start() is called by every thread, after the block's
+  // own loads are issued (its barrier would otherwise hold them back).
+  __device__ __forceinline__ void start() {
+#if __CUDA_ARCH__ >= 900
+    const u32 bar = static_cast<u32>(__cvta_generic_to_shared(&barrier));
+    if (threadIdx.x == 0) {
+      constexpr u32 kBytes = sizeof(vectors);
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar));
+      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(kBytes)
+                   : "memory");
+      asm volatile(
+          "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+          ::"r"(static_cast<u32>(__cvta_generic_to_shared(vectors))), "l"(kSiluBandBF16),
+          "r"(kBytes), "r"(bar)
+          : "memory");
+    }
+    __syncthreads();  // the mbarrier is initialised before anyone waits on it
+#else
     const uint4* source = reinterpret_cast<const uint4*>(kSiluBandBF16);
     for (int i = threadIdx.x; i < kSiluBandWords / 4; i += blockDim.x) vectors[i] = source[i];
     __syncthreads();
+#endif
   }
-  template <int kIn>
-  __device__ __forceinline__ float silu_rounded(float g) const {
-    static_assert(kIn == kBF16, "the band table holds bfloat16 results");
-    constexpr u32 kEntries = kSiluPositiveBand + kSiluNegativeBand;
-    const u32 h = __float_as_uint(g) >> 16;
-    const u32 magnitude = h & 0x7fffu;
-    const bool negative = h >> 15;
-    const u32 offset = magnitude - static_cast<u32>(kSiluBandFirst);  // wraps below the bands
-    const u32 width = negative ? kSiluNegativeBand : kSiluPositiveBand;
-    const u32 index = min(offset + (negative ? kSiluPositiveBand : 0u), kEntries - 1u);
-    const u32 entry = reinterpret_cast<const u16*>(vectors)[index];
-    // outside: RN(g / 2) below the bands; above them g, or -0 for a negative number
-    const float above = negative && magnitude <= Input<kBF16>::kInf ? -0.0f : g;
-    const float outside = magnitude < static_cast<u32>(kSiluBandFirst) ? round_to_input<kBF16>(mul_rn(g, 0.5f)) : above;
-    return offset < width ? __uint_as_float(entry << 16) : outside;
+  __device__ __forceinline__ void wait() const {
+#if __CUDA_ARCH__ >= 900
+    const u32 bar = static_cast<u32>(__cvta_generic_to_shared(&barrier));
+    u32 done = 0u;
+    while (!done) {
+      asm volatile(
+          "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0; selp.u32 %0, 1, 0, p; }"
+          : "=r"(done) : "r"(bar) : "memory");
+    }
+#endif
+  }
+  __device__ __forceinline__ void fill() {
+    start();
+    wait();
+  }
+  __device__ __forceinline__ u32 shared_base() const {
+    return static_cast<u32>(__cvta_generic_to_shared(vectors));
+  }
+  // one half: `bits` holds its bfloat16 in bits 16-31 (bits 0-15 are ignored). Returns the
+  // table's entry for it (in bits 0-15; meaningful only if in_band), and whether |h| is below
+  // the band
+  __device__ __forceinline__ u32 entry(u32 base, u32 bits, bool& in_band, bool& below) const {
+    // (|h| - first) << 17 modulo 2^32, plus less than 2^17: in [0, band << 17) inside the band,
+    // at most (0x7fff - first) << 17 | 0x1ffff above it, and wrapped to (2^15 - first) << 17
+    // or more below it
+    const u32 offset = (bits << 1) - (kSiluBandFirst << 17);
+    in_band = offset < (kSiluBand << 17);
+    below = offset >= 0u - (kSiluBandFirst << 17);
+    const u32 index = ((offset >> 17) + ((bits >> 31) != 0u ? kSiluBand : 0u)) & 4095u;
+    u32 value;
+    // NOTES: volatile keeps the read after wait(); an explicit shared address,
+    // since through a generic pointer NVRTC rebuilt the window address before every read
+    asm volatile("ld.shared.u16 %0, [%1];" : "=r"(value) : "r"(base + 2u * index));
+    return value;
+  }
+  // NOTES: products as fma with -0 added (exact, and it keeps a product's -0), which sm_80 and
+  // newer have; mul.bf16x2 needs sm_90
+  static constexpr u32 kMinusZeros = 0x80008000u;
+  __device__ __forceinline__ u32 silu_mul_pair(u32 base, u32 gate, u32 up) const {
+    u32 half, above;  // RN(g * 0.5) and max.NaN(g, -0), both halves
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(half) : "r"(gate), "r"(0x3f003f00u), "r"(kMinusZeros));
+    asm("max.NaN.bf16x2 %0, %1, %2;" : "=r"(above) : "r"(gate), "r"(kMinusZeros));
+    bool in_lo, below_lo, in_hi, below_hi;
+    const u32 lo = entry(base, gate << 16, in_lo, below_lo);
+    const u32 hi = entry(base, gate, in_hi, below_hi);
+    const u32 outside_lo = below_lo ? half : above;  // bits 0-15
+    const u32 outside_hi = (below_hi ? half : above) >> 16;
+    const u32 silu = __byte_perm(in_lo ? lo : outside_lo, in_hi ? hi : outside_hi, 0x5410);
+    u32 y;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(y) : "r"(silu), "r"(up), "r"(kMinusZeros));
+    return y;
   }
 };
 
 // what a block of each input type and activation holds; kIdentity needs nothing
 struct NoTable {
   __device__ __forceinline__ void fill() {}
+  __device__ __forceinline__ void start() {}
+  __device__ __forceinline__ void wait() const {}
 };
 template <int kIn, int kAct>
 struct ActivationTable {
@@ -201,10 +270,12 @@ template <> __device__ __forceinline__ u32 input_pair<kF16>(float lo, float hi) 
 }
 
 // per value of one lane: bits of the input type, made by `value` from the i-th float32 value;
-// NaN is the positive quiet NaN (0x7fc0, 0x7e00, 0x7fc00000), as NumPy converts float32's
+// NaN is the positive quiet NaN (0x7fc0, 0x7e00, 0x7fc00000), as NumPy converts float32's.
+// kCanonicalNaN false leaves NaN as the conversion makes it, for values that only the quantizer
+// reads, which then encodes every NaN as +NaN (quantize_group's kUnsignedNaN)
 // NOTES: 16-bit types convert two values with one cvt and canonicalise NaN on a path taken only
 // by a lane that made one (before: per value a cvt, two NaN selects, a shift and an or)
-template <int kIn, typename F>
+template <int kIn, bool kCanonicalNaN = true, typename F>
 __device__ __forceinline__ void map_lane(u32 (&words)[kLaneWords], F value) {
   typedef Input<kIn> In;
   u32 out[kLaneWords];
@@ -213,7 +284,7 @@ __device__ __forceinline__ void map_lane(u32 (&words)[kLaneWords], F value) {
 #pragma unroll
     for (int w = 0; w < kLaneWords; ++w) {
       const float lo = value(2 * w), hi = value(2 * w + 1);
-      nan |= lo != lo || hi != hi;
+      if constexpr (kCanonicalNaN) nan |= lo != lo || hi != hi;
       out[w] = input_pair<kIn>(lo, hi);
     }
     if (__builtin_expect(nan, 0)) {
@@ -228,7 +299,10 @@ __device__ __forceinline__ void map_lane(u32 (&words)[kLaneWords], F value) {
     }
   } else {
 #pragma unroll
-    for (int w = 0; w < kLaneWords; ++w) out[w] = __float_as_uint(canonical_nan(value(w)));
+    for (int w = 0; w < kLaneWords; ++w) {
+      const float v = value(w);
+      out[w] = __float_as_uint(kCanonicalNaN ? canonical_nan(v) : v);
+    }
   }
 #pragma unroll
   for (int w = 0; w < kLaneWords; ++w) words[w] = out[w];
@@ -243,12 +317,18 @@ __device__ __forceinline__ float value_of(const u32 (&words)[kLaneWords], int i)
 template <int kIn, typename Table>
 __device__ __forceinline__ void silu_mul_lane(u32 (&words)[kLaneWords], const u32 (&up)[kLaneWords],
                                               const Table& table) {
-  u32 gate[kLaneWords];
+  if constexpr (kIn == kBF16) {
+    const u32 base = table.shared_base();
 #pragma unroll
-  for (int w = 0; w < kLaneWords; ++w) gate[w] = words[w];
-  map_lane<kIn>(words, [&](int i) {
-    return mul_rn(table.template silu_rounded<kIn>(value_of<kIn>(gate, i)), value_of<kIn>(up, i));
-  });
+    for (int w = 0; w < kLaneWords; ++w) words[w] = table.silu_mul_pair(base, words[w], up[w]);
+  } else {
+    u32 gate[kLaneWords];
+#pragma unroll
+    for (int w = 0; w < kLaneWords; ++w) gate[w] = words[w];
+    map_lane<kIn>(words, [&](int i) {
+      return mul_rn(table.template silu_rounded<kIn>(value_of<kIn>(gate, i)), value_of<kIn>(up, i));
+    });
+  }
 }
 
 // fused RMSNorm (docs/spec.md, section 2b; the definition is activation.rms_norm) ---------------
@@ -262,6 +342,19 @@ __device__ __forceinline__ void add_residual(u32 (&words)[kLaneWords], const u32
   map_lane<kIn>(words, [&](int i) { return add_rn(value_of<kIn>(x, i), value_of<kIn>(residual, i)); });
 }
 
+// a[i] += a[i + kWidth] for i < kWidth, then the same for half the width, down to a[0]
+// NOTES: one template step a width: written as a loop over `width /= 2`, NVRTC kept the outer
+// loop and indexed the registers through predicated moves, about 240 instructions a lane
+// (docs/perf.md, fused step 6)
+template <int kWidth>
+__device__ __forceinline__ void fold_in_half(float* a) {
+  if constexpr (kWidth >= 1) {
+#pragma unroll
+    for (int i = 0; i < kWidth; ++i) a[i] = add_rn(a[i], a[i + kWidth]);
+    fold_in_half<kWidth / 2>(a);
+  }
+}
+
 // the lane's squares RN(v * v), folded in half: value i plus value i + n/2, down to one
 template <int kIn>
 __device__ __forceinline__ float lane_sum_of_squares(const u32 (&words)[kLaneWords]) {
@@ -272,11 +365,7 @@ __device__ __forceinline__ float lane_sum_of_squares(const u32 (&words)[kLaneWor
     const float v = value_of<kIn>(words, i);
     a[i] = mul_rn(v, v);
   }
-#pragma unroll
-  for (int width = kValues / 2; width >= 1; width /= 2) {
-#pragma unroll
-    for (int i = 0; i < width; ++i) a[i] = add_rn(a[i], a[i + width]);
-  }
+  fold_in_half<kValues / 2>(a);
   return a[0];
 }
 
@@ -288,14 +377,15 @@ __device__ __forceinline__ float warp_fold(float v) {
   return v;
 }
 
-// y = round(RN(x * r) * w), in the input type
+// y = round(RN(x * r) * w), in the input type, for the quantizer only: a NaN keeps the bits
+// the conversion gives it (quantize_norm quantizes with kUnsignedNaN)
 template <int kIn>
 __device__ __forceinline__ void normalize_lane(u32 (&words)[kLaneWords], const u32 (&weight)[kLaneWords],
                                                float r) {
   u32 x[kLaneWords];
 #pragma unroll
   for (int w = 0; w < kLaneWords; ++w) x[w] = words[w];
-  map_lane<kIn>(words, [&](int i) {
+  map_lane<kIn, false>(words, [&](int i) {
     return mul_rn(mul_rn(value_of<kIn>(x, i), r), value_of<kIn>(weight, i));
   });
 }

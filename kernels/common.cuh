@@ -259,15 +259,18 @@ template <> struct Output<kInt8> {
 };
 
 // the code of a non-finite input (from `codes`: +NaN, -NaN, +Inf, -Inf, a byte each), or `code`
-// unchanged for a finite one
+// unchanged for a finite one; with kUnsignedNaN every NaN is +NaN (the fused paths' values,
+// whose NaN is +NaN by definition but may come out of bf16x2 arithmetic or a conversion with a
+// sign or payload: canonicalising here costs nothing outside this rare path)
 // NOTES: set explicitly rather than trusting the arithmetic: Inf / s through the reciprocal path
 // of divide_fast gives NaN, and cvt's NaN has no sign.
-template <int kIn>
+template <int kIn, bool kUnsignedNaN>
 __device__ __forceinline__ u32 patch_nonfinite(u32 code, u32 raw, u32 codes) {
   typedef Input<kIn> In;
   const u32 magnitude = raw & (In::kSign - 1u);
   if (magnitude < In::kInf) return code;
-  const u32 which = (magnitude == In::kInf ? 2u : 0u) + ((raw & In::kSign) != 0u ? 1u : 0u);
+  const bool negative = (raw & In::kSign) != 0u && (magnitude == In::kInf || !kUnsignedNaN);
+  const u32 which = (magnitude == In::kInf ? 2u : 0u) + (negative ? 1u : 0u);
   return (codes >> (8u * which)) & 0xffu;
 }
 

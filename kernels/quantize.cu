@@ -168,8 +168,9 @@ __device__ __forceinline__ void zero_padding_rows(const Params& p, u8* q_batch, 
 // `words` are this lane's values; `mask` names the lanes that run this call together (the
 // group's own lanes, or with kWholeWarp all 32); `real_row` false quantizes a padding row's
 // zeros. The codes go to q_dst when store_q, the scale to scale_at (the layout's at() of the
-// group) when store_scale.
-template <int kIn, int kGroup, int kOut, int kScale, int kLayout, bool kWholeWarp>
+// group) when store_scale. kUnsignedNaN: see patch_nonfinite.
+template <int kIn, int kGroup, int kOut, int kScale, int kLayout, bool kWholeWarp,
+          bool kUnsignedNaN = false>
 __device__ __forceinline__ void quantize_group(const Params& p, const u32 (&words)[kLaneWords],
                                                u32 mask, bool real_row, u8* q_dst, bool store_q,
                                                u8* scale_at, bool store_scale, int group) {
@@ -224,7 +225,7 @@ __device__ __forceinline__ void quantize_group(const Params& p, const u32 (&word
     for (int i = 0; i < kValues; ++i) {
       const int shift = 8 * (i % 4);
       const u32 code =
-          patch_nonfinite<kIn>((codes[i / 4] >> shift) & 0xffu, In::raw(words, i), p.nonfinite_codes);
+          patch_nonfinite<kIn, kUnsignedNaN>((codes[i / 4] >> shift) & 0xffu, In::raw(words, i), p.nonfinite_codes);
       codes[i / 4] = (codes[i / 4] & ~(0xffu << shift)) | (code << shift);
     }
   }
@@ -256,7 +257,10 @@ __global__ void __launch_bounds__(kMaxThreads,
   const int lane = threadIdx.x % kLanes;
   const int tile_rows_log2 = p.tile_rows_log2;
   __shared__ typename ActivationTable<kIn, kAct>::Type table;
-  if constexpr (kAct == kSiluMul) table.fill();  // before any thread returns
+  // NOTES: the one-pass path fills the table after its loads are issued (the barrier would hold
+  // them back otherwise: docs/perf.md, fused step 5); the row loop fills it here, before any
+  // thread returns
+  if constexpr (kAct == kSiluMul && !kOnePass) table.fill();
 
   if constexpr (kOnePass) {
     // NOTES: one group per lane set and no loop, for grids of a few waves. The slots of the
@@ -284,10 +288,14 @@ __global__ void __launch_bounds__(kMaxThreads,
     // previous kernel may also still read q and the scales); once our loads are issued the
     // next kernel may start its prologue
     wait_for_producer();
-    load_values<kIn, kVec16, kAct>(
+    u32 up[kLaneWords];
+    load_inputs<kIn, kVec16, kAct>(
         p, static_cast<const Storage*>(p.x) + batch * p.x_batch_stride + read_row * p.x_row_stride +
-               value0, table, words);
+               value0, words, up);
+    table.start();  // kSiluMul's table copy, after the loads are issued
     signal_dependents();
+    table.wait();
+    apply_activation<kIn, kAct>(words, up, table);
     u8* q_batch = p.q + batch * p.q_batch_stride + value0;
     // NOTES: the stores' addresses are computed here, while the load is in flight, and pinned
     // (an empty asm that "modifies" them); the compiler otherwise recomputed them after the
@@ -305,7 +313,7 @@ __global__ void __launch_bounds__(kMaxThreads,
     if (active && row == p.rows - 1u) {
       zero_padding_rows<kValues, kLanes, kLayout>(p, q_batch, k, batch, row, group, lane);
     }
-    quantize_group<kIn, kGroup, kOut, kScale, kLayout, true>(
+    quantize_group<kIn, kGroup, kOut, kScale, kLayout, true, kAct == kSiluMul>(
         p, words, 0xffffffffu, true, q_dst, stores & 1u, scale_at, stores & 2u, group);
     return;
   }
@@ -368,7 +376,7 @@ __global__ void __launch_bounds__(kMaxThreads,
     } else {
       signal_dependents();  // this slot's last load is issued
     }
-    quantize_group<kIn, kGroup, kOut, kScale, kLayout, false>(
+    quantize_group<kIn, kGroup, kOut, kScale, kLayout, false, kAct == kSiluMul>(
         p, words, mask, row < rows, p.q + batch * p.q_batch_stride + row * k + value0,
         row < p.q_rows, ScaleLayout<kLayout>::at(p, batch, row, group),
         lane == 0 && row < p.scale_rows, group);
@@ -492,7 +500,7 @@ __global__ void __launch_bounds__(kMaskedThreads, 8) quantize_masked(const __gri
     for (int u = 0; u < kMaskedUnroll; ++u) {
       apply_activation<kIn, kAct>(words[u], up[u], table);
       const i64 value0 = static_cast<i64>(group[u]) * kGroup + lane * kValues;
-      quantize_group<kIn, kGroup, kOut, kScale, kLayout, true>(
+      quantize_group<kIn, kGroup, kOut, kScale, kLayout, true, kAct == kSiluMul>(
           p, words[u], 0xffffffffu, true, p.q + batch[u] * p.q_batch_stride + row[u] * k + value0,
           active[u], ScaleLayout<kLayout>::at(p, batch[u], row[u], group[u]),
           active[u] && lane == 0, group[u]);
@@ -500,19 +508,22 @@ __global__ void __launch_bounds__(kMaskedThreads, 8) quantize_masked(const __gri
   }
 }
 
-// fused (add-)RMSNorm: one thread block for kNormRows rows ------------------------------------------
+// fused (add-)RMSNorm: a row at a time, the next one loading ---------------------------------------
 // NOTES: a row's sum of squares needs the whole row before any group can be scaled, so a block
 // holds whole rows, one 32-byte lane per thread (at most 1024 lanes: K <= 16384 for 16-bit
 // input), and reduces in the order docs/spec.md (section 2b) defines: each lane folds its squares
 // in half, each warp folds its 32 lanes with xor shuffles, one shared slot per warp, and every
 // warp folds the 32 slots again, so every thread holds the same total with no second barrier.
-// Each thread takes its lane of kNormRows consecutive rows (over all batches), all loads issued
-// before the barrier; two rows measured 5% faster at M = 4096 but 1.5-2 us slower at M <= 64
-// (docs/perf.md, fused step 3), so a block takes one. Threads past the row's last lane work on a copy of that lane, add +0 to the
-// sums and store nothing, so the group shuffles name the whole warp; a row past the last is
-// a copy of the last and stores nothing. The last real row zeroes the padding rows below it.
+// The grid is at most one resident wave; a block walks the rows (over all batches) with a
+// stride of the grid and issues the next row's loads before it works on the current one, so
+// that a row's load overlaps the previous row's work (one row a block, as before session 8,
+// left the SM waiting on each block's chain of load, sums, barrier and stores: docs/perf.md,
+// fused step 7). The warp slots alternate between two sets, so one barrier a row suffices: a
+// warp cannot write a set again before every warp has passed the next row's barrier, which
+// each reaches only after reading the set. Threads past the row's last lane work on a copy of
+// that lane, add +0 to the sums and store nothing, so the group shuffles name the whole warp.
+// The last real row of each batch zeroes the padding rows below it.
 constexpr int kMaxNormThreads = 1024;  // _launch.py reads this line
-constexpr int kNormRows = 1;  // _launch.py reads this line
 
 template <int kIn, int kGroup, int kOut, int kScale, int kLayout>
 __global__ void __launch_bounds__(kMaxNormThreads) quantize_norm(const __grid_constant__ Params p) {
@@ -520,78 +531,77 @@ __global__ void __launch_bounds__(kMaxNormThreads) quantize_norm(const __grid_co
   typedef typename In::Storage Storage;
   constexpr int kValues = kLaneWords * 4 / In::kBytes;
   constexpr int kLanes = kGroup / kValues;
-  __shared__ float warp_sums[kNormRows][32];
+  __shared__ float warp_sums[2][32];
 
-  const u32 total_rows = p.batches * p.rows;
+  const u32 total_rows = p.batches * p.rows;  // the grid is at most this many blocks
+  if (blockIdx.x >= total_rows) return;  // whole blocks, before any barrier
   const int lanes = p.groups_per_row * kLanes;
   const int t = threadIdx.x;
   const bool in_row = t < lanes;
   const int index = min(t, lanes - 1);
   const int group = index / kLanes, lane = index % kLanes;
   const i64 value0 = static_cast<i64>(index) * kValues;
-  u32 words[kNormRows][kLaneWords], weight[kLaneWords];
-  u32 batch[kNormRows], row[kNormRows];
-  bool real[kNormRows];
-  Storage* residual[kNormRows];
-#pragma unroll
-  for (int r = 0; r < kNormRows; ++r) {
-    const u32 flat = blockIdx.x * kNormRows + r;
-    real[r] = flat < total_rows;
-    const u32 read = min(flat, total_rows - 1u);
-    batch[r] = read / p.rows;  // one division per row, none per value
-    row[r] = read - batch[r] * p.rows;
-  }
+  const i64 k = static_cast<i64>(p.groups_per_row) * kGroup;
+  const bool warp_slot = (t & 31) < static_cast<int>(blockDim.x >> 5);
+  const bool add = p.residual != nullptr;
+  const Storage* x_lane = static_cast<const Storage*>(p.x) + value0;
+  Storage* residual_lane = reinterpret_cast<Storage*>(p.residual) + value0;
+
+  // a row's lanes of x (and of the residual): flat is its index over all batches
+  auto load_row = [&](u32 flat, u32& batch, u32& row, u32(&x)[kLaneWords], u32(&r)[kLaneWords]) {
+    batch = flat / p.rows;  // one division a row, none a value
+    row = flat - batch * p.rows;
+    load_lane<kIn, true>(x_lane + batch * p.x_batch_stride + row * p.x_row_stride, x);
+    if (add) load_lane<kIn, true>(residual_lane + batch * p.r_batch_stride + row * p.r_row_stride, r);
+  };
+
+  u32 flat = blockIdx.x, batch, row;
+  u32 words[kLaneWords], other[kLaneWords], weight[kLaneWords];
   wait_for_producer();  // PDL, as in quantize_groups
-#pragma unroll
-  for (int r = 0; r < kNormRows; ++r) {
-    load_lane<kIn, true>(static_cast<const Storage*>(p.x) + batch[r] * p.x_batch_stride +
-                             row[r] * p.x_row_stride + value0, words[r]);
-  }
+  load_row(flat, batch, row, words, other);
   load_lane<kIn, true>(static_cast<const Storage*>(p.weight) + value0, weight);
-  if (p.residual != nullptr) {
-    u32 other[kNormRows][kLaneWords];
-#pragma unroll
-    for (int r = 0; r < kNormRows; ++r) {
-      residual[r] = reinterpret_cast<Storage*>(p.residual) + batch[r] * p.r_batch_stride +
-                    row[r] * p.r_row_stride + value0;
-      load_lane<kIn, true>(residual[r], other[r]);
+  for (int set = 0;; set ^= 1) {
+    const u32 next_flat = flat + gridDim.x;
+    const bool more = next_flat < total_rows;
+    u32 next_batch = 0u, next_row = 0u, next_words[kLaneWords], next_other[kLaneWords];
+    if (more) {
+      load_row(next_flat, next_batch, next_row, next_words, next_other);
+    } else {
+      signal_dependents();  // this block's last loads are issued
     }
-    signal_dependents();
-#pragma unroll
-    for (int r = 0; r < kNormRows; ++r) {
-      add_residual<kIn>(words[r], other[r]);
-      if (in_row && real[r]) {
-        uint4* dst = reinterpret_cast<uint4*>(residual[r]);
-        dst[0] = make_uint4(words[r][0], words[r][1], words[r][2], words[r][3]);
-        dst[1] = make_uint4(words[r][4], words[r][5], words[r][6], words[r][7]);
+
+    if (add) {
+      add_residual<kIn>(words, other);
+      if (in_row) {
+        uint4* dst = reinterpret_cast<uint4*>(residual_lane + batch * p.r_batch_stride + row * p.r_row_stride);
+        dst[0] = make_uint4(words[0], words[1], words[2], words[3]);
+        dst[1] = make_uint4(words[4], words[5], words[6], words[7]);
       }
     }
-  } else {
-    signal_dependents();
-  }
-
-  // the mean squares: lanes, then warps, then the 32 warp slots, each folded in half
-#pragma unroll
-  for (int r = 0; r < kNormRows; ++r) {
-    const float total = warp_fold(in_row ? lane_sum_of_squares<kIn>(words[r]) : 0.0f);
-    if ((t & 31) == 0) warp_sums[r][t >> 5] = total;
-  }
-  __syncthreads();
-  const bool warp_slot = (t & 31) < static_cast<int>(blockDim.x >> 5);
-  const i64 k = static_cast<i64>(p.groups_per_row) * kGroup;
-#pragma unroll
-  for (int r = 0; r < kNormRows; ++r) {
-    const float total = warp_fold(warp_slot ? warp_sums[r][t & 31] : 0.0f);
+    // the mean square: lanes, then warps, then the 32 warp slots, each folded in half
+    const float warp_total = warp_fold(in_row ? lane_sum_of_squares<kIn>(words) : 0.0f);
+    if ((t & 31) == 0) warp_sums[set][t >> 5] = warp_total;
+    __syncthreads();
+    const float total = warp_fold(warp_slot ? warp_sums[set][t & 31] : 0.0f);
     const float mean = div_rn(total, static_cast<float>(lanes * kValues));
-    normalize_lane<kIn>(words[r], weight, div_rn(1.0f, sqrt_rn(add_rn(mean, p.eps_norm))));
-    const bool store = in_row && real[r];
-    u8* q_batch = p.q + batch[r] * p.q_batch_stride + value0;
-    if (store && row[r] == p.rows - 1u) {
-      zero_padding_rows<kValues, kLanes, kLayout>(p, q_batch, k, batch[r], row[r], group, lane);
+    normalize_lane<kIn>(words, weight, div_rn(1.0f, sqrt_rn(add_rn(mean, p.eps_norm))));
+    u8* q_batch = p.q + batch * p.q_batch_stride + value0;
+    if (in_row && row == p.rows - 1u) {
+      zero_padding_rows<kValues, kLanes, kLayout>(p, q_batch, k, batch, row, group, lane);
     }
-    quantize_group<kIn, kGroup, kOut, kScale, kLayout, true>(
-        p, words[r], 0xffffffffu, true, q_batch + row[r] * k, store,
-        ScaleLayout<kLayout>::at(p, batch[r], row[r], group), store && lane == 0, group);
+    quantize_group<kIn, kGroup, kOut, kScale, kLayout, true, true>(
+        p, words, 0xffffffffu, true, q_batch + row * k, in_row,
+        ScaleLayout<kLayout>::at(p, batch, row, group), in_row && lane == 0, group);
+
+    if (!more) break;
+    flat = next_flat;
+    batch = next_batch;
+    row = next_row;
+#pragma unroll
+    for (int i = 0; i < kLaneWords; ++i) {
+      words[i] = next_words[i];
+      other[i] = next_other[i];
+    }
   }
 }
 

@@ -64,8 +64,9 @@ def test_the_kernel_holds_the_silu_band_table():
     body = re.search(r"kSiluBandBF16\[kSiluBandWords\] = \{(.*?)\};", text, re.S).group(1)
     words = np.array([int(v, 16) for v in re.findall(r"0x([0-9a-f]{8})u", body)], np.uint32)
     halves = np.stack([words & 0xFFFF, words >> 16], axis=-1).reshape(-1).astype(np.uint16)
-    assert np.array_equal(halves, activation.silu_band_table())
-    assert halves.size == activation.POSITIVE_BAND + activation.NEGATIVE_BAND == 3328
+    assert halves.size == 4096 and 2 * activation.BAND == 3840
+    assert np.array_equal(halves[:3840], activation.silu_band_table())
+    assert not halves[3840:].any()  # the padding any 12-bit index may read
 
 
 def test_the_band_lookup_gives_the_defined_silu_for_every_bfloat16_gate():
@@ -76,8 +77,8 @@ def test_the_band_lookup_gives_the_defined_silu_for_every_bfloat16_gate():
     nan = np.isnan(g)
     assert np.array_equal(looked_up[~nan].view(np.uint32), defined[~nan].view(np.uint32))
     assert np.isnan(looked_up[nan]).all()  # a NaN gate stays NaN; the multiply canonicalises it
-    # the rules do work outside the bands: 62,208 gates, and every table entry is needed
-    outside = activation.silu_bf16_by_table(bits, np.zeros(3328, np.uint16))
+    # the rules do work outside the band, and the table inside it
+    outside = activation.silu_bf16_by_table(bits, np.zeros(3840, np.uint16))
     in_band = outside != activation.silu_bf16_by_table(bits)
     assert in_band.sum() > 3000 and (~in_band).sum() > 60000
 
@@ -85,10 +86,34 @@ def test_the_band_lookup_gives_the_defined_silu_for_every_bfloat16_gate():
 def test_a_wrong_band_table_is_caught():
     # the lookup really reads the table: one changed entry changes one gate's result
     table = activation.silu_band_table().copy()
-    table[1408 + 100] ^= 1
+    table[activation.BAND + 100] ^= 1
     bits = np.arange(65536, dtype=np.uint16)
     changed = activation.silu_bf16_by_table(bits, table) != activation.silu_bf16_by_table(bits)
     assert np.flatnonzero(changed).tolist() == [0x8000 | (activation.BAND_FIRST + 100)]
+
+
+def test_bf16_multiply_rounds_once_where_the_definition_rounds_twice():
+    # the kernel's SiLU-and-multiply for bfloat16 multiplies round(silu(g)) by up in bfloat16x2
+    # arithmetic: one rounding of the exact product, where the definition rounds it to float32
+    # first. The same bits, since two bfloat16 significands make at most 16 bits (exact in
+    # float32 but for products below 2^-126, whose bits are too few to round to a tie). Every
+    # bfloat16 as s against ups of every exponent, subnormals included.
+    bf16 = ml_dtypes.bfloat16
+    rng = np.random.default_rng(3)
+    s = np.arange(65536, dtype=np.uint16).view(bf16).astype(np.float64)
+    s = s[np.isfinite(s)]
+    exponents = np.concatenate([np.arange(-133, 128), rng.integers(-133, 128, 39)])
+    mantissas = rng.integers(0, 128, exponents.size) / 128.0
+    ups = np.where(exponents < -126, mantissas * 2.0**-126, (1 + mantissas) * 2.0**exponents)
+    ups = np.concatenate([ups, -ups[::3]]).astype(bf16).astype(np.float64)
+    exact = s[:, None] * ups[None, :]  # exact in float64: 16 significant bits
+    _, e = np.frexp(exact)
+    ulp = np.ldexp(1.0, np.maximum(e - 1, -126) - 7)
+    with np.errstate(over="ignore"):
+        twice = exact.astype(np.float32).astype(bf16).astype(np.float64)
+        once = (np.rint(exact / ulp) * ulp).astype(np.float32).astype(bf16).astype(np.float64)
+    assert (twice != 0).mean() > 0.5 and np.isinf(twice).any() and (np.abs(twice) < 2.0**-126).any()
+    np.testing.assert_array_equal(once.view(np.uint64), twice.view(np.uint64))
 
 
 def test_exp_is_within_0_53_ulp():

@@ -982,6 +982,22 @@ def test_norm_every_combination(input_dtype, group_size, dtype, scale, layout):
         check_norm(x, weight, 1e-5, None, *args)
 
 
+@pytest.mark.parametrize("waves", [0.0, 0.005, 1.0, 3.0])  # a block a row, a few, the default
+def test_norm_blocks_walk_every_row_of_every_batch(monkeypatch, waves):
+    # the row loop: a grid of a few blocks walks 150 rows over three batches, alternating warp
+    # slot sets; with the residual written back and padded rows zeroed at each batch's end
+    from fp8_group_quant import api
+
+    monkeypatch.setattr(_launch, "NORM_WAVES", waves)
+    monkeypatch.setattr(api, "_PLANS", api.PlanCache(api.MAX_PLANS))
+    rng = np.random.default_rng(13)
+    x = activations(rng, (3, 50, 2688), "bfloat16", specials=True)
+    weight = activations(rng, (2688,), "bfloat16")
+    residual = activations(rng, (3, 50, 2688), "bfloat16")
+    check_norm(x, weight, 1e-6, residual, "torch", 128, "e4m3", "ue8m0", "packed", pad_rows=True)
+    check_norm(x, weight, 1e-6, None, "cupy", 64, "e5m2", "float32", "col_tma", pad_rows=True)
+
+
 @pytest.mark.parametrize("lib", ["cupy", "torch"])
 def test_norm_rows_inside_wider_buffers_many_rows_and_odd_widths(lib):
     rng = np.random.default_rng(12)

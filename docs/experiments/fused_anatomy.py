@@ -7,7 +7,8 @@ The kernels: the plain default (bf16, G = 128, e4m3, packed UE8M0, one pass), th
 fused SiLU-and-multiply, RMSNorm without and with the residual, and the masked kernel with and
 without SiLU, each launched once at the bench sizes (M = 4096, N = K = 7168 for the first four;
 E = 32, T = 1024, 5% of the rows for the masked ones). With `--metrics smsp__inst_executed.sum`
-the instructions per value are that sum times 32 over M * K (docs/perf.md, fused step 5). Run from the repository root with PYTHONPATH=. (logs/ncu-fused-h200.log)
+the instructions per value are that sum times 32 over M * K (docs/perf.md, fused step 5).
+Run from the repository root with PYTHONPATH=. (logs/ncu-fused-h200.log)
 """
 
 
