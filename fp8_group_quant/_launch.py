@@ -41,7 +41,7 @@ _WAVES_ENV = os.environ.get("FP8_GROUP_QUANT_WAVES")
 WAVES = float(_WAVES_ENV) if _WAVES_ENV else None
 # Resident waves of blocks the fused RMSNorm's grid holds (each block walks rows with a stride of
 # the grid, loading the next row while it works on one); 0 launches a block per row. Unset:
-# norm_waves() picks. A tuning knob, measured in docs/perf.md (fused step 7).
+# norm_blocks() picks. A tuning knob, measured in docs/perf.md (fused step 7).
 _NORM_WAVES_ENV = os.environ.get("FP8_GROUP_QUANT_NORM_WAVES")
 NORM_WAVES = float(_NORM_WAVES_ENV) if _NORM_WAVES_ENV else None
 # Programmatic Dependent Launch on devices that have it (SM90 and newer); FP8_GROUP_QUANT_PDL=0
@@ -323,22 +323,27 @@ def waves_for(blocks_per_sm: int) -> float:
     return 8.0 if blocks_per_sm >= 6 else 1.0
 
 
-def norm_waves(residual: bool) -> float:
-    """Resident waves of the fused RMSNorm's grid (FP8_GROUP_QUANT_NORM_WAVES overrides).
+def norm_blocks(rows: int, residual: bool, per_sm: int, sms: int) -> int:
+    """Blocks of the fused RMSNorm's grid for ``rows`` rows (all batches): a block a row, or one
+    resident wave of blocks that walk the rows (FP8_GROUP_QUANT_NORM_WAVES overrides).
 
-    NOTES: measured on the H200 (docs/perf.md, fused step 7), K = 7168: without the residual one
-    wave of blocks that walk the rows ran 43.1-43.3 us at M = 4096 against 45.6 with a block a
-    row; with it, the loop's extra loads in flight ran slower (59.8 against 57.5 us, and 10.8
-    against 9.6 at M = 512), so that takes a block a row."""
+    NOTES: measured on the H200 (docs/perf.md, fused step 7), K = 7168, two rounds alternating:
+    without the residual the wave of walking blocks ran 43.1-43.4 us at M = 4096 against
+    44.7-45.3 with a block a row, but 7.3-7.8 against 7.1-7.2 at M = 512 (two rows a block); with
+    the residual it was slower at both (59.0-59.2 against 57.2-57.4, 10.9 against 9.5). So the
+    walking blocks take rows without a residual from four rows a block up."""
+    resident = per_sm * sms
     if NORM_WAVES is not None:
-        return NORM_WAVES
-    return 0.0 if residual else 1.0
+        waves = NORM_WAVES
+    else:
+        waves = 0.0 if residual or rows < 4 * resident else 1.0
+    return max(1, rows if waves <= 0 else min(rows, int(waves * resident)))
 
 
 def _prepare_norm(request, key: KernelKey, device: int) -> Launch:
-    """The fused RMSNorm's grid: norm_waves() resident waves of blocks at most, each walking the
-    rows (all batches) with a stride of the grid; one thread a 32-byte lane, rounded up to whole
-    warps (make_request keeps rows within kMaxNormThreads lanes)."""
+    """The fused RMSNorm's grid: norm_blocks() blocks, each walking the rows (all batches) with
+    a stride of the grid; one thread a 32-byte lane, rounded up to whole warps (make_request
+    keeps rows within kMaxNormThreads lanes)."""
     geometry = request.output
     lanes = geometry.groups * key.lanes_per_group
     threads = -(-lanes // WARP) * WARP
@@ -346,12 +351,8 @@ def _prepare_norm(request, key: KernelKey, device: int) -> Launch:
     function = _jit.get_function(SOURCE, key.name_expression, device)
     with _jit.current_device(device):
         handle = function.kernel.ptr
-    rows = geometry.batches * geometry.rows
-    waves = norm_waves(request.residual)
-    if waves > 0:
-        per_sm, sms = resident_blocks(handle, key.name_expression, threads, device)
-        rows = min(rows, max(1, int(waves * per_sm * sms)))
-    grid = (max(1, rows), 1, 1)
+    per_sm, sms = resident_blocks(handle, key.name_expression, threads, device)
+    grid = (norm_blocks(geometry.batches * geometry.rows, request.residual, per_sm, sms), 1, 1)
     return Launch(handle, grid, (threads, 1, 1), make_params(request), pdl_supported(device))
 
 

@@ -270,12 +270,10 @@ template <> __device__ __forceinline__ u32 input_pair<kF16>(float lo, float hi) 
 }
 
 // per value of one lane: bits of the input type, made by `value` from the i-th float32 value;
-// NaN is the positive quiet NaN (0x7fc0, 0x7e00, 0x7fc00000), as NumPy converts float32's.
-// kCanonicalNaN false leaves NaN as the conversion makes it, for values that only the quantizer
-// reads, which then encodes every NaN as +NaN (quantize_group's kUnsignedNaN)
+// NaN is the positive quiet NaN (0x7fc0, 0x7e00, 0x7fc00000), as NumPy converts float32's
 // NOTES: 16-bit types convert two values with one cvt and canonicalise NaN on a path taken only
 // by a lane that made one (before: per value a cvt, two NaN selects, a shift and an or)
-template <int kIn, bool kCanonicalNaN = true, typename F>
+template <int kIn, typename F>
 __device__ __forceinline__ void map_lane(u32 (&words)[kLaneWords], F value) {
   typedef Input<kIn> In;
   u32 out[kLaneWords];
@@ -284,7 +282,7 @@ __device__ __forceinline__ void map_lane(u32 (&words)[kLaneWords], F value) {
 #pragma unroll
     for (int w = 0; w < kLaneWords; ++w) {
       const float lo = value(2 * w), hi = value(2 * w + 1);
-      if constexpr (kCanonicalNaN) nan |= lo != lo || hi != hi;
+      nan |= lo != lo || hi != hi;
       out[w] = input_pair<kIn>(lo, hi);
     }
     if (__builtin_expect(nan, 0)) {
@@ -299,10 +297,7 @@ __device__ __forceinline__ void map_lane(u32 (&words)[kLaneWords], F value) {
     }
   } else {
 #pragma unroll
-    for (int w = 0; w < kLaneWords; ++w) {
-      const float v = value(w);
-      out[w] = __float_as_uint(kCanonicalNaN ? canonical_nan(v) : v);
-    }
+    for (int w = 0; w < kLaneWords; ++w) out[w] = __float_as_uint(canonical_nan(value(w)));
   }
 #pragma unroll
   for (int w = 0; w < kLaneWords; ++w) words[w] = out[w];
@@ -377,15 +372,14 @@ __device__ __forceinline__ float warp_fold(float v) {
   return v;
 }
 
-// y = round(RN(x * r) * w), in the input type, for the quantizer only: a NaN keeps the bits
-// the conversion gives it (quantize_norm quantizes with kUnsignedNaN)
+// y = round(RN(x * r) * w), in the input type
 template <int kIn>
 __device__ __forceinline__ void normalize_lane(u32 (&words)[kLaneWords], const u32 (&weight)[kLaneWords],
                                                float r) {
   u32 x[kLaneWords];
 #pragma unroll
   for (int w = 0; w < kLaneWords; ++w) x[w] = words[w];
-  map_lane<kIn, false>(words, [&](int i) {
+  map_lane<kIn>(words, [&](int i) {
     return mul_rn(mul_rn(value_of<kIn>(x, i), r), value_of<kIn>(weight, i));
   });
 }

@@ -259,9 +259,9 @@ template <> struct Output<kInt8> {
 };
 
 // the code of a non-finite input (from `codes`: +NaN, -NaN, +Inf, -Inf, a byte each), or `code`
-// unchanged for a finite one; with kUnsignedNaN every NaN is +NaN (the fused paths' values,
-// whose NaN is +NaN by definition but may come out of bf16x2 arithmetic or a conversion with a
-// sign or payload: canonicalising here costs nothing outside this rare path)
+// unchanged for a finite one; with kUnsignedNaN every NaN is +NaN (the fused SiLU's values,
+// whose NaN is +NaN by definition but may come out of bf16x2 arithmetic with a sign:
+// canonicalising here costs nothing outside this rare path)
 // NOTES: set explicitly rather than trusting the arithmetic: Inf / s through the reciprocal path
 // of divide_fast gives NaN, and cvt's NaN has no sign.
 template <int kIn, bool kUnsignedNaN>

@@ -589,7 +589,7 @@ __global__ void __launch_bounds__(kMaxNormThreads) quantize_norm(const __grid_co
     if (in_row && row == p.rows - 1u) {
       zero_padding_rows<kValues, kLanes, kLayout>(p, q_batch, k, batch, row, group, lane);
     }
-    quantize_group<kIn, kGroup, kOut, kScale, kLayout, true, true>(
+    quantize_group<kIn, kGroup, kOut, kScale, kLayout, true>(
         p, words, 0xffffffffu, true, q_batch + row * k, in_row,
         ScaleLayout<kLayout>::at(p, batch, row, group), in_row && lane == 0, group);
 

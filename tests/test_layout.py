@@ -258,3 +258,18 @@ def test_the_launch_picks_its_path_and_grid(
     if one_pass:  # the flat grid covers every slot, with less than one block to spare
         threads = params.slots * request.kernel_key().lanes_per_group
         assert got_grid[0] * block[0] >= threads > (got_grid[0] - 1) * block[0]
+
+
+@pytest.mark.parametrize("rows, residual, knob, blocks", [
+    (4096, False, None, 264),  # 15.5 rows a block: one wave of walking blocks
+    (1056, False, None, 264),  # four rows a block, the threshold
+    (1055, False, None, 1055),  # below it: a block a row
+    (4096, True, None, 4096),  # the residual: always a block a row
+    (4096, True, 1.0, 264), (4096, False, 0.0, 4096), (100, False, 2.0, 100),  # the knob
+    (1, False, None, 1), (0, False, None, 1),  # never an empty grid
+])  # fmt: skip
+def test_norm_grid_policy(monkeypatch, rows, residual, knob, blocks):
+    from fp8_group_quant import _launch
+
+    monkeypatch.setattr(_launch, "NORM_WAVES", knob)
+    assert _launch.norm_blocks(rows, residual, per_sm=2, sms=132) == blocks
