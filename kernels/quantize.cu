@@ -549,7 +549,8 @@ __global__ void __launch_bounds__(kMaxNormThreads) quantize_norm(const __grid_co
 
   // a row's lanes of x (and of the residual): flat is its index over all batches
   auto load_row = [&](u32 flat, u32& batch, u32& row, u32(&x)[kLaneWords], u32(&r)[kLaneWords]) {
-    batch = flat / p.rows;  // one division a row, none a value
+    // one division a row (about 20 instructions), none with one batch, the usual case
+    batch = p.batches == 1u ? 0u : flat / p.rows;
     row = flat - batch * p.rows;
     load_lane<kIn, true>(x_lane + batch * p.x_batch_stride + row * p.x_row_stride, x);
     if (add) load_lane<kIn, true>(residual_lane + batch * p.r_batch_stride + row * p.r_row_stride, r);
