@@ -41,8 +41,8 @@ def roofline_function():
     return compile_function(_jit.source_text("roofline.cu"), "fgq::roofline_copy")
 
 
-def time_roofline(roofline, inputs, outputs) -> float:
-    """Graph-replay us per call of the roofline kernel over the inputs."""
+def roofline_calls(roofline, inputs, outputs) -> list:
+    """Launches of the roofline kernel over the inputs, one per buffer (at least CALLS)."""
     chunks = inputs[0].size * 2 // 32
     grid = (-(-chunks // 256), 1, 1)
 
@@ -50,7 +50,12 @@ def time_roofline(roofline, inputs, outputs) -> float:
         x, (q, _) = inputs[i % len(inputs)], outputs[i % len(outputs)]
         return lambda: roofline(grid, (256, 1, 1), (x, q, np.int64(chunks)))
 
-    return bench.graph_time_us(cupy, [call(i) for i in range(max(len(inputs), CALLS))], 9)
+    return [call(i) for i in range(max(len(inputs), CALLS))]
+
+
+def time_roofline(roofline, inputs, outputs) -> float:
+    """Graph-replay us per call of the roofline kernel over the inputs."""
+    return bench.graph_time_us(cupy, roofline_calls(roofline, inputs, outputs), 9)
 
 
 def default_launch(m: int, k: int) -> tuple[_launch.Launch, object]:
@@ -73,11 +78,16 @@ def run_launch(launch, x, outputs) -> None:
     launch.launch(x.data.ptr, q.data.ptr, scales.data.ptr, cupy.cuda.get_current_stream().ptr)
 
 
-def time_launch(launch, inputs, outputs) -> float:
-    """Graph-replay us per call of a prepared launch over the inputs."""
+def launch_calls(launch, inputs, outputs) -> list:
+    """Calls of a prepared launch over the inputs, one per buffer (at least CALLS)."""
 
     def call(i):
         x, out = inputs[i % len(inputs)], outputs[i % len(outputs)]
         return lambda: run_launch(launch, x, out)
 
-    return bench.graph_time_us(cupy, [call(i) for i in range(max(len(inputs), CALLS))], 9)
+    return [call(i) for i in range(max(len(inputs), CALLS))]
+
+
+def time_launch(launch, inputs, outputs) -> float:
+    """Graph-replay us per call of a prepared launch over the inputs."""
+    return bench.graph_time_us(cupy, launch_calls(launch, inputs, outputs), 9)

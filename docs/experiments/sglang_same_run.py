@@ -1,0 +1,198 @@
+"""Experiment (issue 10): SGLang's v2 per-token-group kernel timed in the same run as ours.
+
+Issue 10's SGLang ratios were measured on another machine against another roofline kernel;
+a ratio at M <= 16 moves by 0.1 between machines (docs/perf.md step 18). This script times
+SGLang's own kernel beside ours and the roofline kernel, graph against graph, in one process.
+
+The SGLang source is not part of this repository. Pass the path of
+`sglang/kernels/jit/csrc/gemm/per_token_group_quant_8bit_v2.cuh` from the `sglang` wheel on
+PyPI (the JIT port of sgl-kernel's `per_token_group_quant_8bit_v2.cu`; its header says the
+kernel's arithmetic is the AOT kernel's). The script drops its `#include` lines and its
+launcher (everything from the "Launcher (JIT)" comment on) and puts before it a few lines of
+its own: the type alias, the PDL helpers and the warp maximum the kernel names, the latter with
+the whole-warp mask of the AOT kernel. It is launched as its host launches it (NaiveScheduler:
+8 lanes a group, 16 groups a block where they divide the groups, else 8, 4, 2, 1; packed
+column-major UE8M0 scales) and without the PDL attribute, as `bench` launches ours.
+
+Columns, us per call by CUDA-graph replay over rotating buffers (graphs replayed in turn):
+- roof: the roofline kernel; ours: the library's launch (PDL off), checked bit for bit
+  against the NumPy backend;
+- sgl: SGLang's kernel as shipped (its loads compile to the read-only path, LDG.CONSTANT, as
+  the AOT kernel's `ld.global.nc`); the codes and scales of its real rows are compared with
+  ours and the differing bytes counted;
+- with --variants (text edits of the kernel of commit 9017005, which run 1 of session 9
+  measured): scale1st, finite, nopad: ours with the scale stored before the codes are computed,
+  without the Inf/NaN paths (valid on this finite data), and without padding rows (not the
+  contract).
+Run from the repository root: PYTHONPATH=$PWD python3 docs/experiments/sglang_same_run.py PATH
+[--variants] [K ...]
+"""
+
+import sys
+
+import cupy
+import flat_one_pass
+import harness
+import ml_dtypes
+import numpy as np
+
+from fp8_group_quant import _jit, _launch, bench
+from fp8_group_quant.__main__ import activation
+from fp8_group_quant._arrays import describe
+from fp8_group_quant._request import make_request
+
+# what the SGLang kernel names from its own headers, written here
+PRELUDE = r"""
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+typedef unsigned int uint32_t;
+typedef int int32_t;
+typedef long long int64_t;
+typedef unsigned char uint8_t;
+typedef signed char int8_t;
+namespace std {
+template <bool B, class T, class F> struct conditional { typedef T type; };
+template <class T, class F> struct conditional<false, T, F> { typedef F type; };
+template <bool B, class T, class F> using conditional_t = typename conditional<B, T, F>::type;
+template <class A, class B> constexpr bool is_same_v = false;
+template <class A> constexpr bool is_same_v<A, A> = true;
+}  // namespace std
+#define SGL_DEVICE __forceinline__ __device__
+typedef __nv_fp8_e4m3 fp8_e4m3_t;
+namespace host {
+inline void RuntimeCheck(bool, const char*) {}
+}  // namespace host
+namespace device {
+template <bool kUse> SGL_DEVICE void PDLWaitPrimary() {
+  if constexpr (kUse) asm volatile("griddepcontrol.wait;" ::: "memory");
+}
+template <bool kUse> SGL_DEVICE void PDLTriggerSecondary() {
+  if constexpr (kUse) asm volatile("griddepcontrol.launch_dependents;" :::);
+}
+namespace warp {
+typedef unsigned mask_t;
+template <int kLanes, typename T> SGL_DEVICE T reduce_max(T value, mask_t) {
+#pragma unroll
+  for (int offset = kLanes / 2; offset > 0; offset /= 2) {
+    value = fmaxf(value, __shfl_xor_sync(0xffffffffu, value, offset));
+  }
+  return value;
+}
+}  // namespace warp
+}  // namespace device
+"""
+NAME = (
+    "sglang::per_token_group_quant_8bit_v2_kernel<sglang::NaiveScheduler, 128, 8, "
+    "__nv_bfloat16, fp8_e4m3_t, true, true, false, true>"
+)
+
+
+def sglang_text(path: str) -> str:
+    text = open(path).read()
+    text = text[: text.index("// Launcher (JIT)")]
+    text = text[: text.rindex("// ----")]
+    body = "\n".join(line for line in text.splitlines() if not line.startswith("#include"))
+    return PRELUDE + body + "\n}  // namespace sglang\n"
+
+
+def sglang_function(path: str):
+    """SGLang's kernel compiled by NVRTC with the CUDA headers (cuda_fp8.h, cuda_bf16.h)."""
+    cuda_path = cupy.cuda.get_cuda_path()
+    options = (*_jit.nvrtc_options(), *([f"-I{cuda_path}/include"] if cuda_path else []))
+    module = cupy.RawModule(code=sglang_text(path), options=options, name_expressions=(NAME,))
+    return module.get_function(NAME)
+
+
+SCALE_FIRST = [
+    (
+        "    encode_lane<kIn, kOut, kMultiply, kValues>(words, scale, inverse, codes);",
+        "    if (store_scale) ScaleLayout<kLayout>::store_at(scale_at, p, group, scale, exponent,"
+        " real_row);\n    store_scale = false;\n"
+        "    encode_lane<kIn, kOut, kMultiply, kValues>(words, scale, inverse, codes);",
+    )
+]
+VARIANTS = {"scale1st": SCALE_FIRST, "finite": flat_one_pass.FINITE, "nopad": flat_one_pass.NO_PAD}
+
+
+def sglang_config(m: int, k: int) -> tuple[int, int]:
+    """(blocks, threads) of SGLang's NaiveScheduler at (m, k), group size 128."""
+    groups = m * k // 128
+    per_block = next(s for s in (16, 8, 4, 2, 1) if groups % s == 0)
+    return groups // per_block, per_block * 8
+
+
+def measure(m: int, k: int, roofline, sglang: dict, binaries: dict):
+    x_host = activation(m, k, seed=m + k).astype(ml_dtypes.bfloat16)
+    buffers = max(2, min(64, -(-harness.ROTATE_BYTES // x_host.nbytes)))
+    inputs = [cupy.asarray(x_host) for _ in range(buffers)]
+    geometry = _launch.Geometry((m, k), 128, "packed", False)
+    outputs = [
+        (cupy.empty(geometry.q_storage, cupy.uint8), cupy.empty(geometry.scale_storage, cupy.int32))
+        for _ in range(buffers)
+    ]
+    request = make_request(describe(inputs[0], "x"), 128, "e4m3", "ue8m0", "packed", 1e-10, False)
+    launches = {"ours": _launch.prepare(request, cupy.cuda.runtime.getDevice())}
+    for name, function in binaries.items():
+        launches[name] = flat_one_pass.ours(m, k, inputs[0], 128, True, function)
+    expected = flat_one_pass.reference(m, k, x_host)
+    for name, launch in launches.items():
+        if name != "nopad":
+            flat_one_pass.check_ours(launch, expected, inputs[0])
+
+    blocks, threads = sglang_config(m, k)
+    tma = geometry.scale_storage // -(-k // 512)  # rows of the packed layout, a multiple of 4
+
+    def sglang_call(function, i):
+        x, (q, s) = inputs[i % buffers], outputs[i % buffers]
+        args = (x, q, s, np.uint64(0), np.int32(threads // 8), np.int32(k // 128), np.int32(0),
+                np.int32(tma), np.int32(m))  # fmt: skip
+        return lambda: function((blocks, 1, 1), (threads, 1, 1), args)
+
+    # their codes and scales of the real rows against the reference (bytes that differ)
+    q_ref, s_ref = expected
+    differ = {}
+    for name, function in sglang.items():
+        q, s = outputs[0]
+        q.fill(0x7F)
+        s.fill(0)
+        sglang_call(function, 0)()
+        q_bytes = q.get().reshape(-1)[: m * k] != q_ref.reshape(-1)[: m * k]
+        words = s.get().reshape(-1, tma)[:, :m] != s_ref.reshape(-1, tma)[:, :m]
+        differ[name] = int(q_bytes.sum()) + int(words.sum())
+
+    calls = [harness.roofline_calls(roofline, inputs, outputs)]
+    calls += [harness.launch_calls(launch, inputs, outputs) for launch in launches.values()]
+    calls += [
+        [sglang_call(function, i) for i in range(max(buffers, harness.CALLS))]
+        for function in sglang.values()
+    ]
+    times = bench.interleaved_graph_times_us(cupy, calls, 11)
+    names = ["roof", *launches, *sglang]
+    return dict(zip(names, times)), differ
+
+
+def main() -> None:
+    _launch.PDL = False  # as the roofline kernel and SGLang's: no overlap of back-to-back calls
+    path = sys.argv[1]
+    variants = VARIANTS if "--variants" in sys.argv else {}
+    ks = [int(a) for a in sys.argv[2:] if a != "--variants"] or [7168, 2048, 2688]
+    roofline = harness.roofline_function()
+    sglang = {"sgl": sglang_function(path)}
+    binaries = {name: flat_one_pass.variant(*edits) for name, edits in variants.items()}
+    print("registers:", {n: f.num_regs for n, f in {**sglang, **binaries}.items()}, flush=True)
+    header = None
+    for k in ks:
+        for m in (1, 4, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384):
+            times, differ = measure(m, k, roofline, sglang, binaries)
+            if header is None:
+                header = list(times)
+                print(f"{'M':>6} {'K':>5} " + " ".join(f"{c:>8}" for c in header)
+                      + "  ours/roof sgl/roof  sgl bytes differing")  # fmt: skip
+            roof = times["roof"]
+            print(f"{m:>6} {k:>5} " + " ".join(f"{times[c]:>8.2f}" for c in header)
+                  + f"  {times['ours'] / roof:>9.3f} {times['sgl'] / roof:>8.3f}  {differ['sgl']}",
+                  flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
