@@ -82,10 +82,11 @@ _CTYPES = {
     "u8*": ctypes.c_uint64,
     "i64": ctypes.c_int64,
     "u32": ctypes.c_uint32,
+    "u8": ctypes.c_uint8,
     "int": ctypes.c_int32,
     "float": ctypes.c_float,
 }
-_FIELD = re.compile(r"^\s*(const void\*|u8\*|i64|u32|int|float)\s+(\w+);", re.MULTILINE)
+_FIELD = re.compile(r"^\s*(const void\*|u8\*|u8|i64|u32|int|float)\s+(\w+);", re.MULTILINE)
 
 
 @cache
@@ -496,6 +497,11 @@ class Launch(KernelLaunch):
             self._launch_locked(stream)
 
 
+def strides_fit_i32(request) -> bool:
+    """Whether x's row and batch strides (elements) fit the one-pass kernel's 32-bit copies."""
+    return all(abs(stride) < 2**31 for stride in (request.x_row_stride, request.x_batch_stride))
+
+
 def make_params(request, **pointers) -> ctypes.Structure:
     """The Params of ``request`` (a ``_request.Request``); pointers default to zero."""
     geometry = request.output
@@ -507,13 +513,17 @@ def make_params(request, **pointers) -> ctypes.Structure:
     batch_magic, batch_shift = divisor(max(1, batch_tiles))
     return params_type()(
         slots=min(one_pass_slots(geometry, rows), 2**32 - 1),
+        tile_slots=geometry.groups * rows,
         tile_slots_magic=tile_magic,
-        tile_slots_shift=tile_shift,
         batch_tiles=batch_tiles,
         batch_tiles_magic=batch_magic,
+        tile_slots_shift=tile_shift,
         batch_tiles_shift=batch_shift,
+        tile_rows_log2=rows.bit_length() - 1,
         x_batch_stride=request.x_batch_stride,
         x_row_stride=request.x_row_stride,
+        x_batch_stride32=request.x_batch_stride if strides_fit_i32(request) else 0,
+        x_row_stride32=request.x_row_stride if strides_fit_i32(request) else 0,
         q_batch_stride=geometry.q_rows * geometry.k,
         s_batch_stride=s_batch,
         s_row_stride=s_row,
@@ -524,7 +534,6 @@ def make_params(request, **pointers) -> ctypes.Structure:
         scale_rows=geometry.scale_rows,
         batches=geometry.batches,
         groups_per_row=geometry.groups,
-        tile_rows_log2=rows.bit_length() - 1,
         eps=request.eps,
         fmax=fmt.fmax,
         inverse_fmax=fmt.inverse_fmax,
@@ -570,7 +579,7 @@ def prepare(request, device: int) -> Launch:
             return (handle, *resident_blocks(handle, expression, threads, device))
 
     slots = one_pass_slots(geometry, rows)
-    if slots < 2**31:
+    if slots < 2**31 and strides_fit_i32(request):
         flat_threads = one_pass_threads(slots, lanes)
         handle, per_sm, sms = loaded(one_pass=True, threads=flat_threads)
         flat_blocks = -(-slots * lanes // flat_threads)
@@ -578,7 +587,7 @@ def prepare(request, device: int) -> Launch:
         if flat_blocks <= limit * per_sm * sms:
             grid, block = (flat_blocks, 1, 1), (flat_threads, 1, 1)
             return Launch(handle, grid, block, make_params(request), pdl_supported(device))
-    assert key.activation is None, "make_request refuses fused grids past 2**31 slots"
+    assert key.activation is None, "make_request refuses fused grids past 31 bits"
     handle, per_sm, sms = loaded(one_pass=False, threads=threads)
     row_blocks = min(tiles, MAX_GRID_X)
     waves = waves_for(per_sm)

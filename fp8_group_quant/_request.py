@@ -177,6 +177,12 @@ def make_request(
         error = grid_limits_error(geometry, info.itemsize, fused)
         if error:
             raise ValueError(error)
+        if mode.name is not None and not masked and max(map(abs, strides)) >= 2**31:
+            raise ValueError(
+                f"x: activation={mode.name!r} takes row and batch strides of fewer than 2**31 "
+                f"elements (its one-pass kernel indexes x in 32 bits); got {strides}: pass a "
+                f"contiguous copy"
+            )
         if fused is not None and not aligned:
             what = f"activation={mode.name!r}" if mode.name is not None else fused
             raise ValueError(

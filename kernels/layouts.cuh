@@ -2,8 +2,13 @@
 //
 // A layout's trait is its address function; its numbers (strides, padding, alignment) come from
 // its descriptor in _layout.py through Params, in bytes. at() is where the scale of (batch, row,
-// group) goes, store_at() writes it there on the group's lane 0; a
+// group) goes, store_at() writes it there when `store` (the group's lane 0); a
 // padding row (real_row false) stores zeros, so the kernel owns its padding without a memset.
+// NOTES: kPredicated asks store_at for stores each predicated on its own condition, with no
+// branch: only lane 0 stores, and a branch around its stores made the warp diverge at the
+// one-pass kernel's tail (docs/perf.md step 20). The conditions then live in registers until
+// the stores, which made 4-8 bytes spill in kernels that keep more live (the row loop's next
+// row, RMSNorm's row): those branch.
 #pragma once
 #include "params.cuh"
 
@@ -24,13 +29,14 @@ template <> struct ScaleLayout<kFloatWords> {
   __device__ static __forceinline__ u8* at(const Params& p, u32 batch, u32 row, int group) {
     return p.scales + batch * p.s_batch_stride + row * p.s_row_stride + group * p.s_word_stride;
   }
+  template <bool kPredicated = false>
   __device__ static __forceinline__ void store_at(u8* at, const Params& p, int group, float scale,
-                                                  u32 exponent, bool real_row) {
-    *reinterpret_cast<float*>(at) = real_row ? scale : 0.0f;
+                                                  u32 exponent, bool real_row, bool store) {
+    if (store) *reinterpret_cast<float*>(at) = real_row ? scale : 0.0f;
   }
   // zero the scale of (batch, row, group) in a padding row
   __device__ static __forceinline__ void zero(const Params& p, u32 batch, u32 row, int group) {
-    store_at(at(p, batch, row, group), p, group, 0.0f, 0u, false);
+    store_at(at(p, batch, row, group), p, group, 0.0f, 0u, false, true);
   }
 };
 
@@ -41,18 +47,29 @@ template <class Layout> struct ExponentBytes {
   __device__ static __forceinline__ u8* at(const Params& p, u32 batch, u32 row, int group) {
     return Layout::word_at(p, batch, row, group);
   }
+  template <bool kPredicated = false>
   __device__ static __forceinline__ void store_at(u8* word, const Params& p, int group,
-                                                  float scale, u32 exponent, bool real_row) {
+                                                  float scale, u32 exponent, bool real_row,
+                                                  bool store) {
     // NOTES: each group's lane 0 writes its own byte; the last group of a row also zeroes the
     // unused bytes above its own, so the padding is owned by the kernel without atomics. The
     // byte stores are predicated, not a loop (a loop, or a switch over aligned stores, which
     // the compiler made a jump table read from constant memory, sat on the kernel's tail)
     const int at = group & 3;
-    word[at] = real_row ? static_cast<u8>(exponent) : 0;
-    if (group == p.groups_per_row - 1) {
-      if (at < 1) word[1] = 0;
-      if (at < 2) word[2] = 0;
-      if (at < 3) word[3] = 0;
+    if constexpr (kPredicated) {
+      const bool last = store & (group == p.groups_per_row - 1);
+      if (store) word[at] = real_row ? static_cast<u8>(exponent) : 0;
+      if (last & (at < 1)) word[1] = 0;
+      if (last & (at < 2)) word[2] = 0;
+      if (last & (at < 3)) word[3] = 0;
+    } else {
+      if (!store) return;
+      word[at] = real_row ? static_cast<u8>(exponent) : 0;
+      if (group == p.groups_per_row - 1) {
+        if (at < 1) word[1] = 0;
+        if (at < 2) word[2] = 0;
+        if (at < 3) word[3] = 0;
+      }
     }
   }
   // zero a padding row's word of (batch, row, group): one 4-byte store by its first group

@@ -9,27 +9,33 @@
 namespace fgq {
 
 struct Params {
-  // NOTES: what the prologue reads before the load comes first, in one 64-byte run. Every
-  // field the plain kernel reads ends before x_up_offset (c[0x0][0x2a8] on sm_90, where the
-  // parameters start at 0x210), in constant-cache lines the prologue already touches: a field
-  // alone in its line (floor_emax was, at 0x2dc) is first read after the group's shuffles,
-  // and its miss sits on the dependent chain (docs/perf.md step 18)
+  // NOTES: the first 48 bytes (c[0x0][0x210] to 0x23f on sm_90: one 64-byte line of the
+  // constant cache) hold all that the one-pass kernel reads before its load; each further
+  // line read there cost 0.03-0.07 us at small M, and the kernel read two (docs/perf.md step
+  // 20). Hence the 32-bit copies of x's strides (the launch layer takes the row loop for wider
+  // ones) and the bytes for the shifts. Every field the plain kernel reads after the load ends
+  // before x_up_offset, in lines the prologue already touches: a field alone in its line
+  // (floor_emax was, at 0x2dc) is first read after the group's shuffles, and its miss sits on
+  // the dependent chain (step 18)
   const void* x;        // input values
+  int x_row_stride32;   // one pass: x_row_stride (when it fits 32 bits)
+  int x_batch_stride32; // one pass: x_batch_stride (when it fits 32 bits)
+  u32 slots;              // one pass: group slots, batches * batch_tiles * tile_slots
+  u32 tile_slots;         // group slots of a row tile, groups_per_row << tile_rows_log2
+  u32 tile_slots_magic;   // n / tile_slots by divide_u31
+  u32 batch_tiles;        // row tiles per batch, ceil(rows / tile rows)
+  u32 batch_tiles_magic;  // n / batch_tiles by divide_u31
+  u32 rows;             // real rows per batch (M)
+  u8 tile_slots_shift;  //   tile_slots_magic's shift
+  u8 batch_tiles_shift; //   batch_tiles_magic's shift
+  u8 tile_rows_log2;    // a row tile holds 2^tile_rows_log2 consecutive rows
+  int groups_per_row;   // K / G
   i64 x_batch_stride;   // input elements between batches
   i64 x_row_stride;     // input elements between rows
   u8* q;                // codes, one byte each
   i64 q_batch_stride;   // bytes of q between batches (rows are K bytes apart)
-  u32 rows;             // real rows per batch (M)
   u32 grid_rows;        // rows per batch the kernel visits; [rows, grid_rows) are padding
   u32 batches;          // batches (B)
-  int groups_per_row;   // K / G
-  int tile_rows_log2;   // a row tile holds 2^tile_rows_log2 consecutive rows
-  u32 slots;              // one pass: group slots, batches * batch_tiles * groups * tile rows
-  u32 tile_slots_magic;   // one pass: n / (groups_per_row << tile_rows_log2) by divide_u31
-  u32 tile_slots_shift;   //   and its shift
-  u32 batch_tiles;        // one pass: row tiles per batch, ceil(rows / tile rows)
-  u32 batch_tiles_magic;  // one pass: n / batch_tiles by divide_u31
-  u32 batch_tiles_shift;  //   and its shift
   float eps;            // floor of the group maximum
   u8* scales;           // scale storage; the layout's address function places each scale
   i64 s_batch_stride;   // bytes of scale storage between batches

@@ -164,13 +164,85 @@ __device__ __forceinline__ void zero_padding_rows(const Params& p, u8* q_batch, 
   }
 }
 
+// one lane's codes (16 or 8 bytes) at q_dst
+template <int kValues>
+__device__ __forceinline__ void store_codes(u8* q_dst, const u32 (&codes)[kValues / 4]) {
+  if constexpr (kValues == 16) {
+    *reinterpret_cast<uint4*>(q_dst) = make_uint4(codes[0], codes[1], codes[2], codes[3]);
+  } else {
+    *reinterpret_cast<uint2*>(q_dst) = make_uint2(codes[0], codes[1]);
+  }
+}
+
+// the codes of a group's non-finite values: NaN keeps its sign, e5m2 keeps Inf, int8 NaN gives
+// 0. kUnsignedNaN: see patch_nonfinite
+template <int kIn, bool kUnsignedNaN, int kValues>
+__device__ __forceinline__ void patch_group(const Params& p, const u32 (&words)[kLaneWords],
+                                            u32 (&codes)[kValues / 4]) {
+  typedef Input<kIn> In;
+#pragma unroll
+  for (int i = 0; i < kValues; ++i) {
+    const int shift = 8 * (i % 4);
+    const u32 code =
+        patch_nonfinite<kIn, kUnsignedNaN>((codes[i / 4] >> shift) & 0xffu, In::raw(words, i), p.nonfinite_codes);
+    codes[i / 4] = (codes[i / 4] & ~(0xffu << shift)) | (code << shift);
+  }
+}
+
+// scale, encode and store one group ----------------------------------------------------------------
+// From `magnitude`, the group's maximum magnitude over finite values; `patch` gives the
+// non-finite values their codes before the stores (see quantize_group for the arguments).
+// Leaves the codes in `codes`.
+template <int kIn, int kOut, int kScale, int kLayout, bool kUnsignedNaN, bool kStraightTail,
+          int kValues>
+__device__ __forceinline__ void finish_group(const Params& p, const u32 (&words)[kLaneWords],
+                                             u32 magnitude, bool patch, bool real_row,
+                                             u8* q_dst, bool store_q, u8* scale_at,
+                                             bool store_scale, int group,
+                                             u32 (&codes)[kValues / 4]) {
+  typedef Input<kIn> In;
+  const float amax = fmaxf(In::magnitude_to_f32(magnitude), p.eps);
+  float scale;
+  u32 exponent = 0u;
+  if constexpr (kScale == kFloat32Scale) {
+    scale = divide_by_max(amax, p.fmax, p.inverse_fmax);
+    if (scale >= kMinFastDivisor) {
+      encode_lane<kIn, kOut, kDivideFast, kValues>(words, scale, rcp_rn(scale), codes);
+    } else {
+      encode_lane<kIn, kOut, kDivideExact, kValues>(words, scale, 0.0f, codes);
+    }
+  } else {
+    // NOTES: both rules from amax's bits, no division (ue8m0_exponent says why that is the
+    // spec's quotient; it took 10 dependent instructions through Markstein's division), both
+    // computed, then selected: a uniform branch between them sat on the group's chain.
+    // scale_rule="floor": amax's biased exponent minus emax_elem, at least 1
+    const u32 floor_rule = static_cast<u32>(
+        max(static_cast<int>(__float_as_uint(amax) >> 23) - static_cast<int>(p.floor_emax), 1));
+    const u32 rceil = ue8m0_exponent(amax, p.fmax, p.ue8m0_floor);
+    exponent = p.floor_emax != 0u ? floor_rule : rceil;
+    scale = __uint_as_float(exponent << 23);
+    const float inverse = __uint_as_float((254u + Output<kOut>::kCodeExponent - exponent) << 23);
+    encode_lane<kIn, kOut, kMultiply, kValues>(words, scale, inverse, codes);
+  }
+  if (__builtin_expect(patch, 0)) patch_group<kIn, kUnsignedNaN, kValues>(p, words, codes);
+  // the codes, then the scale (one lane per group)
+  if (store_q) store_codes<kValues>(q_dst, codes);
+  ScaleLayout<kLayout>::template store_at<kStraightTail>(scale_at, p, group, scale, exponent,
+                                                        real_row, store_scale);
+}
+
 // quantize one group (this lane's share) and store it -------------------------------------------
 // `words` are this lane's values; `mask` names the lanes that run this call together (the
 // group's own lanes, or with kWholeWarp all 32); `real_row` false quantizes a padding row's
 // zeros. The codes go to q_dst when store_q, the scale to scale_at (the layout's at() of the
-// group) when store_scale. kUnsignedNaN: see patch_nonfinite.
+// group) when store_scale. kUnsignedNaN: see patch_nonfinite. kStraightTail (the one-pass
+// kernel's, whose register budget allows it): no branch between the group's scale and its
+// stores. The codes of non-finite values are patched after the stores and stored again by
+// the same thread (its second store is the one that remains); the branch around the patch
+// had been a jump over 2.9 KB of code on the common path, and the scale is stored by
+// predicated stores (layouts.cuh) rather than under a branch on lane 0 (docs/perf.md step 20).
 template <int kIn, int kGroup, int kOut, int kScale, int kLayout, bool kWholeWarp,
-          bool kUnsignedNaN = false>
+          bool kUnsignedNaN = false, bool kStraightTail = false>
 __device__ __forceinline__ void quantize_group(const Params& p, const u32 (&words)[kLaneWords],
                                                u32 mask, bool real_row, u8* q_dst, bool store_q,
                                                u8* scale_at, bool store_scale, int group) {
@@ -193,52 +265,14 @@ __device__ __forceinline__ void quantize_group(const Params& p, const u32 (&word
       magnitude = group_max<kLanes>(max_finite_magnitude<kIn>(words), mask);
     }
   }
-  const float amax = fmaxf(In::magnitude_to_f32(magnitude), p.eps);
-
-  // scale and quantize in registers ----------------------------------------------------------------
   u32 codes[kValues / 4];
-  float scale;
-  u32 exponent = 0u;
-  if constexpr (kScale == kFloat32Scale) {
-    scale = divide_by_max(amax, p.fmax, p.inverse_fmax);
-    if (scale >= kMinFastDivisor) {
-      encode_lane<kIn, kOut, kDivideFast, kValues>(words, scale, rcp_rn(scale), codes);
-    } else {
-      encode_lane<kIn, kOut, kDivideExact, kValues>(words, scale, 0.0f, codes);
-    }
-  } else {
-    // NOTES: both rules from amax's bits, no division (ue8m0_exponent says why that is the
-    // spec's quotient; it took 10 dependent instructions through Markstein's division).
-    // scale_rule="floor" (a uniform branch): amax's biased exponent minus emax_elem, at least 1
-    if (p.floor_emax != 0u) {
-      exponent = static_cast<u32>(max(static_cast<int>(__float_as_uint(amax) >> 23) -
-                                          static_cast<int>(p.floor_emax), 1));
-    } else {
-      exponent = ue8m0_exponent(amax, p.fmax, p.ue8m0_floor);
-    }
-    scale = __uint_as_float(exponent << 23);
-    const float inverse = __uint_as_float((254u + Output<kOut>::kCodeExponent - exponent) << 23);
-    encode_lane<kIn, kOut, kMultiply, kValues>(words, scale, inverse, codes);
+  finish_group<kIn, kOut, kScale, kLayout, kUnsignedNaN, kStraightTail, kValues>(
+      p, words, magnitude, nonfinite && !kStraightTail, real_row, q_dst, store_q, scale_at,
+      store_scale, group, codes);
+  if (kStraightTail && __builtin_expect(nonfinite, 0)) {
+    patch_group<kIn, kUnsignedNaN, kValues>(p, words, codes);
+    if (store_q) store_codes<kValues>(q_dst, codes);
   }
-  if (__builtin_expect(nonfinite, 0)) {  // NaN keeps its sign, e5m2 keeps Inf, int8 NaN gives 0
-#pragma unroll
-    for (int i = 0; i < kValues; ++i) {
-      const int shift = 8 * (i % 4);
-      const u32 code =
-          patch_nonfinite<kIn, kUnsignedNaN>((codes[i / 4] >> shift) & 0xffu, In::raw(words, i), p.nonfinite_codes);
-      codes[i / 4] = (codes[i / 4] & ~(0xffu << shift)) | (code << shift);
-    }
-  }
-
-  // store the codes, then the scale (one lane per group) -----------------------------------------
-  if (store_q) {
-    if constexpr (kValues == 16) {
-      *reinterpret_cast<uint4*>(q_dst) = make_uint4(codes[0], codes[1], codes[2], codes[3]);
-    } else {
-      *reinterpret_cast<uint2*>(q_dst) = make_uint2(codes[0], codes[1]);
-    }
-  }
-  if (store_scale) ScaleLayout<kLayout>::store_at(scale_at, p, group, scale, exponent, real_row);
 }
 
 template <int kIn, int kGroup, int kOut, int kScale, int kLayout, bool kVec16, bool kOnePass,
@@ -274,7 +308,7 @@ __global__ void __launch_bounds__(kMaxThreads,
     const bool in_grid = slot_in_grid < p.slots;
     const u32 slot = min(slot_in_grid, p.slots - 1u);
     const u32 tile = divide_u31(slot, p.tile_slots_magic, p.tile_slots_shift);
-    const u32 within = slot - tile * (static_cast<u32>(p.groups_per_row) << tile_rows_log2);
+    const u32 within = slot - tile * p.tile_slots;
     const int group = static_cast<int>(within >> tile_rows_log2);
     const u32 batch = divide_u31(tile, p.batch_tiles_magic, p.batch_tiles_shift);
     const u32 row = ((tile - batch * p.batch_tiles) << tile_rows_log2) +
@@ -290,8 +324,9 @@ __global__ void __launch_bounds__(kMaxThreads,
     wait_for_producer();
     u32 up[kLaneWords];
     load_inputs<kIn, kVec16, kAct>(
-        p, static_cast<const Storage*>(p.x) + batch * p.x_batch_stride + read_row * p.x_row_stride +
-               value0, words, up);
+        p, static_cast<const Storage*>(p.x) + static_cast<i64>(batch) * p.x_batch_stride32 +
+               static_cast<i64>(static_cast<int>(read_row)) * p.x_row_stride32 + value0, words,
+        up);
     table.start();  // kSiluMul's table copy, after the loads are issued
     signal_dependents();
     table.wait();
@@ -313,7 +348,7 @@ __global__ void __launch_bounds__(kMaxThreads,
     if (active && row == p.rows - 1u) {
       zero_padding_rows<kValues, kLanes, kLayout>(p, q_batch, k, batch, row, group, lane);
     }
-    quantize_group<kIn, kGroup, kOut, kScale, kLayout, true, kAct == kSiluMul>(
+    quantize_group<kIn, kGroup, kOut, kScale, kLayout, true, kAct == kSiluMul, true>(
         p, words, 0xffffffffu, true, q_dst, stores & 1u, scale_at, stores & 2u, group);
     return;
   }
@@ -457,7 +492,7 @@ __global__ void __launch_bounds__(kMaskedThreads, 8) quantize_masked(const __gri
   __syncthreads();
   signal_dependents();
 
-  const u32 tile_slots = static_cast<u32>(p.groups_per_row) << tile_rows_log2;
+  const u32 tile_slots = p.tile_slots;
   const u32 total_slots = first_tile[experts] * tile_slots;
   const u32 slots_per_block = kMaskedThreads / kLanes;
   const u32 grid_slots = gridDim.x * slots_per_block;
@@ -722,7 +757,7 @@ __global__ void __launch_bounds__(kMaxThreads) quantize_nvfp4(const __grid_const
   } else {
     *reinterpret_cast<u32*>(q) = packed[0];
   }
-  if (lane == 0) Layout::store_at(Layout::at(p, batch, row, group), p, group, 0.0f, s_byte, true);
+  Layout::store_at(Layout::at(p, batch, row, group), p, group, 0.0f, s_byte, true, lane == 0);
 }
 
 // the largest finite magnitude of x, as float32 bits, into *global_ptr (zeroed before): the

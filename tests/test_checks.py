@@ -348,3 +348,16 @@ def test_unpack_scales_decodes_every_exponent_as_ue8m0():
     got = fgq.unpack_scales(words, 10)
     assert got.shape == (4, 10)
     np.testing.assert_array_equal(got[:, 0], np.ldexp(1.0, np.arange(4) - 127).astype(np.float32))
+
+
+@pytest.mark.parametrize("strides", [(2**31, 1024, 1), (1024, -(2**31), 1)])
+def test_silu_refuses_strides_its_kernel_cannot_index(strides):
+    # the fused SiLU path has one-pass kernels only, which index x in 32 bits (docs/perf.md
+    # step 20): wider or negative strides are refused by name before anything is launched
+    pytest.importorskip("cupy", reason="the grid checks are made for device arrays")
+    from fp8_group_quant._arrays import CUPY, ArrayInfo
+    from fp8_group_quant._request import make_request
+
+    info = ArrayInfo(CUPY, None, 4096, (2, 4, 1024), strides, "bfloat16", 2, 0)
+    with pytest.raises(ValueError, match=r"x: activation='silu_mul' takes row and batch strides"):
+        make_request(info, 128, "e4m3", "ue8m0", "packed", 1e-10, False, activation="silu_mul")

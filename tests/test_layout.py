@@ -223,6 +223,9 @@ class _FakeFunction:
         ((16384, 7168), "packed", None, True, (57344, 1, 1), 12),
         ((16384, 7168), "packed", None, False, (5280, 2, 1), 10),
         ((2048, 7168), "packed", None, True, (7168, 1, 1), 10),
+        # x's strides in and outside the one-pass kernel's 32 bits
+        (("reversed", 64, 7168), "packed", 16, True, (224, 1, 1), 6),  # negative: one pass
+        (("wide batches", 2, 64, 256), "packed", 16, False, (128, 1, 1), 6),
     ],
 )  # each branch of the path and grid choice, with a device of 132 SMs fitting 6 blocks each
 def test_the_launch_picks_its_path_and_grid(
@@ -246,7 +249,15 @@ def test_the_launch_picks_its_path_and_grid(
     monkeypatch.setattr(_launch, "WAVES", None)
     monkeypatch.setattr(_launch, "ONE_PASS_MAX_WAVES", max_waves)
     monkeypatch.setattr(_launch, "pdl_supported", lambda device: False)
-    x = np.empty(shape, ml_dtypes.bfloat16)
+    if shape[0] == "reversed":  # a negative row stride
+        x = np.empty(shape[1:], ml_dtypes.bfloat16)[::-1]
+    elif shape[0] == "wide batches":  # batches 2**31 elements apart (never read here)
+        b, m, k = shape[1:]
+        x = np.lib.stride_tricks.as_strided(
+            np.empty((m, k), ml_dtypes.bfloat16), (b, m, k), (2**32, 2 * k, 2)
+        )
+    else:
+        x = np.empty(shape, ml_dtypes.bfloat16)
     request = make_request(describe(x, "x"), 128, "e4m3", "ue8m0", layout, 1e-10, False)
     monkeypatch.setattr(  # no driver here: record the launch, do not make it
         _launch, "Launch", lambda handle, grid, block, params, pdl: (handle, grid, block, params)
@@ -258,6 +269,23 @@ def test_the_launch_picks_its_path_and_grid(
     if one_pass:  # the flat grid covers every slot, with less than one block to spare
         threads = params.slots * request.kernel_key().lanes_per_group
         assert got_grid[0] * block[0] >= threads > (got_grid[0] - 1) * block[0]
+
+
+def test_the_one_pass_prologue_reads_one_constant_line():
+    # the fields the one-pass kernel reads before its load sit in Params' first 48 bytes, one
+    # 64-byte line of the constant cache on sm_90 (docs/perf.md step 20)
+    import ctypes
+
+    from fp8_group_quant import _launch
+
+    params = _launch.params_type()
+    prologue = ("x", "x_row_stride32", "x_batch_stride32", "slots", "tile_slots",
+                "tile_slots_magic", "batch_tiles", "batch_tiles_magic", "rows", "tile_slots_shift",
+                "batch_tiles_shift", "tile_rows_log2")  # fmt: skip
+    for name in prologue:
+        field = getattr(params, name)
+        assert field.offset + field.size <= 48, name
+    assert ctypes.sizeof(params) % 8 == 0
 
 
 @pytest.mark.parametrize("rows, residual, knob, blocks", [
