@@ -12,7 +12,7 @@ struct Params {
   // NOTES: the first 48 bytes (c[0x0][0x210] to 0x23f on sm_90: one 64-byte line of the
   // constant cache) hold all that the one-pass kernel reads before its load; each further
   // line read there cost 0.03-0.07 us at small M, and the kernel read two (docs/perf.md step
-  // 20). Hence the 32-bit copies of x's strides (the launch layer takes the row loop for wider
+  // 22). Hence the 32-bit copies of x's strides (the launch layer takes the row loop for wider
   // ones) and the bytes for the shifts. Every field the plain kernel reads after the load ends
   // before x_up_offset, in lines the prologue already touches: a field alone in its line
   // (floor_emax was, at 0x2dc) is first read after the group's shuffles, and its miss sits on

@@ -240,7 +240,7 @@ __device__ __forceinline__ void finish_group(const Params& p, const u32 (&words)
 // stores. The codes of non-finite values are patched after the stores and stored again by
 // the same thread (its second store is the one that remains); the branch around the patch
 // had been a jump over 2.9 KB of code on the common path, and the scale is stored by
-// predicated stores (layouts.cuh) rather than under a branch on lane 0 (docs/perf.md step 20).
+// predicated stores (layouts.cuh) rather than under a branch on lane 0 (docs/perf.md step 22).
 template <int kIn, int kGroup, int kOut, int kScale, int kLayout, bool kWholeWarp,
           bool kUnsignedNaN = false, bool kStraightTail = false>
 __device__ __forceinline__ void quantize_group(const Params& p, const u32 (&words)[kLaneWords],

@@ -273,7 +273,7 @@ def test_the_launch_picks_its_path_and_grid(
 
 def test_the_one_pass_prologue_reads_one_constant_line():
     # the fields the one-pass kernel reads before its load sit in Params' first 48 bytes, one
-    # 64-byte line of the constant cache on sm_90 (docs/perf.md step 20)
+    # 64-byte line of the constant cache on sm_90 (docs/perf.md step 22)
     import ctypes
 
     from fp8_group_quant import _launch

@@ -20,12 +20,12 @@ Columns, us per call by CUDA-graph replay over rotating buffers (graphs replayed
 - sgl: SGLang's kernel as shipped (its loads compile to the read-only path, LDG.CONSTANT, as
   the AOT kernel's `ld.global.nc`); the codes and scales of its real rows are compared with
   ours and the differing bytes counted;
-- with --variants (text edits of the kernel of commit 9017005, which run 1 of session 9
-  measured): scale1st, finite, nopad: ours with the scale stored before the codes are computed,
-  without the Inf/NaN paths (valid on this finite data), and without padding rows (not the
-  contract).
+- with --variants=NAME[,NAME...], text edits of ours: scale1st, finite, nopad (of the kernel of
+  commit 9017005, which run 1 of session 9 measured): the scale stored before the codes are
+  computed, no Inf/NaN paths (valid on this finite data), no padding rows (not the contract);
+  regs32 (run 13, after step 22): the lean one-pass kernel at eight resident blocks.
 Run from the repository root: PYTHONPATH=$PWD python3 docs/experiments/sglang_same_run.py PATH
-[--variants] [K ...]
+[--variants=NAMES] [K ...]
 """
 
 import sys
@@ -111,7 +111,20 @@ SCALE_FIRST = [
         "    encode_lane<kIn, kOut, kMultiply, kValues>(words, scale, inverse, codes);",
     )
 ]
-VARIANTS = {"scale1st": SCALE_FIRST, "finite": flat_one_pass.FINITE, "nopad": flat_one_pass.NO_PAD}
+# the lean instantiations at eight resident blocks of 256 threads (31 registers, no spill since
+# step 22) instead of six (40)
+REGISTERS_32 = [
+    (
+        "return kVec16 && kAct == kIdentity && (lean || one_pass_six) ? 6 : 5;",
+        "return kVec16 && kAct == kIdentity && (lean || one_pass_six) ? 8 : 5;",
+    )
+]
+VARIANTS = {
+    "scale1st": SCALE_FIRST,
+    "finite": flat_one_pass.FINITE,
+    "nopad": flat_one_pass.NO_PAD,
+    "regs32": REGISTERS_32,
+}
 
 
 def sglang_config(m: int, k: int) -> tuple[int, int]:
@@ -174,8 +187,9 @@ def measure(m: int, k: int, roofline, sglang: dict, binaries: dict):
 def main() -> None:
     _launch.PDL = False  # as the roofline kernel and SGLang's: no overlap of back-to-back calls
     path = sys.argv[1]
-    variants = VARIANTS if "--variants" in sys.argv else {}
-    ks = [int(a) for a in sys.argv[2:] if a != "--variants"] or [7168, 2048, 2688]
+    chosen = [a.split("=", 1)[1] for a in sys.argv[2:] if a.startswith("--variants=")]
+    variants = {n: VARIANTS[n] for n in chosen[0].split(",")} if chosen else {}
+    ks = [int(a) for a in sys.argv[2:] if not a.startswith("--")] or [7168, 2048, 2688]
     roofline = harness.roofline_function()
     sglang = {"sgl": sglang_function(path)}
     binaries = {name: flat_one_pass.variant(*edits) for name, edits in variants.items()}

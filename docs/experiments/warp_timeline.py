@@ -15,7 +15,7 @@ instructions lengthen each phase a little, alike in both kernels. Each kernel ru
 times, on buffers of its own that the setup's copies have left out of L2 where they can; the
 last launch is summarised: the median over warps of each phase, in cycles.
 The stamps are text edits of the kernel (run 9 of session 9 measured commit 9017005's, run 11
-the kernel after step 20). Run from the repository root:
+the kernel after step 22). Run from the repository root:
 PYTHONPATH=$PWD python3 docs/experiments/warp_timeline.py SGLANG_V2_CUH
 """
 
