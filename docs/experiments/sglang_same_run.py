@@ -23,7 +23,10 @@ Columns, us per call by CUDA-graph replay over rotating buffers (graphs replayed
 - with --variants=NAME[,NAME...], text edits of ours: scale1st, finite, nopad (of the kernel of
   commit 9017005, which run 1 of session 9 measured): the scale stored before the codes are
   computed, no Inf/NaN paths (valid on this finite data), no padding rows (not the contract);
-  regs32 (run 13, after step 22): the lean one-pass kernel at eight resident blocks.
+  regs32 (run 13, after step 22): the lean one-pass kernel at eight resident blocks;
+  signal_end, signal_first (runs 15-16): griddepcontrol.launch_dependents at the kernel's end
+  (as SGLang's) or before its loads, instead of right after them; same (run 16): ours with a
+  comment changed, compiled and loaded as the variants are.
 Run from the repository root: PYTHONPATH=$PWD python3 docs/experiments/sglang_same_run.py PATH
 [--variants=NAMES] [K ...]
 """
@@ -119,7 +122,30 @@ REGISTERS_32 = [
         "return kVec16 && kAct == kIdentity && (lean || one_pass_six) ? 8 : 5;",
     )
 ]
+# griddepcontrol.launch_dependents at the one-pass kernel's end, as SGLang's kernel has it, or
+# before its loads, instead of right after them
+SIGNAL_AT_END = [
+    ("    signal_dependents();\n    table.wait();", "    table.wait();"),
+    ("stores & 2u, group);\n    return;",
+     "stores & 2u, group);\n    signal_dependents();\n    return;"),
+]  # fmt: skip
+SIGNAL_FIRST = [
+    ("    signal_dependents();\n    table.wait();", "    table.wait();"),
+    ("    wait_for_producer();\n    u32 up[kLaneWords];", "    wait_for_producer();\n"
+     "    signal_dependents();\n    u32 up[kLaneWords];"),
+]  # fmt: skip
+# ours unchanged but for a comment, compiled and loaded as the variants are (RawModule): what
+# that path itself costs, if anything
+SAME = [
+    (
+        "// Per-token group quantization: one kernel family",
+        "// Per-token group quantization, one kernel family",
+    )
+]
 VARIANTS = {
+    "same": SAME,
+    "signal_end": SIGNAL_AT_END,
+    "signal_first": SIGNAL_FIRST,
     "scale1st": SCALE_FIRST,
     "finite": flat_one_pass.FINITE,
     "nopad": flat_one_pass.NO_PAD,
