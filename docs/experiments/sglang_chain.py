@@ -8,7 +8,7 @@ kUsePDL, as its host builds it), every kernel launched with the programmatic str
 serialization attribute or every one without; the graphs of both quantizers replayed in turn.
 Prints GPU us per step.
 Run from the repository root:
-PYTHONPATH=$PWD python3 docs/experiments/sglang_chain.py SGLANG_V2_CUH
+PYTHONPATH=$PWD python3 docs/experiments/sglang_chain.py SGLANG_V2_CUH [K ...]
 """
 
 import ctypes
@@ -36,7 +36,11 @@ def main() -> None:
     with _jit.current_device(device):
         produce, consume, sgl_handle = produce.kernel.ptr, consume.kernel.ptr, sgl.kernel.ptr
     sms = cupy.cuda.runtime.getDeviceProperties(device)["multiProcessorCount"]
-    k = 7168
+    for k in [int(a) for a in sys.argv[2:]] or [7168]:
+        chain(k, device, sms, produce, consume, sgl_handle)
+
+
+def chain(k: int, device: int, sms: int, produce, consume, sgl_handle) -> None:
     print(f"# {STEPS} [producer -> quantize -> consumer] steps a graph, K = {k}; us per step")
     print(f"{'M':>6} {'ours':>8} {'SGLang':>8} {'ours PDL':>9} {'SGLang PDL':>11}", flush=True)
     for m in (1, 4, 16, 64, 128, 256, 512):
