@@ -12,6 +12,7 @@ plus the scale storage written.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import math
@@ -326,16 +327,8 @@ def cold_start() -> dict:
 
 
 def run(args) -> list[dict]:
-    """The table: roofline kernel and quantizer per (M, K).
-
-    NOTES: the quantizer is launched without PDL here, as the roofline kernel is: in a graph of
-    back-to-back calls, PDL lets each call overlap the previous one, which the roofline kernel
-    cannot, and the ratio would no longer compare like with like (run 13 had 0.92x at M = 1).
-    ``--chain`` measures PDL, between a producer, the quantizer and a consumer.
-    """
+    """The table: roofline kernel and quantizer per (M, K)."""
     import cupy
-
-    _launch.PDL = False
 
     torch = _optional_torch()
     device = cupy.cuda.runtime.getDevice()
@@ -482,18 +475,25 @@ def run_parsed(args, parser: argparse.ArgumentParser) -> int:
                            "float32": np.float32}[args.input_dtype]  # fmt: skip
     if args.profile_host:
         return profile_host(args)
-    if args.fused:
-        from .bench_fused import run_fused
+    # NOTES: every timing table launches the quantizer without PDL, as the roofline kernels and
+    # torch's kernels are launched: in a graph of back-to-back calls PDL lets each call overlap
+    # the previous one, which they cannot, and a ratio would no longer compare like with like
+    # (run 13 of session 7 had 0.92x the roof at M = 1). Until session 10 --fused and --matrix
+    # kept PDL on (docs/perf.md, fused step 10). --chain measures PDL, between a producer, the
+    # quantizer and a consumer.
+    with pdl_launches(args.chain and _launch.PDL):
+        if args.fused:
+            from .bench_fused import run_fused
 
-        rows = run_fused(args)
-    elif args.chain:
-        rows = run_chain(args)
-    elif args.nvfp4:
-        from .bench_nvfp4 import run_nvfp4
+            rows = run_fused(args)
+        elif args.chain:
+            rows = run_chain(args)
+        elif args.nvfp4:
+            from .bench_nvfp4 import run_nvfp4
 
-        rows = run_nvfp4(args)
-    else:
-        rows = run_matrix(args) if args.matrix else run(args)
+            rows = run_nvfp4(args)
+        else:
+            rows = run_matrix(args) if args.matrix else run(args)
     extra = cold_start() if args.cold_start else {}
     if args.json:
         config = {k: v for k, v in vars(args).items() if k != "input_dtype_np"}
@@ -502,6 +502,19 @@ def run_parsed(args, parser: argparse.ArgumentParser) -> int:
     if args.plot:
         plot(rows, args.plot)
     return 0
+
+
+@contextlib.contextmanager
+def pdl_launches(on: bool):
+    """Inside the block the library prepares its launches with PDL ``on`` (or off), with a
+    plan cache of its own, so that no plan prepared the other way is reused; the setting and
+    the cache are restored after."""
+    saved = _launch.PDL, api._PLANS
+    _launch.PDL, api._PLANS = on, api.PlanCache(api.MAX_PLANS)
+    try:
+        yield
+    finally:
+        _launch.PDL, api._PLANS = saved
 
 
 CHAIN_M = (1, 4, 16, 64, 128, 256, 512)
@@ -542,9 +555,7 @@ def run_chain(args) -> list[dict]:
         sink = cupy.zeros(sms * 4, dtype=np.uint32)
         times = {}
         for pdl in (False, True):
-            saved_pdl, saved_plans = _launch.PDL, api._PLANS
-            _launch.PDL, api._PLANS = pdl, api.PlanCache(api.MAX_PLANS)
-            try:
+            with pdl_launches(pdl):
                 outputs = [api.quantize_packed(x[i]) for i in range(CHAIN_STEPS)]
                 steps = []
                 for i, (q, s) in enumerate(outputs):
@@ -581,8 +592,6 @@ def run_chain(args) -> list[dict]:
                 if not (cupy.array_equal(outputs[-1][0], q_ref)
                         and cupy.array_equal(outputs[-1][1], s_ref)):  # fmt: skip
                     raise AssertionError(f"--chain: the chained quantizer's output differs, M={m}")
-            finally:
-                _launch.PDL, api._PLANS = saved_pdl, saved_plans
         row = {"M": m, "K": k, "no_pdl_us": times[False], "pdl_us": times[True]}
         rows.append(row)
         print(f"{m:>6} {times[False]:>8.2f} {times[True]:>8.2f} "

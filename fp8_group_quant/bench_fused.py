@@ -9,7 +9,9 @@ add-RMSNorm the same way (roof ``roofline_residual``: x and the residual read, t
 and the codes written; unfused: torch's add and ``rms_norm``, then the plain quantizer), and
 RMSNorm without the residual (roof: the plain quantizer's ``roofline_copy``). Then the masked
 layout (E = 32, T = 1024, K = 7168, 5% of the rows real) against the plain quantizer on as
-many rows. Every fused result is checked against the NumPy backend first. Needs torch.
+many rows, launched without PDL and, both being ours, with it. Every fused result is checked
+against the NumPy backend first. Needs torch. The library's launches are prepared without PDL
+(``bench`` says why) but where stated.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from . import _jit, api
-from .bench import DEFAULT_K, ROOFLINE_THREADS, copy_bandwidth
+from .bench import DEFAULT_K, ROOFLINE_THREADS, copy_bandwidth, pdl_launches
 
 FUSED_M = (1, 64, 512, 4096)
 ROTATE_BYTES = 256 << 20
@@ -260,13 +262,24 @@ def _masked_row(torch, experts: int = 32, tokens: int = 1024, k: int = 7168) -> 
     def masked(c):
         return lambda: api.quantize(x, 128, **OPTIONS, masked_m=c, out=q, scale_out=s)
 
-    t_masked = torch_graph_time_us(torch, [masked(counts_t)] * 32)
-    t_full = torch_graph_time_us(torch, [masked(full_t)] * 4)
-    t_plain = torch_graph_time_us(
-        torch, [lambda: api.quantize(plain_x, 128, **OPTIONS, out=pq, scale_out=ps)] * 32
-    )
+    def plain():
+        return api.quantize(plain_x, 128, **OPTIONS, out=pq, scale_out=ps)
+
+    # NOTES: both paths are ours, so they compare like with like with PDL on too (the library's
+    # default launch, each call overlapping the previous one's end), reported beside the table's
+    # launches without it
+    times = {}
+    for pdl in (False, True):
+        with pdl_launches(pdl):
+            times[pdl] = (torch_graph_time_us(torch, [masked(counts_t)] * 32),
+                          torch_graph_time_us(torch, [plain] * 32))  # fmt: skip
+    (t_masked, t_plain), (pdl_masked, pdl_plain) = times[False], times[True]
+    with pdl_launches(False):
+        t_full = torch_graph_time_us(torch, [masked(full_t)] * 4)
     print(f"# masked, E = {experts}, T = {tokens}, K = {k}, {rows} real rows ({share:.0%}): "
           f"{t_masked:.2f} us; plain on {rows} rows {t_plain:.2f} us (x {t_masked / t_plain:.2f});"
-          f" every row counted {t_full:.2f} us")  # fmt: skip
+          f" every row counted {t_full:.2f} us; with PDL {pdl_masked:.2f} against "
+          f"{pdl_plain:.2f} us (x {pdl_masked / pdl_plain:.2f})")  # fmt: skip
     return {"path": "masked", "E": experts, "T": tokens, "K": k, "rows": rows,
-            "masked_us": t_masked, "plain_us": t_plain, "full_us": t_full}  # fmt: skip
+            "masked_us": t_masked, "plain_us": t_plain, "full_us": t_full,
+            "pdl_masked_us": pdl_masked, "pdl_plain_us": pdl_plain}  # fmt: skip

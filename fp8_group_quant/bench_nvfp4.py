@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from . import _jit, _launch, nvfp4
+from . import _jit, nvfp4
 from ._arrays import describe
 from ._layout import BLOCKED, SCALE_LAYOUTS, Geometry, row_strides
 from .bench import ROOFLINE_THREADS, ROTATE_BYTES, copy_bandwidth, interleaved_graph_times_us
@@ -23,7 +23,6 @@ GIVEN_GLOBAL = 1.5
 def run_nvfp4(args) -> list[dict]:
     import cupy
 
-    _launch.PDL = False  # as bench: launches without PDL
     device = cupy.cuda.runtime.getDevice()
     name = cupy.cuda.runtime.getDeviceProperties(device)["name"].decode()
     bandwidth = copy_bandwidth(cupy)

@@ -82,3 +82,17 @@ def test_bench_without_a_gpu_says_so_and_exits_1():
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 1, done.stderr[-2000:]
     assert "needs a CUDA GPU" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("on", [False, True])
+def test_bench_pdl_launches_sets_pdl_with_a_plan_cache_of_its_own_and_restores_both(on):
+    from fp8_group_quant import _launch, api, bench
+
+    before = (_launch.PDL, api._PLANS)
+    with bench.pdl_launches(on):
+        assert _launch.PDL is on
+        assert api._PLANS is not before[1]  # no plan prepared the other way is reused
+    assert (_launch.PDL, api._PLANS) == before
+    with pytest.raises(KeyError), bench.pdl_launches(on):
+        raise KeyError("a failing benchmark")
+    assert _launch.PDL is before[0] and api._PLANS is before[1]
