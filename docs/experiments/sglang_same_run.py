@@ -26,11 +26,19 @@ Columns, us per call by CUDA-graph replay over rotating buffers (graphs replayed
   regs32 (run 13, after step 22): the lean one-pass kernel at eight resident blocks;
   signal_end, signal_first (runs 15-16): griddepcontrol.launch_dependents at the kernel's end
   (as SGLang's) or before its loads, instead of right after them; same (run 16): ours with a
-  comment changed, compiled and loaded as the variants are.
+  comment changed, compiled and loaded as the variants are; nogdc (session 10): no
+  griddepcontrol instructions, as SGLang's host builds its kernel where PDL is off.
+- with --modes (session 10), each kernel as its host launches it with PDL on and off:
+  ours_pdl, the library's default launch on SM90 (the PDL attribute on, so one call's
+  prologue may overlap the previous call's end); sgl_pdl, SGLang's kUsePDL kernel with the
+  attribute, as its host launches it on SM90 (is_arch_support_pdl); sgl_nopdl, its kernel
+  built with kUsePDL = false, without the attribute, as its host launches it elsewhere. "sgl"
+  stays the kUsePDL kernel without the attribute, as runs 1-20 of session 9 timed it.
 Run from the repository root: PYTHONPATH=$PWD python3 docs/experiments/sglang_same_run.py PATH
 [--variants=NAMES] [K ...]
 """
 
+import ctypes
 import sys
 
 import cupy
@@ -88,6 +96,8 @@ NAME = (
     "sglang::per_token_group_quant_8bit_v2_kernel<sglang::NaiveScheduler, 128, 8, "
     "__nv_bfloat16, fp8_e4m3_t, true, true, false, true>"
 )
+# kUsePDL = false: no griddepcontrol instructions, as its host builds it where PDL is off
+NAME_NO_PDL = NAME.replace("false, true>", "false, false>")
 
 
 def sglang_text(path: str) -> str:
@@ -98,12 +108,12 @@ def sglang_text(path: str) -> str:
     return PRELUDE + body + "\n}  // namespace sglang\n"
 
 
-def sglang_function(path: str):
+def sglang_function(path: str, name: str = NAME):
     """SGLang's kernel compiled by NVRTC with the CUDA headers (cuda_fp8.h, cuda_bf16.h)."""
     cuda_path = cupy.cuda.get_cuda_path()
     options = (*_jit.nvrtc_options(), *([f"-I{cuda_path}/include"] if cuda_path else []))
-    module = cupy.RawModule(code=sglang_text(path), options=options, name_expressions=(NAME,))
-    return module.get_function(NAME)
+    module = cupy.RawModule(code=sglang_text(path), options=options, name_expressions=(name,))
+    return module.get_function(name)
 
 
 SCALE_FIRST = [
@@ -142,8 +152,15 @@ SAME = [
         "// Per-token group quantization, one kernel family",
     )
 ]
+# no griddepcontrol instructions at all (the empty asm statements keep the compiler barriers),
+# as SGLang's host builds its kernel where PDL is off
+NO_GRIDDEPCONTROL = [
+    ('asm volatile("griddepcontrol.wait;" ::: "memory");', 'asm volatile("" ::: "memory");'),
+    ('asm volatile("griddepcontrol.launch_dependents;" :::);', 'asm volatile("" :::);'),
+]
 VARIANTS = {
     "same": SAME,
+    "nogdc": NO_GRIDDEPCONTROL,
     "signal_end": SIGNAL_AT_END,
     "signal_first": SIGNAL_FIRST,
     "scale1st": SCALE_FIRST,
@@ -160,7 +177,7 @@ def sglang_config(m: int, k: int) -> tuple[int, int]:
     return groups // per_block, per_block * 8
 
 
-def measure(m: int, k: int, roofline, sglang: dict, binaries: dict):
+def measure(m: int, k: int, roofline, sglang: dict, binaries: dict, modes: bool):
     x_host = activation(m, k, seed=m + k).astype(ml_dtypes.bfloat16)
     buffers = max(2, min(64, -(-harness.ROTATE_BYTES // x_host.nbytes)))
     inputs = [cupy.asarray(x_host) for _ in range(buffers)]
@@ -170,7 +187,12 @@ def measure(m: int, k: int, roofline, sglang: dict, binaries: dict):
         for _ in range(buffers)
     ]
     request = make_request(describe(inputs[0], "x"), 128, "e4m3", "ue8m0", "packed", 1e-10, False)
-    launches = {"ours": _launch.prepare(request, cupy.cuda.runtime.getDevice())}
+    device = cupy.cuda.runtime.getDevice()
+    launches = {"ours": _launch.prepare(request, device)}
+    if modes:  # the library's default launch on SM90: the PDL attribute on
+        _launch.PDL = True
+        launches["ours_pdl"] = _launch.prepare(request, device)
+        _launch.PDL = False
     for name, function in binaries.items():
         launches[name] = flat_one_pass.ours(m, k, inputs[0], 128, True, function)
     expected = flat_one_pass.reference(m, k, x_host)
@@ -186,6 +208,18 @@ def measure(m: int, k: int, roofline, sglang: dict, binaries: dict):
         args = (x, q, s, np.uint64(0), np.int32(threads // 8), np.int32(k // 128), np.int32(0),
                 np.int32(tma), np.int32(m))  # fmt: skip
         return lambda: function((blocks, 1, 1), (threads, 1, 1), args)
+
+    def sglang_pdl_call(function, i):
+        """As its host launches it on SM90: the kUsePDL kernel with the PDL attribute."""
+        x, (q, s) = inputs[i % buffers], outputs[i % buffers]
+        pointers = [ctypes.c_void_p(a) for a in (x.data.ptr, q.data.ptr, s.data.ptr, 0)]
+        sizes = [ctypes.c_int(a) for a in (threads // 8, k // 128, 0, tma, m)]
+        args = pointers + sizes
+        with _jit.current_device(device):
+            launch = _launch.KernelLaunch(
+                function.kernel.ptr, (blocks, 1, 1), (threads, 1, 1), args, pdl=True
+            )
+        return lambda: launch(cupy.cuda.get_current_stream().ptr)
 
     # their codes and scales of the real rows against the reference (bytes that differ)
     q_ref, s_ref = expected
@@ -205,8 +239,12 @@ def measure(m: int, k: int, roofline, sglang: dict, binaries: dict):
         [sglang_call(function, i) for i in range(max(buffers, harness.CALLS))]
         for function in sglang.values()
     ]
-    times = bench.interleaved_graph_times_us(cupy, calls, 11)
     names = ["roof", *launches, *sglang]
+    if modes:
+        count = max(buffers, harness.CALLS)
+        calls.append([sglang_pdl_call(sglang["sgl"], i) for i in range(count)])
+        names.append("sgl_pdl")
+    times = bench.interleaved_graph_times_us(cupy, calls, 11)
     return dict(zip(names, times)), differ
 
 
@@ -217,21 +255,24 @@ def main() -> None:
     variants = {n: VARIANTS[n] for n in chosen[0].split(",")} if chosen else {}
     ks = [int(a) for a in sys.argv[2:] if not a.startswith("--")] or [7168, 2048, 2688]
     roofline = harness.roofline_function()
+    modes = "--modes" in sys.argv
     sglang = {"sgl": sglang_function(path)}
+    if modes:
+        sglang["sgl_nopdl"] = sglang_function(path, NAME_NO_PDL)
     binaries = {name: flat_one_pass.variant(*edits) for name, edits in variants.items()}
     print("registers:", {n: f.num_regs for n, f in {**sglang, **binaries}.items()}, flush=True)
     header = None
     for k in ks:
         for m in (1, 4, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384):
-            times, differ = measure(m, k, roofline, sglang, binaries)
+            times, differ = measure(m, k, roofline, sglang, binaries, modes)
             if header is None:
                 header = list(times)
-                print(f"{'M':>6} {'K':>5} " + " ".join(f"{c:>8}" for c in header)
-                      + "  ours/roof sgl/roof  sgl bytes differing")  # fmt: skip
+                print(f"{'M':>6} {'K':>5} " + " ".join(f"{c:>9}" for c in header) + "   x roof: "
+                      + " ".join(f"{c:>9}" for c in header[1:]) + "  bytes differing")  # fmt: skip
             roof = times["roof"]
-            print(f"{m:>6} {k:>5} " + " ".join(f"{times[c]:>8.2f}" for c in header)
-                  + f"  {times['ours'] / roof:>9.3f} {times['sgl'] / roof:>8.3f}  {differ['sgl']}",
-                  flush=True)  # fmt: skip
+            print(f"{m:>6} {k:>5} " + " ".join(f"{times[c]:>9.2f}" for c in header) + "           "
+                  + " ".join(f"{times[c] / roof:>9.3f}" for c in header[1:])
+                  + "  " + " ".join(str(d) for d in differ.values()), flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":
