@@ -40,6 +40,7 @@ __all__ = [
     "silu_mul",
     "round_to",
     "EXP_TABLE",
+    "silu_band_entries",
     "silu_band_table",
     "silu_bf16_by_table",
 ]
@@ -146,12 +147,16 @@ def _canonical_nan(values: np.ndarray) -> np.ndarray:
 # gate): RN(g / 2) for |g| < 2^-8, and above the bands max(g, -0) with NaN propagated (g for
 # g >= 8, Inf included; -0 for g <= -128, -Inf included; NaN for NaN). Inside the band
 # 2^-8 <= |g| < 128 the kernel reads the definition's result from a table of 3,840 entries
-# (7.5 KB in shared memory; for 8 <= g < 128 the entry is g itself, which lets both signs share
-# one range check), generated into kernels/silu_band_bf16.cuh by tools/gen_silu_band.py.
+# (for 8 <= g < 128 the entry is g itself, which lets both signs share one range check),
+# generated into kernels/silu_band_bf16.cuh by tools/gen_silu_band.py and held in shared
+# memory as 4,096 entries (8 KB, silu_band_entries): the positive gates' from entry 0, the
+# negative gates' from entry 2048, so a gate's entry is its sign bit and 11 bits of |g|'s.
 # silu_bf16_by_table is that lookup in NumPy; tests check it against silu for every gate.
 
 BAND_FIRST = 0x3B80  # bits of 2^-8, the smallest |g| in the band
 BAND = 0x4300 - BAND_FIRST  # 2^-8 <= |g| < 128: 15 exponents of 128 mantissas, per sign
+NEGATIVE_ENTRY = 2048  # where the negative gates' entries start (the sign is index bit 11)
+BAND_ENTRIES = 4096  # the kernel's copy: any 12-bit index reads inside it
 
 
 def silu_band_table() -> np.ndarray:
@@ -164,25 +169,50 @@ def silu_band_table() -> np.ndarray:
     return y.astype(bf16).view(np.uint16)
 
 
+def silu_band_entries(table: np.ndarray | None = None) -> np.ndarray:
+    """uint16 [BAND_ENTRIES]: ``table`` (silu_band_table's layout) as the kernel holds it, the
+    positive half from entry 0, the negative half from NEGATIVE_ENTRY, zeros elsewhere."""
+    table = silu_band_table() if table is None else table
+    entries = np.zeros(BAND_ENTRIES, np.uint16)
+    entries[:BAND] = table[:BAND]
+    entries[NEGATIVE_ENTRY : NEGATIVE_ENTRY + BAND] = table[BAND : 2 * BAND]
+    return entries
+
+
+def _halves_signs(words: np.ndarray) -> np.ndarray:
+    """0xffff in each 16-bit half of ``words`` whose bit 15 is set, else 0 (prmt 0xbb99)."""
+    return ((words >> 15) & 1) * np.uint32(0xFFFF) | ((words >> 31) & 1) * np.uint32(0xFFFF0000)
+
+
 def silu_bf16_by_table(gate_bits: np.ndarray, table: np.ndarray | None = None) -> np.ndarray:
     """uint16 bits of round(silu(g)) for bfloat16 gates given as uint16 bits, by the kernel's
-    lookup (kernels/activation.cuh, SiluBandTable), in its 32-bit integer steps: the table
-    inside the band, the two rules outside it (a NaN stays NaN)."""
-    table = silu_band_table() if table is None else table
-    padded = np.zeros(4096, np.uint16)  # the kernel's shared copy: any 12-bit index is inside
-    padded[: table.size] = table
+    lookup (kernels/activation.cuh, SiluBandTable): two gates a 32-bit word in its integer
+    steps, the table inside the band, the two rules outside it (a NaN stays NaN)."""
+    entries = silu_band_entries(table)
     bf16 = INPUT_TYPES["bfloat16"].numpy_dtype
-    bits = np.asarray(gate_bits, np.uint16).astype(np.uint32) << 16
-    first = np.uint32(BAND_FIRST << 17)
-    offset = (bits << 1) - first  # wraps modulo 2^32, as the kernel's u32
-    in_band = offset < np.uint32(BAND << 17)
-    below = offset >= np.uint32(2**32 - (BAND_FIRST << 17))
-    index = ((offset >> 17) + (bits >> 31) * np.uint32(BAND)) & 4095
-    g = bits.view(F32)
+    flat = np.asarray(gate_bits, np.uint16).reshape(-1)
+    h = np.zeros(flat.size + flat.size % 2, np.uint32)
+    h[: flat.size] = flat
+    word = h[0::2] | (h[1::2] << 16)  # the lower index in the low half, as the kernel loads
+    pair = np.uint32(0x10001)
+    # t: 0x8000 + |h| - BAND_FIRST per half, no carry between them (|h| <= 0x7fff); bit 15 set
+    # from the band up, and below 0x8000 + BAND (the low 11 bits the offset) inside it
+    t = (word & np.uint32(0x7FFF7FFF)) + pair * np.uint32(0x8000 - BAND_FIRST)
+    u = t - pair * np.uint32(BAND)  # bit 15: |h| past the band (t >= 0x4480: no borrow)
+    not_below, in_band = _halves_signs(t), _halves_signs(t & ~u)
+    index = t | ((word >> 4) & np.uint32(0x08000800))  # the sign bits to bit 11 of each half
+    looked_up = entries[index & 0xFFF].astype(np.uint32)
+    looked_up |= entries[(index >> 16) & 0xFFF].astype(np.uint32) << 16
+    g = (h << 16).view(F32)
     with np.errstate(invalid="ignore"):
-        half = (g * F32(0.5)).astype(bf16).view(np.uint16)
-        above = np.maximum(g, F32(-0.0)).astype(bf16).view(np.uint16)  # NaN propagates
-    return np.where(in_band, padded[index], np.where(below, half, above)).astype(np.uint16)
+        half = (g * F32(0.5)).astype(bf16).view(np.uint16).astype(np.uint32)
+        above = np.maximum(g, F32(-0.0)).astype(bf16).view(np.uint16).astype(np.uint32)
+    half_word = half[0::2] | (half[1::2] << 16)
+    above_word = above[0::2] | (above[1::2] << 16)
+    outside = (not_below & above_word) | (~not_below & half_word)
+    result = (in_band & looked_up) | (~in_band & outside)
+    halves = np.stack([result & 0xFFFF, result >> 16], axis=-1).reshape(-1)
+    return halves[: flat.size].astype(np.uint16).reshape(np.shape(gate_bits))
 
 
 # fused RMSNorm ------------------------------------------------------------------------------------

@@ -148,10 +148,10 @@ struct SiluByArithmetic : ExpTable {
 // RN_bf16(RN_f32(s * up)) equals the one correctly rounded bf16 product, since the exact product
 // of two bfloat16 values has at most 16 significant bits (docs/spec.md, section 2a). A NaN
 // this makes may carry a sign; quantize_group then encodes every NaN as +NaN (kUnsignedNaN).
-// About 12 instructions a value where the float32 lookup took about 23 (docs/perf.md, fused
-// step 5); the loaded entry is used only inside the band, and the load is predicated on it.
+// About 10 instructions a value (12 with a branch-free per-half lookup, session 8; 23 in
+// float32, docs/perf.md fused steps 5 and 12).
 struct SiluBandTable {
-  static_assert(kSiluBandWords == 2048 && 2 * kSiluBand <= 4096u, "the band table: 4,096 entries");
+  static_assert(kSiluBandWords == 2048, "the band table: 4,096 entries, any 12-bit index");
   uint4 vectors[kSiluBandWords / 4];
   unsigned long long barrier;  // the copy's mbarrier (sm_90 and newer)
   // NOTES: on sm_90 and newer one thread copies the table with a bulk copy (the TMA engine)
@@ -199,36 +199,45 @@ struct SiluBandTable {
   __device__ __forceinline__ u32 shared_base() const {
     return static_cast<u32>(__cvta_generic_to_shared(vectors));
   }
-  // one half: `bits` holds its bfloat16 in bits 16-31 (bits 0-15 are ignored). Returns the
-  // table's entry for it (in bits 0-15; meaningful only if in_band), and whether |h| is below
-  // the band
-  __device__ __forceinline__ u32 entry(u32 base, u32 bits, bool& in_band, bool& below) const {
-    // (|h| - first) << 17 modulo 2^32, plus less than 2^17: in [0, band << 17) inside the band,
-    // at most (0x7fff - first) << 17 | 0x1ffff above it, and wrapped to (2^15 - first) << 17
-    // or more below it
-    const u32 offset = (bits << 1) - (kSiluBandFirst << 17);
-    in_band = offset < (kSiluBand << 17);
-    below = offset >= 0u - (kSiluBandFirst << 17);
-    const u32 index = ((offset >> 17) + ((bits >> 31) != 0u ? kSiluBand : 0u)) & 4095u;
+  // the entry at byte `offset` of the copy (zero-extended)
+  __device__ __forceinline__ u32 entry(u32 base, u32 offset) const {
     u32 value;
     // NOTES: volatile keeps the read after wait(); an explicit shared address,
     // since through a generic pointer NVRTC rebuilt the window address before every read
-    asm volatile("ld.shared.u16 %0, [%1];" : "=r"(value) : "r"(base + 2u * index));
+    asm volatile("ld.shared.u16 %0, [%1];" : "=r"(value) : "r"(base + offset));
     return value;
+  }
+  // 0xffff in each half of `w` whose bit 15 is set, else 0 (prmt's sign-replicating selector)
+  static __device__ __forceinline__ u32 halves_signs(u32 w) {
+    u32 mask;
+    asm("prmt.b32 %0, %1, 0, 0xbb99;" : "=r"(mask) : "r"(w));
+    return mask;
   }
   // NOTES: products as fma with -0 added (exact, and it keeps a product's -0), which sm_80 and
   // newer have; mul.bf16x2 needs sm_90
   static constexpr u32 kMinusZeros = 0x80008000u;
+  // NOTES: both gates of the word at once, each step one instruction for the pair but the
+  // two reads and their addresses: the band classes as masks of the halves, the result chosen
+  // by bitwise selects (docs/perf.md, fused step 12; activation.silu_bf16_by_table replays it)
   __device__ __forceinline__ u32 silu_mul_pair(u32 base, u32 gate, u32 up) const {
+    static_assert(kSiluBand <= 0x800u && kSiluNegativeEntry == 0x800u && kSiluBandFirst <= 0x8000u - kSiluBand,
+                  "an entry is the sign at bit 11 and 11 bits of offset");
+    constexpr u32 kPair = 0x10001u;
     u32 half, above;  // RN(g * 0.5) and max.NaN(g, -0), both halves
     asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(half) : "r"(gate), "r"(0x3f003f00u), "r"(kMinusZeros));
     asm("max.NaN.bf16x2 %0, %1, %2;" : "=r"(above) : "r"(gate), "r"(kMinusZeros));
-    bool in_lo, below_lo, in_hi, below_hi;
-    const u32 lo = entry(base, gate << 16, in_lo, below_lo);
-    const u32 hi = entry(base, gate, in_hi, below_hi);
-    const u32 outside_lo = below_lo ? half : above;  // bits 0-15
-    const u32 outside_hi = (below_hi ? half : above) >> 16;
-    const u32 silu = __byte_perm(in_lo ? lo : outside_lo, in_hi ? hi : outside_hi, 0x5410);
+    // per half t = 0x8000 + |h| - first, with no carry between the halves (|h| <= 0x7fff):
+    // bit 15 set from the band's first gate up, and inside the band its low 11 bits are the
+    // offset; u = t - band (no borrow: t >= 0x8000 - first > band) has bit 15 past the band
+    const u32 t = (gate & 0x7fff7fffu) + kPair * (0x8000u - kSiluBandFirst);
+    const u32 u = t - kPair * kSiluBand;
+    const u32 not_below = halves_signs(t);
+    const u32 in_band = halves_signs(t & ~u);
+    const u32 outside = (not_below & above) | (~not_below & half);
+    const u32 index = t | ((gate >> 4) & 0x08000800u);  // each half's sign to its bit 11
+    const u32 table = __byte_perm(entry(base, (index << 1) & 0x1ffeu),
+                                  entry(base, (index >> 15) & 0x1ffeu), 0x5410);
+    const u32 silu = (in_band & table) | (~in_band & outside);
     u32 y;
     asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(y) : "r"(silu), "r"(up), "r"(kMinusZeros));
     return y;

@@ -64,9 +64,12 @@ def test_the_kernel_holds_the_silu_band_table():
     body = re.search(r"kSiluBandBF16\[kSiluBandWords\] = \{(.*?)\};", text, re.S).group(1)
     words = np.array([int(v, 16) for v in re.findall(r"0x([0-9a-f]{8})u", body)], np.uint32)
     halves = np.stack([words & 0xFFFF, words >> 16], axis=-1).reshape(-1).astype(np.uint16)
-    assert halves.size == 4096 and 2 * activation.BAND == 3840
-    assert np.array_equal(halves[:3840], activation.silu_band_table())
-    assert not halves[3840:].any()  # the padding any 12-bit index may read
+    assert halves.size == 4096 and activation.BAND == 1920
+    assert np.array_equal(halves, activation.silu_band_entries())
+    table = activation.silu_band_table()
+    assert np.array_equal(halves[:1920], table[:1920])  # positive gates from entry 0
+    assert np.array_equal(halves[2048:3968], table[1920:])  # negative ones from entry 2048
+    assert not halves[1920:2048].any() and not halves[3968:].any()  # what stray indices read
 
 
 def test_the_band_lookup_gives_the_defined_silu_for_every_bfloat16_gate():
@@ -81,6 +84,16 @@ def test_the_band_lookup_gives_the_defined_silu_for_every_bfloat16_gate():
     outside = activation.silu_bf16_by_table(bits, np.zeros(3840, np.uint16))
     in_band = outside != activation.silu_bf16_by_table(bits)
     assert in_band.sum() > 3000 and (~in_band).sum() > 60000
+
+
+def test_the_band_lookup_pairs_gates_as_the_kernel_does_for_any_count_and_shape():
+    # two gates a 32-bit word, the halves independent: an odd count, a shape, any neighbour
+    rng = np.random.default_rng(7)
+    bits = rng.integers(0, 65536, 999, dtype=np.uint16)
+    alone = np.array([activation.silu_bf16_by_table(bits[i : i + 1])[0] for i in range(999)])
+    assert np.array_equal(activation.silu_bf16_by_table(bits), alone)
+    grid = activation.silu_bf16_by_table(bits[:998].reshape(2, 499))
+    assert grid.shape == (2, 499) and np.array_equal(grid.reshape(-1), alone[:998])
 
 
 def test_a_wrong_band_table_is_caught():
