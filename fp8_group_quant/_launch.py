@@ -357,9 +357,36 @@ def _prepare_norm(request, key: KernelKey, device: int) -> Launch:
     return Launch(handle, grid, (threads, 1, 1), make_params(request), pdl_supported(device))
 
 
+# The plain fused SiLU-and-multiply path takes the masked layout's persistent kernel (every
+# row real) for one-pass grids of more than this many resident waves (fused_takes_persistent)
+PERSISTENT_FUSED_WAVES = 8.0
+
+
+def fused_takes_persistent(geometry: Geometry, one_pass_blocks: int, per_sm: int, sms: int) -> bool:
+    """Whether a plain SiLU-and-multiply launch takes the masked layout's persistent kernel
+    with every row real instead of its one-pass grid of ``one_pass_blocks`` blocks.
+
+    NOTES: each one-pass block copies the 8 KB SiLU table into shared memory and waits for it
+    before its first value, for 16 groups; a persistent block copies it once and keeps two
+    slots' loads in flight. Measured on the H200 (docs/perf.md, fused step 12, N = 7168; the
+    one-pass grid holds ten 128-thread blocks an SM, 1320 a wave): the persistent grid 3.7%
+    faster at M = 4096 (11 waves of the one-pass grid) and 8.5% at 16384 (43), 2% slower at
+    2048 (5.4 waves: its blocks walk their slots 3.4 times, the last time a partial one),
+    equal at 1024 and 4.7% faster at 512, where one walk covers every slot, but far slower at
+    M <= 64 (1.80 against 1.22x the roof). So past 8 waves, where the input has no padding
+    rows (that kernel writes none) and at most kMaxExperts batches (its scan's limit).
+    """
+    return (
+        geometry.grid_rows == geometry.rows
+        and geometry.batches <= max_experts()
+        and one_pass_blocks > PERSISTENT_FUSED_WAVES * per_sm * sms
+    )
+
+
 def _prepare_masked(request, key: KernelKey, device: int) -> Launch:
     """The masked layout's persistent grid: as many blocks as the worst case (every row of
-    every expert) needs, at most one resident wave, or fewer for an ``expected_m`` hint.
+    every expert) needs, at most one resident wave, or fewer for an ``expected_m`` hint. The
+    plain SiLU-and-multiply path's large grids take it too, with no masked_m (every row real).
 
     NOTES: the grid is fixed when the plan is made, so a CUDA graph replays it with any counts;
     the blocks walk the real slots with a stride of the grid (kernels/quantize.cu).
@@ -583,7 +610,11 @@ def prepare(request, device: int) -> Launch:
         flat_threads = one_pass_threads(slots, lanes)
         handle, per_sm, sms = loaded(one_pass=True, threads=flat_threads)
         flat_blocks = -(-slots * lanes // flat_threads)
-        limit = one_pass_wave_limit(per_sm, flat_threads) if key.activation is None else math.inf
+        fused = key.activation is not None
+        if fused and fused_takes_persistent(geometry, flat_blocks, per_sm, sms):
+            persistent = dataclasses.replace(key, masked=True, one_pass=True)
+            return _prepare_masked(request, persistent, device)
+        limit = math.inf if fused else one_pass_wave_limit(per_sm, flat_threads)
         if flat_blocks <= limit * per_sm * sms:
             grid, block = (flat_blocks, 1, 1), (flat_threads, 1, 1)
             return Launch(handle, grid, block, make_params(request), pdl_supported(device))

@@ -428,7 +428,10 @@ __global__ void __launch_bounds__(kMaxThreads,
 // counts). Each block clamps the counts to [0, T] and scans their row tiles into shared
 // memory; the group slots of the real tiles are numbered as in the one-pass kernel and walked
 // with a stride of the grid; a slot finds its expert by binary search over the scan. Rows at
-// or past masked_m[e], and TMA padding rows, are not written.
+// or past masked_m[e], and TMA padding rows, are not written. Without masked_m (a null
+// pointer) every batch has p.rows rows: the plain fused SiLU-and-multiply path's grid for
+// large inputs without padding rows, one table copy per resident block instead of one per
+// 16 groups (_launch.fused_takes_persistent; docs/perf.md, fused step 12).
 constexpr int kMaxExperts = 1024;  // _launch.py reads this line
 constexpr int kMaskedThreads = 128;  // _launch.py reads this line
 // slots per thread and iteration, their loads issued together: three of x alone, two of gate
@@ -462,8 +465,9 @@ __global__ void __launch_bounds__(kMaskedThreads, 8) quantize_masked(const __gri
   for (u32 i = 0; i < per_thread; ++i) {
     const u32 e = first_expert + i;
     if (e < experts) {
-      long long count = p.masked_i64 ? static_cast<const long long*>(p.masked_m)[e]
-                                     : static_cast<const int*>(p.masked_m)[e];
+      long long count = p.masked_m == nullptr ? p.rows  // the plain fused path: all rows
+                        : p.masked_i64 ? static_cast<const long long*>(p.masked_m)[e]
+                                       : static_cast<const int*>(p.masked_m)[e];
       count = count < 0 ? 0 : (count > p.rows ? p.rows : count);
       expert_rows[e] = static_cast<u32>(count);
       local += (static_cast<u32>(count) + tile_rows - 1u) >> tile_rows_log2;

@@ -802,6 +802,41 @@ def test_silu_mul_every_combination(input_dtype, group_size, dtype, scale, layou
     check_silu_mul(x, wider_rows(x, 128, lib, 64), *args)  # rows inside a wider buffer
 
 
+@pytest.mark.parametrize("input_dtype, group_size, dtype, scale, layout", COMBINATIONS[::3])
+def test_silu_mul_on_the_persistent_grid(
+    monkeypatch, input_dtype, group_size, dtype, scale, layout
+):
+    # large plain SiLU-and-multiply inputs without padding rows take the masked layout's
+    # persistent kernel with every row real (fused_takes_persistent): forced here at any size,
+    # batched, inside wider rows, and a padded input that must keep the one-pass grid
+    from fp8_group_quant import api
+
+    index = COMBINATIONS.index((input_dtype, group_size, dtype, scale, layout))
+    lib = ("torch", "cupy")[index % 2]
+    rng = np.random.default_rng(3000 + index)
+    monkeypatch.setattr(_launch, "PERSISTENT_FUSED_WAVES", 0.0)
+    monkeypatch.setattr(api, "_PLANS", api.PlanCache(api.MAX_PLANS))
+    persistent = []
+    prepare_masked = _launch._prepare_masked
+
+    def recorded(request, key, device):
+        persistent.append(request.masked is None and key.masked)
+        return prepare_masked(request, key, device)
+
+    monkeypatch.setattr(_launch, "_prepare_masked", recorded)
+    args = (lib, group_size, dtype, scale, layout)
+    x = gates_and_ups(rng, (3, 128, 5 * group_size), input_dtype)  # no padding rows: persistent
+    check_silu_mul(x, to_device(x, lib), *args)
+    x = gates_and_ups(rng, (256, 2 * group_size), input_dtype)
+    check_silu_mul(x, wider_rows(x, 128, lib, 64), *args)  # rows inside a wider buffer
+    assert persistent and all(persistent)
+    persistent.clear()
+    x = gates_and_ups(rng, (129, 2 * group_size), input_dtype)
+    check_silu_mul(x, to_device(x, lib), *args)
+    padded = Geometry((129, 2 * group_size), group_size, layout, False).grid_rows > 129
+    assert (not persistent) if padded else all(persistent) and persistent  # padding: one pass
+
+
 @pytest.mark.parametrize("input_dtype", ["bfloat16", "float16"])
 def test_silu_mul_every_16_bit_gate(input_dtype):
     # every 16-bit pattern as a gate (both signs of NaN, Inf, subnormals), against random ups

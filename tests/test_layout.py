@@ -271,6 +271,50 @@ def test_the_launch_picks_its_path_and_grid(
         assert got_grid[0] * block[0] >= threads > (got_grid[0] - 1) * block[0]
 
 
+@pytest.mark.parametrize(
+    "shape, layout, persistent",
+    [
+        ((4096, 7168), "packed", True),  # 14336 one-pass blocks, past 8 waves of 1320
+        ((2048, 7168), "packed", False),  # 7168: one pass
+        ((4097, 7168), "packed", False),  # padded scale rows, which that kernel does not write
+        ((4097, 7168), "row", True),  # no padding rows in this layout
+        ((1025, 8, 7168), "row", False),  # more batches than its scan holds
+        ((16, 1024, 7168), "packed", True),  # batches, none padded
+    ],
+)  # a device of 132 SMs fitting 10 blocks of either kernel
+def test_large_fused_silu_inputs_take_the_persistent_grid(monkeypatch, shape, layout, persistent):
+    import ml_dtypes
+
+    from fp8_group_quant import _jit, _launch
+    from fp8_group_quant._arrays import describe
+    from fp8_group_quant._request import make_request
+
+    loaded = []
+
+    def get_function(source, expression, device):
+        loaded.append(expression)
+        return _FakeFunction
+
+    monkeypatch.setattr(_jit, "get_function", get_function)
+    monkeypatch.setattr(_jit, "current_device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(_launch, "resident_blocks", lambda *args: (10, 132))
+    monkeypatch.setattr(_launch, "pdl_supported", lambda device: False)
+    monkeypatch.setattr(
+        _launch, "Launch", lambda handle, grid, block, params, pdl: (handle, grid, block, params)
+    )
+    x = np.empty((*shape[:-1], 2 * shape[-1]), ml_dtypes.bfloat16)
+    request = make_request(
+        describe(x, "x"), 128, "e4m3", "ue8m0", layout, 1e-10, False, activation="silu_mul"
+    )
+    _, grid, block, params = _launch.prepare(request, 0)
+    assert loaded[-1].startswith("fgq::quantize_masked<" if persistent else "fgq::quantize_groups<")
+    assert loaded[-1].endswith("fgq::kSiluMul>") and not params.masked_m  # every row real
+    if persistent:  # one resident wave of 128-thread blocks walking every slot
+        assert grid == (10 * 132, 1, 1) and block == (128, 1, 1)
+    else:
+        assert grid[0] * block[0] >= params.slots * 8
+
+
 def test_the_one_pass_prologue_reads_one_constant_line():
     # the fields the one-pass kernel reads before its load sit in Params' first 48 bytes, one
     # 64-byte line of the constant cache on sm_90 (docs/perf.md step 22)
