@@ -352,8 +352,9 @@ def test_unpack_scales_decodes_every_exponent_as_ue8m0():
 
 @pytest.mark.parametrize("strides", [(2**31, 1024, 1), (1024, -(2**31), 1)])
 def test_silu_refuses_strides_its_kernel_cannot_index(strides):
-    # the fused SiLU path has one-pass kernels only, which index x in 32 bits (docs/perf.md
-    # step 22): wider or negative strides are refused by name before anything is launched
+    # the fused SiLU path's one-pass kernel indexes x in 32 bits (docs/perf.md step 22), and
+    # inputs of any size may take it (the persistent grid only those without padding rows):
+    # wider or negative strides are refused by name before anything is launched
     pytest.importorskip("cupy", reason="the grid checks are made for device arrays")
     from fp8_group_quant._arrays import CUPY, ArrayInfo
     from fp8_group_quant._request import make_request
