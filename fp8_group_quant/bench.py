@@ -399,7 +399,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "--fused",
         action="store_true",
         help="the fused SiLU-and-multiply and masked paths against a same-traffic roof and the "
-        "unfused steps (needs torch; --k sets N)",
+        "unfused steps (needs torch; --k sets N, --m the tokens)",
     )
     parser.add_argument(
         "--nvfp4",

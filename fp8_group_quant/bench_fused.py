@@ -1,17 +1,16 @@
 """``bench --fused``: the fused inputs against a same-traffic roof and against unfused steps.
 
-For each M (N = K = 7168, or the first ``--k`` given; bf16 -> e4m3, packed UE8M0 scales),
-CUDA-graph replay in torch graphs over rotating buffers, median us per call: the fused
-SiLU-and-multiply quantizer; the roofline kernel with its traffic (kernels/roofline.cu,
-``roofline_gated``: 32 gate and 32 up bytes read and 16 written per thread); the plain quantizer
-on [M, N]; torch's SiLU-and-multiply alone; the unfused pair; the floor. Then the fused
-add-RMSNorm the same way (roof ``roofline_residual``: x and the residual read, the residual
-and the codes written; unfused: torch's add and ``rms_norm``, then the plain quantizer), and
-RMSNorm without the residual (roof: the plain quantizer's ``roofline_copy``). Then the masked
-layout (E = 32, T = 1024, K = 7168, 5% of the rows real) against the plain quantizer on as
-many rows, launched without PDL and, both being ours, with it. Every fused result is checked
-against the NumPy backend first. Needs torch. The library's launches are prepared without PDL
-(``bench`` says why) but where stated.
+For each M (1, 64, 512, 4096, or ``--m``; N = K = 7168, or the first ``--k`` given; bf16 -> e4m3,
+packed UE8M0 scales), CUDA-graph replay in torch graphs over rotating buffers, median us per call:
+the fused SiLU-and-multiply quantizer; the roofline kernel with its traffic (kernels/roofline.cu,
+``roofline_gated``: 32 gate and 32 up bytes read and 16 written per thread); the plain quantizer on
+[M, N]; torch's SiLU-and-multiply alone; the unfused pair; the floor. Then the fused add-RMSNorm
+the same way (roof ``roofline_residual``: x and the residual read, the residual and the codes
+written; unfused: torch's add and ``rms_norm``, then the plain quantizer), and RMSNorm without the
+residual (roof: the plain quantizer's ``roofline_copy``). Then the masked layout (E = 32, T = 1024,
+K = 7168, 5% of the rows real) against the plain quantizer on as many rows, launched without PDL
+and, both being ours, with it. Every fused result is checked against the NumPy backend first. Needs
+torch. The library's launches are prepared without PDL (``bench`` says why) but where stated.
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from . import _jit, api
-from .bench import DEFAULT_K, ROOFLINE_THREADS, copy_bandwidth, pdl_launches
+from .bench import DEFAULT_K, DEFAULT_M, ROOFLINE_THREADS, copy_bandwidth, pdl_launches
 
 FUSED_M = (1, 64, 512, 4096)
 ROTATE_BYTES = 256 << 20
@@ -58,19 +57,20 @@ def run_fused(args) -> list[dict]:
 
     bandwidth = copy_bandwidth(cupy)
     n = args.k[0] if args.k and list(args.k) != list(DEFAULT_K) else 7168
+    m_values = args.m if args.m != list(DEFAULT_M) else list(FUSED_M)
     roof = _jit.get_function("roofline.cu", "fgq::roofline_gated", cupy.cuda.runtime.getDevice())
     print(f"# fused SiLU-and-multiply, N = {n}, bf16 -> e4m3, packed scales; copy "
           f"{bandwidth / 1e12:.2f} TB/s")  # fmt: skip
     print(f"{'M':>6} {'floor':>7} {'roof':>7} {'fused':>7} {'x roof':>7} {'plain':>7} "
           f"{'torch act':>9} {'unfused':>8} {'unfused/fused':>13}")  # fmt: skip
-    rows = [_silu_row(torch, roof, bandwidth, m, n) for m in FUSED_M]
+    rows = [_silu_row(torch, roof, bandwidth, m, n) for m in m_values]
     device = cupy.cuda.runtime.getDevice()
     roofs = {name: _jit.get_function("roofline.cu", f"fgq::roofline_{name}", device)
              for name in ("residual", "copy")}  # fmt: skip
     print(f"# fused RMSNorm, K = {n}, with and without the residual add")
     print(f"{'M':>6} {'residual':>8} {'floor':>7} {'roof':>7} {'fused':>7} {'x roof':>7} "
           f"{'plain':>7} {'torch norm':>10} {'unfused':>8} {'unfused/fused':>13}")  # fmt: skip
-    for m in FUSED_M:
+    for m in m_values:
         for residual in (True, False):
             rows.append(_norm_row(torch, roofs, bandwidth, m, n, residual))
     rows.append(_masked_row(torch))
