@@ -8,6 +8,7 @@ import math
 import os
 import re
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 
@@ -44,6 +45,10 @@ WAVES = float(_WAVES_ENV) if _WAVES_ENV else None
 # norm_blocks() picks. A tuning knob, measured in docs/perf.md (fused step 7).
 _NORM_WAVES_ENV = os.environ.get("FP8_GROUP_QUANT_NORM_WAVES")
 NORM_WAVES = float(_NORM_WAVES_ENV) if _NORM_WAVES_ENV else None
+# 32-byte lanes a thread of the fused RMSNorm kernel (1 or 2); unset: norm_lanes() picks. A
+# tuning knob, measured in docs/perf.md (fused step 13).
+_NORM_LANES_ENV = os.environ.get("FP8_GROUP_QUANT_NORM_LANES")
+NORM_LANES = int(_NORM_LANES_ENV) if _NORM_LANES_ENV in ("1", "2") else None
 # Programmatic Dependent Launch on devices that have it (SM90 and newer); FP8_GROUP_QUANT_PDL=0
 # turns it off. Read when a plan is made.
 PDL = os.environ.get("FP8_GROUP_QUANT_PDL", "1") != "0"
@@ -117,6 +122,7 @@ class KernelKey:
     activation: str | None = None  # a key of _spec.INPUT_MODES: how x becomes the values
     masked: bool = False  # the masked MoE layout's persistent kernel (aligned, one pass)
     norm: bool = False  # the fused (add-)RMSNorm kernel: one block a row (aligned)
+    norm_lanes: int = 1  # the RMSNorm kernel's 32-byte lanes a thread (1 or 2; norm_lanes())
 
     @property
     def lanes_per_group(self) -> int:
@@ -128,7 +134,8 @@ class KernelKey:
             return (
                 f"fgq::quantize_norm<{INPUT_TYPES[self.input_dtype].kernel_trait}, "
                 f"{self.group_size}, {OUTPUT_FORMATS[self.output].kernel_trait}, "
-                f"{SCALE_FORMATS[self.scale].kernel_trait}, {self.layout_trait}>"
+                f"{SCALE_FORMATS[self.scale].kernel_trait}, {self.layout_trait}, "
+                f"{self.norm_lanes}>"
             )
         if self.masked:
             return (
@@ -151,7 +158,8 @@ def all_kernel_keys() -> list[KernelKey]:
     # NOTES: the fused modes need aligned input (make_request refuses the rest) and run one
     # pass at every size (prepare), so they add one instantiation per combination, not four;
     # the RMSNorm kernel takes the residual as a runtime pointer, so one instantiation serves
-    # the norm with and without it. Layouts that share an address function share a binary.
+    # the norm with and without it (two: one and two lanes a thread). Layouts that share an
+    # address function share a binary.
     combinations = list(
         dict.fromkeys(
             (i, g, o, s, SCALE_LAYOUTS[layout].kernel_trait)
@@ -167,7 +175,11 @@ def all_kernel_keys() -> list[KernelKey]:
         for masked in (False, True)
         for v in ((True, False) if activation is None and not masked else (True,))
         for one_pass in ((True, False) if activation is None and not masked else (True,))
-    ] + [KernelKey(*combination, True, True, norm=True) for combination in combinations]
+    ] + [
+        KernelKey(*combination, True, True, norm=True, norm_lanes=lanes)
+        for combination in combinations
+        for lanes in NORM_LANE_CHOICES
+    ]
 
 
 def nvfp4_names(input_dtype: str) -> tuple[str, str]:
@@ -341,46 +353,127 @@ def norm_blocks(rows: int, residual: bool, per_sm: int, sms: int) -> int:
     return max(1, rows if waves <= 0 else min(rows, int(waves * resident)))
 
 
+NORM_LANE_CHOICES = (1, 2)  # the RMSNorm kernel's instantiations: 32-byte lanes a thread
+
+
+def norm_lanes(rows: int, per_sm: int, sms: int) -> int:
+    """The RMSNorm kernel's lanes a thread for ``rows`` rows (all batches), given the one-lane
+    instantiation's resident blocks an SM: one, or two where the rows fill many waves of the
+    one-lane grid (FP8_GROUP_QUANT_NORM_LANES overrides).
+
+    NOTES: two lanes a thread issue fewer instructions a value (each thread's per-row work, the
+    second fold, division, square root, addresses and loop, serves two lanes), which pays where
+    the SMs are kept busy; one lane keeps twice the warps on each row, which pays where a few
+    rows a block leave the SMs waiting on each row's chain. Measured on the H200 (docs/perf.md,
+    fused step 13, K = 7168, two lanes against one; the one-lane grid holds 264 blocks a wave):
+    0.5-0.7 us slower at M = 1-256, 0.1-0.9 slower at 512, faster from 1024 (RMSNorm 12.3-12.4
+    against 12.9-13.0 us, add-RMSNorm 17.5-18.1 against 17.9; at 4096 37.3-37.4 against 40.0
+    and 54.8-54.9 against 57.6-57.7)."""
+    if NORM_LANES is not None:
+        return NORM_LANES
+    return 2 if rows >= NORM_TWO_LANE_WAVES * per_sm * sms else 1
+
+
+# rows (in resident waves of one-lane blocks) from which the RMSNorm kernel takes two lanes a
+# thread (norm_lanes): between 512 rows (1.9 waves at K = 7168) and 1024 (3.9)
+NORM_TWO_LANE_WAVES = 3.0
+
+
+def norm_threads(lanes: int, per_thread: int) -> int:
+    """Threads of the fused RMSNorm's blocks for rows of ``lanes`` 32-byte lanes, ``per_thread``
+    lanes a thread: the row's warps of lanes (missing lanes included) divided among whole warps
+    of threads, each thread's lanes a block apart (kernels/quantize.cu). make_request keeps rows
+    within kMaxNormLanes lanes."""
+    assert 0 < lanes <= cpp_constant("kMaxNormLanes") and per_thread in NORM_LANE_CHOICES
+    return -(-lanes // (WARP * per_thread)) * WARP
+
+
 def _prepare_norm(request, key: KernelKey, device: int) -> Launch:
-    """The fused RMSNorm's grid: norm_blocks() blocks, each walking the rows (all batches) with
-    a stride of the grid; one thread a 32-byte lane, rounded up to whole warps (make_request
-    keeps rows within kMaxNormThreads lanes)."""
+    """The fused RMSNorm's grid: norm_blocks() blocks of norm_threads(), each walking the rows
+    (all batches) with a stride of the grid, one or two lanes a thread (norm_lanes())."""
     geometry = request.output
     lanes = geometry.groups * key.lanes_per_group
-    threads = -(-lanes // WARP) * WARP
-    assert threads <= cpp_constant("kMaxNormThreads")
-    function = _jit.get_function(SOURCE, key.name_expression, device)
-    with _jit.current_device(device):
-        handle = function.kernel.ptr
-    per_sm, sms = resident_blocks(handle, key.name_expression, threads, device)
-    grid = (norm_blocks(geometry.batches * geometry.rows, request.residual, per_sm, sms), 1, 1)
+    rows = geometry.batches * geometry.rows
+
+    def loaded(per_thread: int) -> tuple[int, int, int, int]:
+        """(function handle, threads, resident blocks per SM, SMs) of that instantiation."""
+        expression = dataclasses.replace(key, norm_lanes=per_thread).name_expression
+        function = _jit.get_function(SOURCE, expression, device)
+        with _jit.current_device(device):
+            handle = function.kernel.ptr
+        threads = norm_threads(lanes, per_thread)
+        return (handle, threads, *resident_blocks(handle, expression, threads, device))
+
+    launch = loaded(1)
+    per_thread = norm_lanes(rows, launch[2], launch[3])
+    handle, threads, per_sm, sms = launch if per_thread == 1 else loaded(per_thread)
+    grid = (norm_blocks(rows, request.residual, per_sm, sms), 1, 1)
     return Launch(handle, grid, (threads, 1, 1), make_params(request), pdl_supported(device))
 
 
 # The plain fused SiLU-and-multiply path takes the masked layout's persistent kernel (every
-# row real) for one-pass grids of more than this many resident waves (fused_takes_persistent)
+# row real) for one-pass grids of more than PERSISTENT_FUSED_WAVES resident waves, or of more
+# than PERSISTENT_ONE_WALK_WAVES where one walk of the persistent grid takes nearly every slot
+# (at most PERSISTENT_WALKS walks' worth; fused_takes_persistent)
 PERSISTENT_FUSED_WAVES = 8.0
+PERSISTENT_ONE_WALK_WAVES = 1.25
+PERSISTENT_WALKS = 1.1
 
 
-def fused_takes_persistent(geometry: Geometry, one_pass_blocks: int, per_sm: int, sms: int) -> bool:
-    """Whether a plain SiLU-and-multiply launch takes the masked layout's persistent kernel
-    with every row real instead of its one-pass grid of ``one_pass_blocks`` blocks.
+def fused_takes_persistent(
+    geometry: Geometry,
+    one_pass_blocks: int,
+    per_sm: int,
+    sms: int,
+    slots: int,
+    walk_slots: Callable[[], int],
+) -> bool:
+    """Whether a plain SiLU-and-multiply launch of ``slots`` group slots takes the masked
+    layout's persistent kernel with every row real instead of its one-pass grid of
+    ``one_pass_blocks`` blocks (``per_sm`` of them resident on each of ``sms`` SMs);
+    ``walk_slots()`` is how many slots the persistent grid's blocks take in one iteration
+    (asked only past a wave: it loads that kernel).
 
     NOTES: each one-pass block copies the 8 KB SiLU table into shared memory and waits for it
     before its first value, for 16 groups; a persistent block copies it once and keeps two
-    slots' loads in flight. Measured on the H200 (docs/perf.md, fused step 12, N = 7168; the
-    one-pass grid holds ten 128-thread blocks an SM, 1320 a wave): the persistent grid 3.7%
-    faster at M = 4096 (11 waves of the one-pass grid) and 8.5% at 16384 (43), 2% slower at
-    2048 (5.4 waves: its blocks walk their slots 3.4 times, the last time a partial one),
-    equal at 1024 and 4.7% faster at 512, where one walk covers every slot, but far slower at
-    M <= 64 (1.80 against 1.22x the roof). So past 8 waves, where the input has no padding
-    rows (that kernel writes none) and at most kMaxExperts batches (its scan's limit).
+    slots' loads in flight. Measured on the H200 (docs/perf.md, fused steps 12 and 13,
+    N = 7168; the one-pass grid holds ten 128-thread blocks an SM, 1320 a wave, and one walk
+    of the persistent grid takes 33792 slots, 603 rows): the persistent grid 3.7% faster at
+    M = 4096 (11 waves of the one-pass grid) and 8.5% at 16384 (43), 2% slower at 2048
+    (5.4 waves: its blocks walk their slots 3.4 times, the last time a partial one), about
+    equal at 1024. Between one and two waves (session 11, us, one-pass against persistent):
+    M = 384 (1.02 waves) 7.62 against 8.45, 448 (1.19) 8.35 / 8.50, 480 (1.27) 8.69 / 8.59,
+    512 9.03 / 8.62, 576 9.68 / 8.76, 640 (1.06 walks) 10.30 / 9.79, 704 (1.17 walks) 11.21 /
+    11.13, 768 (1.27 walks) 11.98 / 12.30; far slower at M <= 64 (1.80 against 1.22x the
+    roof). So past 8 waves, or past 1.25 where the slots fill at most 1.1 walks; only where the
+    input has no padding rows (that kernel writes none) and at most kMaxExperts batches (its
+    scan's limit).
     """
-    return (
-        geometry.grid_rows == geometry.rows
-        and geometry.batches <= max_experts()
-        and one_pass_blocks > PERSISTENT_FUSED_WAVES * per_sm * sms
+    if geometry.grid_rows != geometry.rows or geometry.batches > max_experts():
+        return False
+    wave = per_sm * sms
+    return one_pass_blocks > PERSISTENT_FUSED_WAVES * wave or (
+        one_pass_blocks > PERSISTENT_ONE_WALK_WAVES * wave
+        and slots <= PERSISTENT_WALKS * walk_slots()
     )
+
+
+def _masked_grid(key: KernelKey, device: int) -> tuple[int, int, int]:
+    """(function handle, resident blocks per SM, SMs) of the persistent kernel ``key``."""
+    function = _jit.get_function(SOURCE, key.name_expression, device)
+    with _jit.current_device(device):
+        handle = function.kernel.ptr
+        per_sm, sms = resident_blocks(
+            handle, key.name_expression, cpp_constant("kMaskedThreads"), device
+        )
+    return handle, per_sm, sms
+
+
+def persistent_walk_slots(key: KernelKey, device: int) -> int:
+    """Group slots the persistent kernel ``key``'s full grid takes in one iteration of its walk."""
+    _, per_sm, sms = _masked_grid(key, device)
+    unroll = cpp_constant("kMaskedUnrollSilu" if key.activation else "kMaskedUnroll")
+    return per_sm * sms * cpp_constant("kMaskedThreads") // key.lanes_per_group * unroll
 
 
 def _prepare_masked(request, key: KernelKey, device: int) -> Launch:
@@ -393,10 +486,7 @@ def _prepare_masked(request, key: KernelKey, device: int) -> Launch:
     """
     geometry = request.output
     threads = cpp_constant("kMaskedThreads")
-    function = _jit.get_function(SOURCE, key.name_expression, device)
-    with _jit.current_device(device):
-        handle = function.kernel.ptr
-        per_sm, sms = resident_blocks(handle, key.name_expression, threads, device)
+    handle, per_sm, sms = _masked_grid(key, device)
     rows = tile_rows(geometry.layout, key.lanes_per_group)
     expected = geometry.rows if request.expected_m is None else request.expected_m
     slots = geometry.batches * -(-max(1, expected) // rows) * rows * geometry.groups
@@ -611,8 +701,9 @@ def prepare(request, device: int) -> Launch:
         handle, per_sm, sms = loaded(one_pass=True, threads=flat_threads)
         flat_blocks = -(-slots * lanes // flat_threads)
         fused = key.activation is not None
-        if fused and fused_takes_persistent(geometry, flat_blocks, per_sm, sms):
-            persistent = dataclasses.replace(key, masked=True, one_pass=True)
+        persistent = dataclasses.replace(key, masked=True, one_pass=True)
+        walk = lambda: persistent_walk_slots(persistent, device)  # noqa: E731
+        if fused and fused_takes_persistent(geometry, flat_blocks, per_sm, sms, slots, walk):
             return _prepare_masked(request, persistent, device)
         limit = math.inf if fused else one_pass_wave_limit(per_sm, flat_threads)
         if flat_blocks <= limit * per_sm * sms:

@@ -278,36 +278,48 @@ template <> __device__ __forceinline__ u32 input_pair<kF16>(float lo, float hi) 
   return r;
 }
 
+// the NaN halves (or words) of `words`, in the input type, made the positive quiet NaN
+template <int kIn>
+__device__ __forceinline__ void canonicalise_nan(u32 (&words)[kLaneWords]) {
+  typedef Input<kIn> In;
+#pragma unroll
+  for (int w = 0; w < kLaneWords; ++w) {
+    if constexpr (In::kBytes == 2) {
+      constexpr u32 kQuietNaN = kIn == kBF16 ? 0x7fc0u : 0x7e00u;
+      u32 lo = words[w] & 0xffffu, hi = words[w] >> 16;
+      if ((lo & 0x7fffu) > In::kInf) lo = kQuietNaN;
+      if ((hi & 0x7fffu) > In::kInf) hi = kQuietNaN;
+      words[w] = lo | (hi << 16);
+    } else {
+      if ((words[w] & 0x7fffffffu) > In::kInf) words[w] = 0x7fc00000u;
+    }
+  }
+}
+
 // per value of one lane: bits of the input type, made by `value` from the i-th float32 value;
-// NaN is the positive quiet NaN (0x7fc0, 0x7e00, 0x7fc00000), as NumPy converts float32's
+// NaN is the positive quiet NaN (0x7fc0, 0x7e00, 0x7fc00000), as NumPy converts float32's.
+// kCheck false: the caller knows whether a value may be NaN and passes `maybe_nan`, and no
+// value is tested unless it is true
 // NOTES: 16-bit types convert two values with one cvt and canonicalise NaN on a path taken only
 // by a lane that made one (before: per value a cvt, two NaN selects, a shift and an or)
-template <int kIn, typename F>
-__device__ __forceinline__ void map_lane(u32 (&words)[kLaneWords], F value) {
+template <int kIn, bool kCheck = true, typename F>
+__device__ __forceinline__ void map_lane(u32 (&words)[kLaneWords], F value, bool maybe_nan = true) {
   typedef Input<kIn> In;
   u32 out[kLaneWords];
-  if constexpr (In::kBytes == 2) {
-    bool nan = false;
+  bool nan = false;
 #pragma unroll
-    for (int w = 0; w < kLaneWords; ++w) {
+  for (int w = 0; w < kLaneWords; ++w) {
+    if constexpr (In::kBytes == 2) {
       const float lo = value(2 * w), hi = value(2 * w + 1);
-      nan |= lo != lo || hi != hi;
+      if constexpr (kCheck) nan |= lo != lo || hi != hi;
       out[w] = input_pair<kIn>(lo, hi);
+    } else {
+      const float v = value(w);
+      if constexpr (kCheck) nan |= v != v;
+      out[w] = __float_as_uint(v);
     }
-    if (__builtin_expect(nan, 0)) {
-      constexpr u32 kQuietNaN = kIn == kBF16 ? 0x7fc0u : 0x7e00u;
-#pragma unroll
-      for (int w = 0; w < kLaneWords; ++w) {
-        u32 lo = out[w] & 0xffffu, hi = out[w] >> 16;
-        if ((lo & 0x7fffu) > In::kInf) lo = kQuietNaN;
-        if ((hi & 0x7fffu) > In::kInf) hi = kQuietNaN;
-        out[w] = lo | (hi << 16);
-      }
-    }
-  } else {
-#pragma unroll
-    for (int w = 0; w < kLaneWords; ++w) out[w] = __float_as_uint(canonical_nan(value(w)));
   }
+  if (__builtin_expect(kCheck ? nan : maybe_nan, 0)) canonicalise_nan<kIn>(out);
 #pragma unroll
   for (int w = 0; w < kLaneWords; ++w) words[w] = out[w];
 }
@@ -381,16 +393,17 @@ __device__ __forceinline__ float warp_fold(float v) {
   return v;
 }
 
-// y = round(RN(x * r) * w), in the input type
+// y = round(RN(x * r) * w), in the input type; `maybe_nan` false promises that no product is
+// NaN (see quantize_norm)
 template <int kIn>
 __device__ __forceinline__ void normalize_lane(u32 (&words)[kLaneWords], const u32 (&weight)[kLaneWords],
-                                               float r) {
+                                               float r, bool maybe_nan) {
   u32 x[kLaneWords];
 #pragma unroll
   for (int w = 0; w < kLaneWords; ++w) x[w] = words[w];
-  map_lane<kIn>(words, [&](int i) {
-    return mul_rn(mul_rn(value_of<kIn>(x, i), r), value_of<kIn>(weight, i));
-  });
+  map_lane<kIn, false>(
+      words, [&](int i) { return mul_rn(mul_rn(value_of<kIn>(x, i), r), value_of<kIn>(weight, i)); },
+      maybe_nan);
 }
 
 }  // namespace fgq

@@ -436,9 +436,11 @@ constexpr int kMaxExperts = 1024;  // _launch.py reads this line
 constexpr int kMaskedThreads = 128;  // _launch.py reads this line
 // slots per thread and iteration, their loads issued together: three of x alone, two of gate
 // and up (64 bytes each), which fit the 64 registers of eight resident blocks without a spill
+constexpr int kMaskedUnroll = 3;      // _launch.py reads this line
+constexpr int kMaskedUnrollSilu = 2;  // _launch.py reads this line
 template <int kAct>
 constexpr int masked_unroll() {
-  return kAct == kIdentity ? 3 : 2;
+  return kAct == kIdentity ? kMaskedUnroll : kMaskedUnrollSilu;
 }
 
 template <int kIn, int kGroup, int kOut, int kScale, int kLayout, int kAct>
@@ -504,18 +506,17 @@ __global__ void __launch_bounds__(kMaskedThreads, 8) quantize_masked(const __gri
   const i64 k = static_cast<i64>(p.groups_per_row) * kGroup;
   // NOTES: `base` is uniform over the block, so every lane runs every iteration and the
   // shuffles name the whole warp; a slot past the end works on the last one and stores nothing.
-  // Each iteration takes kMaskedUnroll slots a grid apart and issues all their loads before it
+  // Each iteration takes kUnroll slots a grid apart and issues all their loads before it
   // quantizes any, so a persistent block keeps as many bytes in flight as the one-pass kernel's
   // fuller grid (docs/perf.md, fused step 2)
-  constexpr int kMaskedUnroll = masked_unroll<kAct>();
-  for (u32 base = blockIdx.x * slots_per_block; base < total_slots;
-       base += kMaskedUnroll * grid_slots) {
-    u32 words[kMaskedUnroll][kLaneWords], up[kMaskedUnroll][kLaneWords];
-    u32 batch[kMaskedUnroll], row[kMaskedUnroll];
-    int group[kMaskedUnroll];
-    bool active[kMaskedUnroll];
+  constexpr int kUnroll = masked_unroll<kAct>();
+  for (u32 base = blockIdx.x * slots_per_block; base < total_slots; base += kUnroll * grid_slots) {
+    u32 words[kUnroll][kLaneWords], up[kUnroll][kLaneWords];
+    u32 batch[kUnroll], row[kUnroll];
+    int group[kUnroll];
+    bool active[kUnroll];
 #pragma unroll
-    for (int u = 0; u < kMaskedUnroll; ++u) {
+    for (int u = 0; u < kUnroll; ++u) {
       const u32 slot_raw = base + u * grid_slots + threadIdx.x / kLanes;
       const u32 slot = min(slot_raw, total_slots - 1u);
       const u32 tile = divide_u31(slot, p.tile_slots_magic, p.tile_slots_shift);
@@ -536,7 +537,7 @@ __global__ void __launch_bounds__(kMaskedThreads, 8) quantize_masked(const __gri
                  lane * kValues, words[u], up[u]);
     }
 #pragma unroll
-    for (int u = 0; u < kMaskedUnroll; ++u) {
+    for (int u = 0; u < kUnroll; ++u) {
       apply_activation<kIn, kAct>(words[u], up[u], table);
       const i64 value0 = static_cast<i64>(group[u]) * kGroup + lane * kValues;
       quantize_group<kIn, kGroup, kOut, kScale, kLayout, true, kAct == kSiluMul>(
@@ -549,99 +550,177 @@ __global__ void __launch_bounds__(kMaskedThreads, 8) quantize_masked(const __gri
 
 // fused (add-)RMSNorm: a row at a time, the next one loading ---------------------------------------
 // NOTES: a row's sum of squares needs the whole row before any group can be scaled, so a block
-// holds whole rows, one 32-byte lane per thread (at most 1024 lanes: K <= 16384 for 16-bit
-// input), and reduces in the order docs/spec.md (section 2b) defines: each lane folds its squares
-// in half, each warp folds its 32 lanes with xor shuffles, one shared slot per warp, and every
-// warp folds the 32 slots again, so every thread holds the same total with no second barrier.
-// The grid is at most one resident wave; a block walks the rows (over all batches) with a
-// stride of the grid and issues the next row's loads before it works on the current one, so
-// that a row's load overlaps the previous row's work (one row a block, as before session 8,
-// left the SM waiting on each block's chain of load, sums, barrier and stores: docs/perf.md,
-// fused step 7). The warp slots alternate between two sets, so one barrier a row suffices: a
-// warp cannot write a set again before every warp has passed the next row's barrier, which
-// each reaches only after reading the set. Threads past the row's last lane work on a copy of
-// that lane, add +0 to the sums and store nothing, so the group shuffles name the whole warp.
-// The last real row of each batch zeroes the padding rows below it.
-constexpr int kMaxNormThreads = 1024;  // _launch.py reads this line
+// holds whole rows, kPer 32-byte lanes a thread: thread t holds lanes t and, with kPer = 2,
+// t + blockDim.x (a multiple of 32, so each warp holds whole warps of lanes and the same lane of
+// a group in both), at most 1024 lanes a row (K <= 16384 for 16-bit input). It reduces in the
+// order docs/spec.md (section 2b) defines: each lane folds its squares in half, each warp of
+// lanes folds its 32 lanes with xor shuffles, one shared slot per warp of lanes, and every warp
+// folds the 32 slots again, so every thread holds the same total with no second barrier. Two
+// lanes a thread halve the per-row work a lane (the second fold, the division, square root and
+// reciprocal, the addresses and the loop), which pays where many rows keep the SMs issuing; one
+// lane a thread keeps twice the warps on a row, which pays where few rows leave them waiting on
+// the row's chain (_launch.norm_lanes; docs/perf.md, fused step 13).
+// The grid is a block a row or at most one resident wave; a walking block takes the rows (over
+// all batches) with a stride of the grid and issues the next row's loads before it works on the
+// current one, so that a row's load overlaps the previous row's work (fused step 7), but with
+// the residual, whose grid has a block a row (_launch.norm_blocks) and whose next row's two
+// arrays would not fit the registers. The warp slots alternate between two sets, so one barrier
+// a row suffices: a warp cannot write a set again before every warp has passed the next row's
+// barrier, which each reaches only after reading the set. Lanes past the row's last work on a
+// copy of that lane, add +0 to the sums and store nothing, so the group shuffles name the
+// whole warp. The last real row of each batch zeroes the padding rows below it.
+constexpr int kMaxNormLanes = 1024;  // _launch.py reads this line
 
-template <int kIn, int kGroup, int kOut, int kScale, int kLayout>
-__global__ void __launch_bounds__(kMaxNormThreads) quantize_norm(const __grid_constant__ Params p) {
+template <int kIn, int kGroup, int kOut, int kScale, int kLayout, int kPer, bool kAdd>
+__device__ __forceinline__ void norm_rows(const Params& p, float (&warp_sums)[2][32]) {
   typedef Input<kIn> In;
   typedef typename In::Storage Storage;
   constexpr int kValues = kLaneWords * 4 / In::kBytes;
   constexpr int kLanes = kGroup / kValues;
-  __shared__ float warp_sums[2][32];
+  constexpr bool kAhead = !kAdd;          // load the next row while working on this one
+  constexpr int kAheadLanes = kAhead ? kPer : 1, kOtherLanes = kAdd ? kPer : 1;
 
-  const u32 total_rows = p.batches * p.rows;  // the grid is at most this many blocks
-  if (blockIdx.x >= total_rows) return;  // whole blocks, before any barrier
+  const u32 total_rows = p.batches * p.rows;
   const int lanes = p.groups_per_row * kLanes;
   const int t = threadIdx.x;
-  const bool in_row = t < lanes;
-  const int index = min(t, lanes - 1);
-  const int group = index / kLanes, lane = index % kLanes;
-  const i64 value0 = static_cast<i64>(index) * kValues;
+  const int lane = t % kLanes;  // the same in each of the thread's lanes
   const i64 k = static_cast<i64>(p.groups_per_row) * kGroup;
-  const bool warp_slot = (t & 31) < static_cast<int>(blockDim.x >> 5);
-  const bool add = p.residual != nullptr;
-  const Storage* x_lane = static_cast<const Storage*>(p.x) + value0;
-  Storage* residual_lane = reinterpret_cast<Storage*>(p.residual) + value0;
+  const bool warp_slot = (t & 31) < kPer * static_cast<int>(blockDim.x >> 5);
+  bool in_row[kPer];
+  int group[kPer];
+  i64 value0[kPer];
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int index = t + j * static_cast<int>(blockDim.x);
+    in_row[j] = index < lanes;
+    group[j] = min(index, lanes - 1) / kLanes;
+    value0[j] = static_cast<i64>(min(index, lanes - 1)) * kValues;
+  }
+  const Storage* x_lane = static_cast<const Storage*>(p.x) + value0[0];
+  Storage* residual_lane = reinterpret_cast<Storage*>(p.residual) + value0[0];
+  const i64 second = value0[kPer - 1] - value0[0];  // elements from the first lane to the second
 
   // a row's lanes of x (and of the residual): flat is its index over all batches
-  auto load_row = [&](u32 flat, u32& batch, u32& row, u32(&x)[kLaneWords], u32(&r)[kLaneWords]) {
+  auto load_row = [&](u32 flat, u32& batch, u32& row, u32(&x)[kPer][kLaneWords],
+                      u32(&r)[kOtherLanes][kLaneWords]) {
     // one division a row (about 20 instructions), none with one batch, the usual case
     batch = p.batches == 1u ? 0u : flat / p.rows;
     row = flat - batch * p.rows;
-    load_lane<kIn, true>(x_lane + batch * p.x_batch_stride + row * p.x_row_stride, x);
-    if (add) load_lane<kIn, true>(residual_lane + batch * p.r_batch_stride + row * p.r_row_stride, r);
+    const Storage* x_row = x_lane + batch * p.x_batch_stride + row * p.x_row_stride;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) load_lane<kIn, true>(x_row + j * second, x[j]);
+    if constexpr (kAdd) {
+      const Storage* r_row = residual_lane + batch * p.r_batch_stride + row * p.r_row_stride;
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) load_lane<kIn, true>(r_row + j * second, r[j]);
+    }
   };
 
   u32 flat = blockIdx.x, batch, row;
-  u32 words[kLaneWords], other[kLaneWords], weight[kLaneWords];
+  u32 words[kPer][kLaneWords], other[kOtherLanes][kLaneWords];
   wait_for_producer();  // PDL, as in quantize_groups
   load_row(flat, batch, row, words, other);
-  load_lane<kIn, true>(static_cast<const Storage*>(p.weight) + value0, weight);
+  // NOTES: the weight is read again each row (an L1 hit): held in registers, it took both
+  // instantiations past their register limits with spills, with the residual too
+  const Storage* weight_lane = static_cast<const Storage*>(p.weight) + value0[0];
+  bool weight_nonfinite[kPer];
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    u32 weight[kLaneWords];
+    load_lane<kIn, true>(weight_lane + j * second, weight);
+    weight_nonfinite[j] = In::max_magnitude(weight) >= In::kInf;
+  }
   for (int set = 0;; set ^= 1) {
     const u32 next_flat = flat + gridDim.x;
     const bool more = next_flat < total_rows;
-    u32 next_batch = 0u, next_row = 0u, next_words[kLaneWords], next_other[kLaneWords];
-    if (more) {
-      load_row(next_flat, next_batch, next_row, next_words, next_other);
-    } else {
-      signal_dependents();  // this block's last loads are issued
+    u32 next_batch = 0u, next_row = 0u;
+    u32 next_words[kAheadLanes][kLaneWords], next_other[kAhead ? kOtherLanes : 1][kLaneWords];
+    if constexpr (kAhead) {
+      if (more) load_row(next_flat, next_batch, next_row, next_words, next_other);
     }
+    if (!kAhead || !more) signal_dependents();  // this block's last loads are issued
 
-    if (add) {
-      add_residual<kIn>(words, other);
-      if (in_row) {
-        uint4* dst = reinterpret_cast<uint4*>(residual_lane + batch * p.r_batch_stride + row * p.r_row_stride);
-        dst[0] = make_uint4(words[0], words[1], words[2], words[3]);
-        dst[1] = make_uint4(words[4], words[5], words[6], words[7]);
+    if constexpr (kAdd) {
+      Storage* r_row = residual_lane + batch * p.r_batch_stride + row * p.r_row_stride;
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) {
+        add_residual<kIn>(words[j], other[j]);
+        if (in_row[j]) {
+          uint4* dst = reinterpret_cast<uint4*>(r_row + j * second);
+          dst[0] = make_uint4(words[j][0], words[j][1], words[j][2], words[j][3]);
+          dst[1] = make_uint4(words[j][4], words[j][5], words[j][6], words[j][7]);
+        }
       }
     }
-    // the mean square: lanes, then warps, then the 32 warp slots, each folded in half
-    const float warp_total = warp_fold(in_row ? lane_sum_of_squares<kIn>(words) : 0.0f);
-    if ((t & 31) == 0) warp_sums[set][t >> 5] = warp_total;
+    // the mean square: lanes, then warps of lanes, then the 32 slots, each folded in half
+    float lane_sums[kPer];
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      lane_sums[j] = in_row[j] ? lane_sum_of_squares<kIn>(words[j]) : 0.0f;
+      const float warp_total = warp_fold(lane_sums[j]);
+      if ((t & 31) == 0) warp_sums[set][(t >> 5) + j * static_cast<int>(blockDim.x >> 5)] = warp_total;
+    }
     __syncthreads();
     const float total = warp_fold(warp_slot ? warp_sums[set][t & 31] : 0.0f);
     const float mean = div_rn(total, static_cast<float>(lanes * kValues));
-    normalize_lane<kIn>(words, weight, div_rn(1.0f, sqrt_rn(add_rn(mean, p.eps_norm))));
-    u8* q_batch = p.q + batch * p.q_batch_stride + value0;
-    if (in_row && row == p.rows - 1u) {
-      zero_padding_rows<kValues, kLanes, kLayout>(p, q_batch, k, batch, row, group, lane);
+    const float r = div_rn(1.0f, sqrt_rn(add_rn(mean, p.eps_norm)));
+    u8* q_batch = p.q + batch * p.q_batch_stride;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      // NOTES: a product is NaN only if x, the weight or r is NaN or Inf (|x * r| stays below
+      // sqrt(K) times a few ulps, so it cannot overflow, and x * r * w then only to Inf); a
+      // finite lane sum means finite x, and r is finite unless the total is NaN. So only such
+      // lanes test their results for NaN (about 12 instructions a lane).
+      const bool maybe_nan =
+          !(lane_sums[j] <= 3.4028234663852886e38f && r <= 3.4028234663852886e38f) || weight_nonfinite[j];
+      u32 weight[kLaneWords];
+      load_lane<kIn, true>(weight_lane + j * second, weight);
+      normalize_lane<kIn>(words[j], weight, r, maybe_nan);
+      if (in_row[j] && row == p.rows - 1u) {
+        zero_padding_rows<kValues, kLanes, kLayout>(p, q_batch + value0[j], k, batch, row, group[j], lane);
+      }
+      quantize_group<kIn, kGroup, kOut, kScale, kLayout, true>(
+          p, words[j], 0xffffffffu, true, q_batch + row * k + value0[j], in_row[j],
+          ScaleLayout<kLayout>::at(p, batch, row, group[j]), in_row[j] && lane == 0, group[j]);
     }
-    quantize_group<kIn, kGroup, kOut, kScale, kLayout, true>(
-        p, words, 0xffffffffu, true, q_batch + row * k, in_row,
-        ScaleLayout<kLayout>::at(p, batch, row, group), in_row && lane == 0, group);
 
     if (!more) break;
     flat = next_flat;
-    batch = next_batch;
-    row = next_row;
+    if constexpr (kAhead) {
+      batch = next_batch;
+      row = next_row;
 #pragma unroll
-    for (int i = 0; i < kLaneWords; ++i) {
-      words[i] = next_words[i];
-      other[i] = next_other[i];
+      for (int j = 0; j < kPer; ++j) {
+#pragma unroll
+        for (int i = 0; i < kLaneWords; ++i) {
+          words[j][i] = next_words[j][i];
+          if constexpr (kAdd) other[j][i] = next_other[j][i];
+        }
+      }
+    } else {
+      load_row(flat, batch, row, words, other);
     }
+  }
+}
+
+// NOTES: registers: one lane a thread fits 64 (two 448-thread blocks an SM at K = 7168, and
+// 1024-thread blocks at all); two lanes fit 80 without a spill (at 72 three words spilled), 88 for float32
+// input to the blocked layout (three to five words spilled at 80): three 224-thread blocks an SM
+template <int kIn, int kLayout, int kPer>
+constexpr int norm_registers() {
+  return kPer == 1 ? 64 : kIn == kF32 && kLayout == kBlockedExponents ? 88 : 80;
+}
+
+template <int kIn, int kGroup, int kOut, int kScale, int kLayout, int kPer>
+__global__ void __maxnreg__((norm_registers<kIn, kLayout, kPer>()))
+    quantize_norm(const __grid_constant__ Params p) {
+  static_assert(kPer == 1 || kPer == 2, "lanes a thread");
+  __shared__ float warp_sums[2][32];
+  if (blockIdx.x >= p.batches * p.rows) return;  // whole blocks, before any barrier
+  if (p.residual != nullptr) {
+    norm_rows<kIn, kGroup, kOut, kScale, kLayout, kPer, true>(p, warp_sums);
+  } else {
+    norm_rows<kIn, kGroup, kOut, kScale, kLayout, kPer, false>(p, warp_sums);
   }
 }
 

@@ -1017,6 +1017,34 @@ def test_norm_every_combination(input_dtype, group_size, dtype, scale, layout):
         check_norm(x, weight, 1e-5, None, *args)
 
 
+@pytest.mark.parametrize("input_dtype", ["bfloat16", "float16", "float32"])
+def test_norm_nan_and_inf_in_any_lane_of_x_and_the_weight(input_dtype):
+    # the kernel tests its normalised values for NaN only in lanes whose sum of squares, r or
+    # weight is not finite (kernels/quantize.cu, norm_rows): rows of one NaN, one Inf, squares
+    # that overflow to Inf (r = 0), a zero weight under an Inf, and weights holding Inf and NaN
+    rng = np.random.default_rng(77)
+    k = 2688  # 168 lanes of 16-bit input: the second lane of a thread partly past the row
+    big = {"bfloat16": 1e30, "float16": 60000.0, "float32": 1e30}[input_dtype]
+    x = activations(rng, (12, k), input_dtype).astype(np.float32)
+    x[1, 5] = np.nan
+    x[2, k - 1] = np.inf
+    x[3, 1700] = -np.inf
+    x[4, 100:140] = big  # squares overflow: S = Inf, r = 0
+    x[5, 2000] = big
+    x[6, 7] = np.inf  # under a zero weight below
+    x[7] = 0.0
+    weight = activations(rng, (k,), input_dtype).astype(np.float32)
+    weight[7] = 0.0
+    x = x.astype(NP_INPUT[input_dtype])
+    check_norm(x, weight.astype(NP_INPUT[input_dtype]), 1e-6, None, "cupy", 128, "e4m3", "ue8m0",
+               "packed")  # fmt: skip
+    weight[[3, 1500, k - 2]] = [np.inf, np.nan, -np.inf]  # now a weight with Inf and NaN
+    weight = weight.astype(NP_INPUT[input_dtype])
+    check_norm(x, weight, 1e-6, None, "cupy", 128, "e4m3", "ue8m0", "packed")
+    residual = activations(rng, (12, k), input_dtype)
+    check_norm(x, weight, 1e-6, residual, "torch", 64, "e5m2", "float32", "row")
+
+
 @pytest.mark.parametrize("waves", [0.0, 0.005, 1.0, 3.0])  # a block a row, a few, the default
 def test_norm_blocks_walk_every_row_of_every_batch(monkeypatch, waves):
     # the row loop: a grid of a few blocks walks 150 rows over three batches, alternating warp

@@ -1,6 +1,7 @@
 """Scale layouts and padding (SPEC 4) through the NumPy backend."""
 
 import contextlib
+import types
 
 import numpy as np
 import pytest
@@ -275,7 +276,14 @@ def test_the_launch_picks_its_path_and_grid(
     "shape, layout, persistent",
     [
         ((4096, 7168), "packed", True),  # 14336 one-pass blocks, past 8 waves of 1320
-        ((2048, 7168), "packed", False),  # 7168: one pass
+        ((2048, 7168), "packed", False),  # 7168: one pass (the walk takes 42240 of 114688 slots)
+        ((512, 7168), "packed", True),  # 1792 blocks, one walk takes all 28672 slots
+        ((829, 7168), "row", True),  # 46424 slots: within 1.1 walks of 42240
+        ((830, 7168), "row", False),  # 46480: past them
+        ((368, 7168), "packed", False),  # 1288 blocks: one wave
+        ((384, 7168), "packed", False),  # 1344 blocks: a small second wave
+        ((472, 7168), "packed", True),  # 1652 blocks: past 1.25 waves
+        ((510, 7168), "packed", False),  # padded scale rows
         ((4097, 7168), "packed", False),  # padded scale rows, which that kernel does not write
         ((4097, 7168), "row", True),  # no padding rows in this layout
         ((1025, 8, 7168), "row", False),  # more batches than its scan holds
@@ -291,9 +299,9 @@ def test_large_fused_silu_inputs_take_the_persistent_grid(monkeypatch, shape, la
 
     loaded = []
 
-    def get_function(source, expression, device):
+    def get_function(source, expression, device):  # a handle that names the instantiation
         loaded.append(expression)
-        return _FakeFunction
+        return types.SimpleNamespace(kernel=types.SimpleNamespace(ptr=len(loaded) - 1))
 
     monkeypatch.setattr(_jit, "get_function", get_function)
     monkeypatch.setattr(_jit, "current_device", lambda device: contextlib.nullcontext())
@@ -306,9 +314,10 @@ def test_large_fused_silu_inputs_take_the_persistent_grid(monkeypatch, shape, la
     request = make_request(
         describe(x, "x"), 128, "e4m3", "ue8m0", layout, 1e-10, False, activation="silu_mul"
     )
-    _, grid, block, params = _launch.prepare(request, 0)
-    assert loaded[-1].startswith("fgq::quantize_masked<" if persistent else "fgq::quantize_groups<")
-    assert loaded[-1].endswith("fgq::kSiluMul>") and not params.masked_m  # every row real
+    handle, grid, block, params = _launch.prepare(request, 0)
+    launched = loaded[handle]
+    assert launched.startswith("fgq::quantize_masked<" if persistent else "fgq::quantize_groups<")
+    assert launched.endswith("fgq::kSiluMul>") and not params.masked_m  # every row real
     if persistent:  # one resident wave of 128-thread blocks walking every slot
         assert grid == (10 * 132, 1, 1) and block == (128, 1, 1)
     else:

@@ -198,11 +198,30 @@ def test_vllm_rms_norm_per_block_quant(shape, kwargs, layout, scale_shape):
 
 
 def test_the_kernel_block_holds_a_row_of_the_defined_lanes():
-    # one thread block a row: the kernel's thread limit is the definition's lane limit
+    # one thread block a row: the kernel's lane limit is the definition's, and its blocks hold
+    # whole warps of lanes, one or two a thread, at most 32 warps of lanes
     from fp8_group_quant import _launch
 
-    assert _launch.cpp_constant("kMaxNormThreads") == activation.MAX_NORM_LANES
+    assert _launch.cpp_constant("kMaxNormLanes") == activation.MAX_NORM_LANES
     assert _launch.lane_bytes() == activation.LANE_BYTES
+    lanes = (1, 32, 33, 64, 65, 448, 960, 1000, 1024)
+    assert [_launch.norm_threads(n, 1) for n in lanes] == [32, 32, 64, 64, 96, 448, 960, 1024, 1024]
+    assert [_launch.norm_threads(n, 2) for n in lanes] == [32, 32, 32, 32, 64, 224, 480, 512, 512]
+    for bad in ((1025, 1), (0, 2), (64, 3)):
+        with pytest.raises(AssertionError):
+            _launch.norm_threads(*bad)
+
+
+@pytest.mark.parametrize("rows, knob, lanes", [
+    (1, None, 1), (3 * 264 - 1, None, 1), (3 * 264, None, 2), (16384, None, 2),
+    (16384, 1, 1), (1, 2, 2),
+])  # fmt: skip
+def test_the_norm_takes_two_lanes_a_thread_on_many_rows(monkeypatch, rows, knob, lanes):
+    # two 448-thread blocks an SM of one lane, 132 SMs: 264 a wave
+    from fp8_group_quant import _launch
+
+    monkeypatch.setattr(_launch, "NORM_LANES", knob)
+    assert _launch.norm_lanes(rows, 2, 132) == lanes
 
 
 @pytest.mark.parametrize("input_dtype", ["bfloat16", "float16", "float32"])

@@ -147,28 +147,39 @@ def fused_cases(combos, rng) -> tuple[int, int]:
             print(f"fused    {input_dtype:8} G={group:<3} {fmt:8} {scale:7} {layout:10} "
                   f"activation={activation} masked={masked} persistent={persistent} "
                   f"{verdict}")  # fmt: skip
-        # the RMSNorm kernel, with the residual written back (a row of 3 groups, 5 rows)
+        # the RMSNorm kernel, with the residual written back (a row of 3 groups, 5 rows), then
+        # without it, each with one and with two lanes a thread (forced)
         shape = (5, 3 * group)
         x_host, r_host = values(rng, shape, input_dtype), values(rng, shape, input_dtype)
         weight = values(rng, (3 * group,), input_dtype)
         geometry = Geometry(shape, group, layout, False)
         options = dict(dtype=fmt, scale=scale, layout=layout)
-        q, s, q_buf, s_buf = zeroed_outputs(geometry, fmt, cupy)
-        r_device = cupy.asarray(r_host)
-        fgq.quantize(cupy.asarray(x_host), group, **options, norm=(cupy.asarray(weight), 1e-6),
-                     residual=r_device, out=q, scale_out=s)  # fmt: skip
-        hq, hs, hq_buf, hs_buf = zeroed_outputs(geometry, fmt, np)
-        fgq.quantize(x_host, group, **options, norm=(weight, 1e-6), residual=r_host, out=hq,
-                     scale_out=hs)  # fmt: skip
-        same = (
-            np.array_equal(q_buf.get(), hq_buf)
-            and np.array_equal(s_buf.get().view(np.uint8), hs_buf.view(np.uint8))
-            and np.array_equal(r_device.get().view(np.uint8), r_host.view(np.uint8))
-        )
-        calls += 1
-        failures += not same
-        print(f"norm     {input_dtype:8} G={group:<3} {fmt:8} {scale:7} {layout:10} "
-              f"residual {'ok' if same else 'MISMATCH'}")  # fmt: skip
+        for lanes, residual in ((1, True), (2, True), (1, False), (2, False)):
+            q, s, q_buf, s_buf = zeroed_outputs(geometry, fmt, cupy)
+            r_device = cupy.asarray(r_host) if residual else None
+            saved = _launch.NORM_LANES, api._PLANS
+            _launch.NORM_LANES, api._PLANS = lanes, api.PlanCache(api.MAX_PLANS)
+            try:
+                fgq.quantize(cupy.asarray(x_host), group, **options,
+                             norm=(cupy.asarray(weight), 1e-6), residual=r_device, out=q,
+                             scale_out=s)  # fmt: skip
+            finally:
+                _launch.NORM_LANES, api._PLANS = saved
+            hq, hs, hq_buf, hs_buf = zeroed_outputs(geometry, fmt, np)
+            r_expected = r_host.copy() if residual else None
+            fgq.quantize(x_host, group, **options, norm=(weight, 1e-6), residual=r_expected,
+                         out=hq, scale_out=hs)  # fmt: skip
+            same = np.array_equal(q_buf.get(), hq_buf) and np.array_equal(
+                s_buf.get().view(np.uint8), hs_buf.view(np.uint8)
+            )
+            if residual:
+                same = same and np.array_equal(
+                    r_device.get().view(np.uint8), r_expected.view(np.uint8)
+                )
+            calls += 1
+            failures += not same
+            print(f"norm     {input_dtype:8} G={group:<3} {fmt:8} {scale:7} {layout:10} "
+                  f"lanes={lanes} residual={residual} {'ok' if same else 'MISMATCH'}")  # fmt: skip
     return calls, failures
 
 
