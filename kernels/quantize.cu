@@ -425,9 +425,10 @@ __global__ void __launch_bounds__(kMaxThreads,
 // the masked MoE layout: x [E, T, K], only rows t < masked_m[e] of expert e --------------------
 // NOTES: a persistent grid whose work scales with sum(masked_m), not with E * T, and which
 // reads masked_m on the device (no host synchronisation, so a CUDA graph replays it with new
-// counts). Each block clamps the counts to [0, T] and scans their row tiles into shared
-// memory; the group slots of the real tiles are numbered as in the one-pass kernel and walked
-// with a stride of the grid; a slot finds its expert by binary search over the scan. Rows at
+// counts). Each block clamps the counts to [0, T] and scans their row tiles (in each warp's
+// lanes for up to 32 experts, else into shared memory); the group slots of the real tiles are
+// numbered as in the one-pass kernel and walked with a stride of the grid; a slot finds its
+// expert by two ballots over the lanes (docs/perf.md, fused step 15) or by binary search. Rows at
 // or past masked_m[e], and TMA padding rows, are not written. Without masked_m (a null
 // pointer) every batch has p.rows rows: the plain fused SiLU-and-multiply path's grid for
 // large inputs without padding rows, one table copy per resident block instead of one per
@@ -459,48 +460,76 @@ __global__ void __launch_bounds__(kMaskedThreads, 8) quantize_masked(const __gri
   const u32 experts = p.batches;
   const int tile_rows_log2 = p.tile_rows_log2;
   const u32 tile_rows = 1u << tile_rows_log2;
-  wait_for_producer();  // PDL: masked_m and x may come from the previous kernel
-  // each thread clamps and counts the tiles of a run of consecutive experts
-  const u32 per_thread = (experts + kMaskedThreads - 1) / kMaskedThreads;
-  const u32 first_expert = threadIdx.x * per_thread;
-  u32 local = 0u;
-  for (u32 i = 0; i < per_thread; ++i) {
-    const u32 e = first_expert + i;
-    if (e < experts) {
-      long long count = p.masked_m == nullptr ? p.rows  // the plain fused path: all rows
-                        : p.masked_i64 ? static_cast<const long long*>(p.masked_m)[e]
-                                       : static_cast<const int*>(p.masked_m)[e];
-      count = count < 0 ? 0 : (count > p.rows ? p.rows : count);
-      expert_rows[e] = static_cast<u32>(count);
-      local += (static_cast<u32>(count) + tile_rows - 1u) >> tile_rows_log2;
-    }
-  }
-  // exclusive scan of the runs: within each warp by shuffles, then over the warps
+  const u32 tile_slots = p.tile_slots;
+  const u32 slots_per_block = kMaskedThreads / kLanes;
   const u32 warp_lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
-  u32 inclusive = local;
+  // expert e's row count, clamped to [0, rows]
+  auto clamped_rows = [&](u32 e) {
+    long long count = p.masked_m == nullptr ? p.rows  // the plain fused path: all rows
+                      : p.masked_i64 ? static_cast<const long long*>(p.masked_m)[e]
+                                     : static_cast<const int*>(p.masked_m)[e];
+    return static_cast<u32>(count < 0 ? 0 : (count > p.rows ? p.rows : count));
+  };
+  // inclusive scan over the warp's lanes
+  auto warp_scan = [&](u32 value) {
 #pragma unroll
-  for (int offset = 1; offset < 32; offset *= 2) {
-    const u32 before = __shfl_up_sync(0xffffffffu, inclusive, offset);
-    if (warp_lane >= static_cast<u32>(offset)) inclusive += before;
-  }
-  if (warp_lane == 31u) warp_totals[warp] = inclusive;
-  __syncthreads();
-  u32 start = inclusive - local;
-  for (u32 w = 0; w < warp; ++w) start += warp_totals[w];
-  for (u32 i = 0; i < per_thread; ++i) {
-    const u32 e = first_expert + i;
-    if (e < experts) {
-      first_tile[e] = start;
-      start += (expert_rows[e] + tile_rows - 1u) >> tile_rows_log2;
+    for (int offset = 1; offset < 32; offset *= 2) {
+      const u32 before = __shfl_up_sync(0xffffffffu, value, offset);
+      if (warp_lane >= static_cast<u32>(offset)) value += before;
     }
+    return value;
+  };
+  // NOTES: with at most 32 experts, and a block's slots of one step within two row tiles, each
+  // warp scans the counts in its own lanes (lane e: expert e's rows and first tile) and keeps
+  // a copy in shared memory for itself, with no barrier, and a slot finds its expert by two
+  // ballots over the lanes (the experts whose first tile is at or before each of the two
+  // tiles) and a population count, where the general path searches the scan in shared memory
+  // (five dependent reads)
+  const bool in_lanes = experts <= 32u && slots_per_block <= tile_slots;  // uniform
+  wait_for_producer();  // PDL: masked_m and x may come from the previous kernel
+  u32 lane_first = 0xffffffffu, total_tiles;
+  if (in_lanes) {
+    const u32 rows = warp_lane < experts ? clamped_rows(warp_lane) : 0u;
+    const u32 tiles = (rows + tile_rows - 1u) >> tile_rows_log2;
+    const u32 inclusive = warp_scan(tiles);
+    if (warp_lane < experts) lane_first = inclusive - tiles;
+    total_tiles = __shfl_sync(0xffffffffu, inclusive, 31);
+    // the warp's own copy of the scan (entries 32 * warp + e), read after a slot's ballots
+    expert_rows[threadIdx.x] = rows;
+    first_tile[threadIdx.x] = lane_first;
+    __syncwarp();
+  } else {
+    // each thread clamps and counts the tiles of a run of consecutive experts
+    const u32 per_thread = (experts + kMaskedThreads - 1) / kMaskedThreads;
+    const u32 first_expert = threadIdx.x * per_thread;
+    u32 local = 0u;
+    for (u32 i = 0; i < per_thread; ++i) {
+      const u32 e = first_expert + i;
+      if (e < experts) {
+        expert_rows[e] = clamped_rows(e);
+        local += (expert_rows[e] + tile_rows - 1u) >> tile_rows_log2;
+      }
+    }
+    // exclusive scan of the runs: within each warp by shuffles, then over the warps
+    const u32 inclusive = warp_scan(local);
+    if (warp_lane == 31u) warp_totals[warp] = inclusive;
+    __syncthreads();
+    u32 start = inclusive - local;
+    for (u32 w = 0; w < warp; ++w) start += warp_totals[w];
+    for (u32 i = 0; i < per_thread; ++i) {
+      const u32 e = first_expert + i;
+      if (e < experts) {
+        first_tile[e] = start;
+        start += (expert_rows[e] + tile_rows - 1u) >> tile_rows_log2;
+      }
+    }
+    if (threadIdx.x == kMaskedThreads - 1) first_tile[experts] = start;  // the total
+    __syncthreads();
+    total_tiles = first_tile[experts];
   }
-  if (threadIdx.x == kMaskedThreads - 1) first_tile[experts] = start;  // the total
-  __syncthreads();
   signal_dependents();
 
-  const u32 tile_slots = p.tile_slots;
-  const u32 total_slots = first_tile[experts] * tile_slots;
-  const u32 slots_per_block = kMaskedThreads / kLanes;
+  const u32 total_slots = total_tiles * tile_slots;
   const u32 grid_slots = gridDim.x * slots_per_block;
   const int lane = threadIdx.x % kLanes;
   const i64 k = static_cast<i64>(p.groups_per_row) * kGroup;
@@ -522,14 +551,29 @@ __global__ void __launch_bounds__(kMaskedThreads, 8) quantize_masked(const __gri
       const u32 tile = divide_u31(slot, p.tile_slots_magic, p.tile_slots_shift);
       const u32 within = slot - tile * tile_slots;
       group[u] = static_cast<int>(within >> tile_rows_log2);
-      u32 lo = 0u, hi = experts;  // the last expert whose first tile is at or before `tile`
-      while (hi - lo > 1u) {
-        const u32 mid = (lo + hi) >> 1;
-        if (first_tile[mid] <= tile) lo = mid; else hi = mid;
+      u32 lo, first, rows;  // the last expert whose first tile is at or before `tile`
+      if (in_lanes) {
+        // the block's first slot of this step: its tile or the next holds every slot's
+        const u32 block_tile =
+            divide_u31(min(base + u * grid_slots, total_slots - 1u), p.tile_slots_magic, p.tile_slots_shift);
+        const u32 at_first = __ballot_sync(0xffffffffu, lane_first <= block_tile);
+        const u32 at_next = __ballot_sync(0xffffffffu, lane_first <= block_tile + 1u);
+        lo = static_cast<u32>(__popc(tile == block_tile ? at_first : at_next)) - 1u;
+        first = first_tile[32u * warp + lo];
+        rows = expert_rows[32u * warp + lo];
+      } else {
+        u32 hi = experts;
+        lo = 0u;
+        while (hi - lo > 1u) {
+          const u32 mid = (lo + hi) >> 1;
+          if (first_tile[mid] <= tile) lo = mid; else hi = mid;
+        }
+        first = first_tile[lo];
+        rows = expert_rows[lo];
       }
       batch[u] = lo;
-      row[u] = ((tile - first_tile[lo]) << tile_rows_log2) + (within & (tile_rows - 1u));
-      const u32 rows = expert_rows[lo];  // at least 1: the expert owns this tile
+      row[u] = ((tile - first) << tile_rows_log2) + (within & (tile_rows - 1u));
+      // rows is at least 1: the expert owns this tile
       active[u] = slot_raw < total_slots && row[u] < rows;
       load_inputs<kIn, true, kAct>(
           p, static_cast<const Storage*>(p.x) + lo * p.x_batch_stride +

@@ -901,6 +901,10 @@ def test_masked_every_combination(input_dtype, group_size, dtype, scale, layout)
     x = activations(rng, (5, 7, width), input_dtype, specials=True)
     counts = np.array([0, 7, 3, -1, 12], (np.int32, np.int64)[index % 3 == 0])
     check_masked(x, counts, lib, group_size, dtype, scale, layout, activation)
+    # rows of 64 groups: a block's slots of one step lie within two row tiles, so with at most
+    # 32 experts the kernel keeps the scan in its lanes (kernels/quantize.cu, quantize_masked)
+    x = activations(rng, (5, 7, 64 * group_size * (2 if activation else 1)), input_dtype)
+    check_masked(x, counts, lib, group_size, dtype, scale, layout, activation)
 
 
 @pytest.mark.parametrize("input_dtype", ["bfloat16", "float16"])
@@ -929,6 +933,13 @@ def test_masked_many_experts_and_unbalanced_counts(lib):
                          "silu_mul", **hint)  # fmt: skip
     one = activations(rng, (1, 300, 7168), "bfloat16")  # E = 1, many rows
     check_masked(one, np.array([257], np.int64), lib, 128, "e4m3", "float32", "col_tma", None)
+    # 33 and 40 experts: past the 32 that the kernel scans in a warp's lanes (shared memory)
+    for experts in (33, 40):
+        x = activations(rng, (experts, 16, 1024), "bfloat16", specials=True)
+        counts = rng.integers(-2, 19, experts)
+        counts[[0, experts - 1]] = [16, 0]
+        check_masked(x, counts, lib, 128, "e4m3", "ue8m0", "packed", None)
+        check_masked(x, counts, lib, 64, "e5m2", "float32", "row", None, expected_m=3)
 
 
 def test_masked_replays_in_a_cuda_graph_with_new_counts():

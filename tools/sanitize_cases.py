@@ -115,15 +115,17 @@ def fused_cases(combos, rng) -> tuple[int, int]:
     counts = np.array([0, 5, 2], np.int32)
     for index, (input_dtype, fmt, scale, layout) in enumerate(combos):
         group = GROUP_SIZES[index % len(GROUP_SIZES)]
-        # the last: plain SiLU on the masked kernel's persistent grid (every row real), which
-        # the launch layer takes for large inputs without padding rows: forced here, 8 rows
-        modes = (("silu_mul", False, False), (None, True, False), ("silu_mul", True, False),
-                 ("silu_mul", False, True))  # fmt: skip
-        for activation, masked, persistent in modes:
+        # plain SiLU on the masked kernel's persistent grid (every row real), which the launch
+        # layer takes for large inputs without padding rows: forced here, 8 rows; the last:
+        # masked rows of 64 groups, whose expert lookup stays in the warps' lanes
+        modes = (("silu_mul", False, False, 3), (None, True, False, 3),
+                 ("silu_mul", True, False, 3), ("silu_mul", False, True, 3),
+                 (None, True, False, 64))  # fmt: skip
+        for activation, masked, persistent, groups in modes:
             rows = 8 if persistent else 5
-            shape = (3, rows, 3 * group * (2 if activation else 1))
+            shape = (3, rows, groups * group * (2 if activation else 1))
             x_host = values(rng, shape, input_dtype)
-            geometry = Geometry((3, rows, 3 * group), group, layout, False)
+            geometry = Geometry((3, rows, groups * group), group, layout, False)
             options = dict(dtype=fmt, scale=scale, layout=layout, activation=activation)
             extra = {"masked_m": counts} if masked else {}
             q, s, q_buf, s_buf = zeroed_outputs(geometry, fmt, cupy)
@@ -146,7 +148,7 @@ def fused_cases(combos, rng) -> tuple[int, int]:
             verdict = "ok" if same else "MISMATCH"
             print(f"fused    {input_dtype:8} G={group:<3} {fmt:8} {scale:7} {layout:10} "
                   f"activation={activation} masked={masked} persistent={persistent} "
-                  f"{verdict}")  # fmt: skip
+                  f"groups={groups} {verdict}")  # fmt: skip
         # the RMSNorm kernel, with the residual written back (a row of 3 groups, 5 rows), then
         # without it, each with one and with two lanes a thread (forced)
         shape = (5, 3 * group)
