@@ -119,9 +119,11 @@ __device__ __forceinline__ float silu(float g, const ExpTable& table) {
 // float32 -> the input type and back (round to nearest even; no flush of subnormals)
 template <int kIn> __device__ __forceinline__ float round_to_input(float v);
 template <> __device__ __forceinline__ float round_to_input<kBF16>(float v) {
-  u16 h;
-  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(v));
-  return __uint_as_float(static_cast<u32>(h) << 16);
+  // NOTES: one cvt: v rounded into the high half of a word whose low half is +0's, which is the
+  // float32 of the rounded value (a cvt to 16 bits took a second instruction to shift it back)
+  u32 r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(v), "f"(0.0f));
+  return __uint_as_float(r);
 }
 template <> __device__ __forceinline__ float round_to_input<kF16>(float v) {
   u16 h;
@@ -404,6 +406,19 @@ __device__ __forceinline__ void normalize_lane(u32 (&words)[kLaneWords], const u
   map_lane<kIn, false>(
       words, [&](int i) { return mul_rn(mul_rn(value_of<kIn>(x, i), r), value_of<kIn>(weight, i)); },
       maybe_nan);
+}
+
+// y = round(RN(x * r) * w) for each value of a lane, rounded to the input type and kept as
+// float32 for the quantizer (FloatLane, whose NaN it encodes as +NaN, the canonical NaN the
+// definition gives); `maybe_nan` false promises that no product is NaN (see quantize_norm)
+template <int kIn, int kValues>
+__device__ __forceinline__ void normalize_lane(const u32 (&x)[kLaneWords], const u32 (&weight)[kLaneWords],
+                                               float r, bool maybe_nan, FloatLane<kValues>& y) {
+#pragma unroll
+  for (int i = 0; i < kValues; ++i) {
+    y.v[i] = round_to_input<kIn>(mul_rn(mul_rn(value_of<kIn>(x, i), r), value_of<kIn>(weight, i)));
+  }
+  y.maybe_nan = maybe_nan;
 }
 
 }  // namespace fgq

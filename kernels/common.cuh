@@ -190,6 +190,66 @@ __device__ __forceinline__ u32 max_finite_magnitude(const u32 (&w)[kLaneWords]) 
   return m;
 }
 
+// a lane's values as float32, each exact in the input type (the fused RMSNorm's: they come out
+// of float32 arithmetic rounded to the input type, so packing them into its encoding only for
+// the quantizer to unpack them again would cost work). maybe_nan false promises no NaN.
+template <int kValues> struct FloatLane {
+  float v[kValues];
+  bool maybe_nan;
+};
+
+// how the quantizer reads a lane's values: as loaded (u32 words in kIn's encoding), or a
+// FloatLane. magnitude: an order-preserving encoding of |v|, at least kInf for Inf or NaN.
+template <int kIn, typename V> struct LaneValues;
+
+template <int kIn> struct LaneValues<kIn, u32[kLaneWords]> {
+  typedef Input<kIn> In;
+  static constexpr u32 kInf = In::kInf;
+  __device__ static __forceinline__ float value(const u32 (&w)[kLaneWords], int i) {
+    return __uint_as_float(In::f32_bits(w, i));
+  }
+  // the bits patch_nonfinite reads (kIn's encoding) and whose type they are
+  static constexpr int kRawType = kIn;
+  __device__ static __forceinline__ u32 raw(const u32 (&w)[kLaneWords], int i) { return In::raw(w, i); }
+  __device__ static __forceinline__ u32 max_magnitude(const u32 (&w)[kLaneWords]) {
+    return In::max_magnitude(w);
+  }
+  __device__ static __forceinline__ u32 max_finite_magnitude(const u32 (&w)[kLaneWords]) {
+    return fgq::max_finite_magnitude<kIn>(w);
+  }
+  __device__ static __forceinline__ float magnitude_to_f32(u32 m) { return In::magnitude_to_f32(m); }
+};
+
+template <int kIn, int kValues> struct LaneValues<kIn, FloatLane<kValues>> {
+  static_assert(kValues == kLaneWords * 4 / Input<kIn>::kBytes, "a lane's values");
+  static constexpr u32 kInf = 0x7f800000u;
+  __device__ static __forceinline__ float value(const FloatLane<kValues>& f, int i) { return f.v[i]; }
+  static constexpr int kRawType = kF32;
+  __device__ static __forceinline__ u32 raw(const FloatLane<kValues>& f, int i) {
+    return __float_as_uint(f.v[i]);
+  }
+  // NOTES: a float maximum, one instruction a value (the integer maximum of magnitudes takes
+  // two); it skips NaN, so a lane that may hold one reports Inf and takes the slow path. Under
+  // CuPy's -ftz it reads a subnormal as 0, which changes nothing: amax is at least eps, a normal
+  // float (docs/spec.md section 3)
+  __device__ static __forceinline__ u32 max_magnitude(const FloatLane<kValues>& f) {
+    float m = fabsf(f.v[0]);
+#pragma unroll
+    for (int i = 1; i < kValues; ++i) m = fmaxf(m, fabsf(f.v[i]));
+    return f.maybe_nan ? kInf : __float_as_uint(m);
+  }
+  __device__ static __forceinline__ u32 max_finite_magnitude(const FloatLane<kValues>& f) {
+    u32 m = 0u;
+#pragma unroll
+    for (int i = 0; i < kValues; ++i) {
+      const u32 magnitude = __float_as_uint(f.v[i]) & 0x7fffffffu;
+      m = max(m, magnitude < kInf ? magnitude : 0u);
+    }
+    return m;
+  }
+  __device__ static __forceinline__ float magnitude_to_f32(u32 m) { return __uint_as_float(m); }
+};
+
 // output encodings -------------------------------------------------------------------------------
 // A format's trait holds its instructions only: encode4(t) returns the codes of four scaled values
 // t = v / s, t[j] in bits 8j to 8j + 7, for finite inputs. Its numbers (fmax, the codes of NaN and

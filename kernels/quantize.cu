@@ -114,15 +114,15 @@ __device__ __forceinline__ u32 group_max(u32 value, u32 mask) {
 // scale and encode one lane's values ---------------------------------------------------------------
 enum ScaleOp : int { kMultiply = 0, kDivideFast = 1, kDivideExact = 2 };
 
-template <int kIn, int kOut, int kOp, int kValues>
-__device__ __forceinline__ void encode_lane(const u32 (&words)[kLaneWords], float scale,
-                                            float factor, u32 (&codes)[kValues / 4]) {
+template <int kIn, int kOut, int kOp, int kValues, typename V>
+__device__ __forceinline__ void encode_lane(const V& values, float scale, float factor,
+                                            u32 (&codes)[kValues / 4]) {
 #pragma unroll
   for (int w = 0; w < kValues / 4; ++w) {
     float t[4];
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      const float v = __uint_as_float(Input<kIn>::f32_bits(words, 4 * w + j));
+      const float v = LaneValues<kIn, V>::value(values, 4 * w + j);
       // kMultiply: factor already holds the format's 2^kCodeExponent; both exact powers of two
       if constexpr (kOp == kMultiply) t[j] = mul_rn(v, factor);
       if constexpr (kOp == kDivideFast) t[j] = divide_fast(v, scale, factor);
@@ -176,15 +176,15 @@ __device__ __forceinline__ void store_codes(u8* q_dst, const u32 (&codes)[kValue
 
 // the codes of a group's non-finite values: NaN keeps its sign, e5m2 keeps Inf, int8 NaN gives
 // 0. kUnsignedNaN: see patch_nonfinite
-template <int kIn, bool kUnsignedNaN, int kValues>
-__device__ __forceinline__ void patch_group(const Params& p, const u32 (&words)[kLaneWords],
+template <int kIn, bool kUnsignedNaN, int kValues, typename V>
+__device__ __forceinline__ void patch_group(const Params& p, const V& values,
                                             u32 (&codes)[kValues / 4]) {
-  typedef Input<kIn> In;
+  typedef LaneValues<kIn, V> L;
 #pragma unroll
   for (int i = 0; i < kValues; ++i) {
     const int shift = 8 * (i % 4);
-    const u32 code =
-        patch_nonfinite<kIn, kUnsignedNaN>((codes[i / 4] >> shift) & 0xffu, In::raw(words, i), p.nonfinite_codes);
+    const u32 code = patch_nonfinite<L::kRawType, kUnsignedNaN>((codes[i / 4] >> shift) & 0xffu,
+                                                                L::raw(values, i), p.nonfinite_codes);
     codes[i / 4] = (codes[i / 4] & ~(0xffu << shift)) | (code << shift);
   }
 }
@@ -194,22 +194,20 @@ __device__ __forceinline__ void patch_group(const Params& p, const u32 (&words)[
 // non-finite values their codes before the stores (see quantize_group for the arguments).
 // Leaves the codes in `codes`.
 template <int kIn, int kOut, int kScale, int kLayout, bool kUnsignedNaN, bool kStraightTail,
-          int kValues>
-__device__ __forceinline__ void finish_group(const Params& p, const u32 (&words)[kLaneWords],
-                                             u32 magnitude, bool patch, bool real_row,
-                                             u8* q_dst, bool store_q, u8* scale_at,
-                                             bool store_scale, int group,
+          int kValues, typename V>
+__device__ __forceinline__ void finish_group(const Params& p, const V& values, u32 magnitude,
+                                             bool patch, bool real_row, u8* q_dst, bool store_q,
+                                             u8* scale_at, bool store_scale, int group,
                                              u32 (&codes)[kValues / 4]) {
-  typedef Input<kIn> In;
-  const float amax = fmaxf(In::magnitude_to_f32(magnitude), p.eps);
+  const float amax = fmaxf(LaneValues<kIn, V>::magnitude_to_f32(magnitude), p.eps);
   float scale;
   u32 exponent = 0u;
   if constexpr (kScale == kFloat32Scale) {
     scale = divide_by_max(amax, p.fmax, p.inverse_fmax);
     if (scale >= kMinFastDivisor) {
-      encode_lane<kIn, kOut, kDivideFast, kValues>(words, scale, rcp_rn(scale), codes);
+      encode_lane<kIn, kOut, kDivideFast, kValues>(values, scale, rcp_rn(scale), codes);
     } else {
-      encode_lane<kIn, kOut, kDivideExact, kValues>(words, scale, 0.0f, codes);
+      encode_lane<kIn, kOut, kDivideExact, kValues>(values, scale, 0.0f, codes);
     }
   } else {
     // NOTES: both rules from amax's bits, no division (ue8m0_exponent says why that is the
@@ -222,9 +220,9 @@ __device__ __forceinline__ void finish_group(const Params& p, const u32 (&words)
     exponent = p.floor_emax != 0u ? floor_rule : rceil;
     scale = __uint_as_float(exponent << 23);
     const float inverse = __uint_as_float((254u + Output<kOut>::kCodeExponent - exponent) << 23);
-    encode_lane<kIn, kOut, kMultiply, kValues>(words, scale, inverse, codes);
+    encode_lane<kIn, kOut, kMultiply, kValues>(values, scale, inverse, codes);
   }
-  if (__builtin_expect(patch, 0)) patch_group<kIn, kUnsignedNaN, kValues>(p, words, codes);
+  if (__builtin_expect(patch, 0)) patch_group<kIn, kUnsignedNaN, kValues>(p, values, codes);
   // the codes, then the scale (one lane per group)
   if (store_q) store_codes<kValues>(q_dst, codes);
   ScaleLayout<kLayout>::template store_at<kStraightTail>(scale_at, p, group, scale, exponent,
@@ -232,45 +230,46 @@ __device__ __forceinline__ void finish_group(const Params& p, const u32 (&words)
 }
 
 // quantize one group (this lane's share) and store it -------------------------------------------
-// `words` are this lane's values; `mask` names the lanes that run this call together (the
-// group's own lanes, or with kWholeWarp all 32); `real_row` false quantizes a padding row's
-// zeros. The codes go to q_dst when store_q, the scale to scale_at (the layout's at() of the
-// group) when store_scale. kUnsignedNaN: see patch_nonfinite. kStraightTail (the one-pass
-// kernel's, whose register budget allows it): no branch between the group's scale and its
-// stores. The codes of non-finite values are patched after the stores and stored again by
-// the same thread (its second store is the one that remains); the branch around the patch
-// had been a jump over 2.9 KB of code on the common path, and the scale is stored by
-// predicated stores (layouts.cuh) rather than under a branch on lane 0 (docs/perf.md step 22).
+// `values` are this lane's values (as loaded, or a FloatLane: LaneValues); `mask` names the
+// lanes that run this call together (the group's own lanes, or with kWholeWarp all 32);
+// `real_row` false quantizes a padding row's zeros. The codes go to q_dst when store_q, the
+// scale to scale_at (the layout's at() of the group) when store_scale. kUnsignedNaN: see
+// patch_nonfinite. kStraightTail (the one-pass kernel's, whose register budget allows it): no
+// branch between the group's scale and its stores. The codes of non-finite values are patched
+// after the stores and stored again by the same thread (its second store is the one that
+// remains); the branch around the patch had been a jump over 2.9 KB of code on the common
+// path, and the scale is stored by predicated stores (layouts.cuh) rather than under a branch
+// on lane 0 (docs/perf.md step 22).
 template <int kIn, int kGroup, int kOut, int kScale, int kLayout, bool kWholeWarp,
-          bool kUnsignedNaN = false, bool kStraightTail = false>
-__device__ __forceinline__ void quantize_group(const Params& p, const u32 (&words)[kLaneWords],
-                                               u32 mask, bool real_row, u8* q_dst, bool store_q,
+          bool kUnsignedNaN = false, bool kStraightTail = false, typename V>
+__device__ __forceinline__ void quantize_group(const Params& p, const V& values, u32 mask,
+                                               bool real_row, u8* q_dst, bool store_q,
                                                u8* scale_at, bool store_scale, int group) {
-  typedef Input<kIn> In;
-  constexpr int kValues = kLaneWords * 4 / In::kBytes;
+  typedef LaneValues<kIn, V> L;
+  constexpr int kValues = kLaneWords * 4 / Input<kIn>::kBytes;
   constexpr int kLanes = kGroup / kValues;
 
   // the group maximum over finite values ---------------------------------------------------------
-  u32 magnitude = group_max<kLanes>(In::max_magnitude(words), mask);
-  const bool nonfinite = magnitude >= In::kInf;  // uniform over the group
+  u32 magnitude = group_max<kLanes>(L::max_magnitude(values), mask);
+  const bool nonfinite = magnitude >= L::kInf;  // uniform over the group
   if constexpr (kWholeWarp) {
     // NOTES: the whole-warp mask needs a warp-uniform branch: every lane takes the slow path if
     // any group of the warp holds Inf or NaN, and keeps its own maximum if its group does not
     if (__builtin_expect(__any_sync(mask, nonfinite), 0)) {
-      const u32 finite = group_max<kLanes>(max_finite_magnitude<kIn>(words), mask);
+      const u32 finite = group_max<kLanes>(L::max_finite_magnitude(values), mask);
       if (nonfinite) magnitude = finite;
     }
   } else {
     if (__builtin_expect(nonfinite, 0)) {
-      magnitude = group_max<kLanes>(max_finite_magnitude<kIn>(words), mask);
+      magnitude = group_max<kLanes>(L::max_finite_magnitude(values), mask);
     }
   }
   u32 codes[kValues / 4];
   finish_group<kIn, kOut, kScale, kLayout, kUnsignedNaN, kStraightTail, kValues>(
-      p, words, magnitude, nonfinite && !kStraightTail, real_row, q_dst, store_q, scale_at,
+      p, values, magnitude, nonfinite && !kStraightTail, real_row, q_dst, store_q, scale_at,
       store_scale, group, codes);
   if (kStraightTail && __builtin_expect(nonfinite, 0)) {
-    patch_group<kIn, kUnsignedNaN, kValues>(p, words, codes);
+    patch_group<kIn, kUnsignedNaN, kValues>(p, values, codes);
     if (store_q) store_codes<kValues>(q_dst, codes);
   }
 }
@@ -485,10 +484,16 @@ __global__ void __launch_bounds__(kMaskedThreads, 8) quantize_masked(const __gri
   // ballots over the lanes (the experts whose first tile is at or before each of the two
   // tiles) and a population count, where the general path searches the scan in shared memory
   // (five dependent reads)
-  const bool in_lanes = experts <= 32u && slots_per_block <= tile_slots;  // uniform
+  // One expert (the plain fused path's usual single batch, or E = 1) needs neither: every
+  // thread clamps its count and each slot's expert is 0 (step 15 had sent it to the ballots)
+  const bool single = experts == 1u;  // uniform
+  const bool in_lanes = !single && experts <= 32u && slots_per_block <= tile_slots;  // uniform
   wait_for_producer();  // PDL: masked_m and x may come from the previous kernel
-  u32 lane_first = 0xffffffffu, total_tiles;
-  if (in_lanes) {
+  u32 lane_first = 0xffffffffu, total_tiles, single_rows = 0u;
+  if (single) {
+    single_rows = clamped_rows(0u);
+    total_tiles = (single_rows + tile_rows - 1u) >> tile_rows_log2;
+  } else if (in_lanes) {
     const u32 rows = warp_lane < experts ? clamped_rows(warp_lane) : 0u;
     const u32 tiles = (rows + tile_rows - 1u) >> tile_rows_log2;
     const u32 inclusive = warp_scan(tiles);
@@ -552,7 +557,11 @@ __global__ void __launch_bounds__(kMaskedThreads, 8) quantize_masked(const __gri
       const u32 within = slot - tile * tile_slots;
       group[u] = static_cast<int>(within >> tile_rows_log2);
       u32 lo, first, rows;  // the last expert whose first tile is at or before `tile`
-      if (in_lanes) {
+      if (single) {
+        lo = 0u;
+        first = 0u;
+        rows = single_rows;
+      } else if (in_lanes) {
         // the block's first slot of this step: its tile or the next holds every slot's
         const u32 block_tile =
             divide_u31(min(base + u * grid_slots, total_slots - 1u), p.tile_slots_magic, p.tile_slots_shift);
@@ -614,6 +623,20 @@ __global__ void __launch_bounds__(kMaskedThreads, 8) quantize_masked(const __gri
 // copy of that lane, add +0 to the sums and store nothing, so the group shuffles name the
 // whole warp. The last real row of each batch zeroes the padding rows below it.
 constexpr int kMaxNormLanes = 1024;  // _launch.py reads this line
+
+// whether a lane's normalised values reach the quantizer as float32 (FloatLane) rather than
+// packed in the input type
+// NOTES: float32 skips the pack, the unpack and the maximum over packed halves: RMSNorm at
+// M = 4096 (two lanes a thread, bfloat16 to e4m3, packed scales) 37.4 -> 31.0 us (docs/perf.md,
+// fused step 16). For 16-bit input it holds twice the registers, which one lane a thread fits,
+// but two lanes a thread only for bfloat16 to float8 in the packed layout with groups of 128 or
+// more: the other 16-bit ones (78 of the 168 two-lane instantiations) spilled two to four words
+// at 80 registers, and 88 cost a block an SM (a sub-partition's 16384 registers hold five warps
+// of 88, not the six a third 224-thread block needs: 37.3 -> 34.2 us, add-RMSNorm 54.4 -> 60.7)
+template <int kIn, int kGroup, int kOut, int kLayout, int kPer>
+constexpr bool norm_float_lanes() {
+  return kPer == 1 || (kIn == kBF16 && kLayout == kPackedExponents && kGroup >= 128 && kOut != kInt8);
+}
 
 template <int kIn, int kGroup, int kOut, int kScale, int kLayout, int kPer, bool kAdd>
 __device__ __forceinline__ void norm_rows(const Params& p, float (&warp_sums)[2][32]) {
@@ -719,13 +742,25 @@ __device__ __forceinline__ void norm_rows(const Params& p, float (&warp_sums)[2]
           !(lane_sums[j] <= 3.4028234663852886e38f && r <= 3.4028234663852886e38f) || weight_nonfinite[j];
       u32 weight[kLaneWords];
       load_lane<kIn, true>(weight_lane + j * second, weight);
-      normalize_lane<kIn>(words[j], weight, r, maybe_nan);
+      constexpr bool kFloat = norm_float_lanes<kIn, kGroup, kOut, kLayout, kPer>();
+      FloatLane<kValues> y;
+      if constexpr (kFloat) {
+        normalize_lane<kIn>(words[j], weight, r, maybe_nan, y);
+      } else {
+        normalize_lane<kIn>(words[j], weight, r, maybe_nan);
+      }
       if (in_row[j] && row == p.rows - 1u) {
         zero_padding_rows<kValues, kLanes, kLayout>(p, q_batch + value0[j], k, batch, row, group[j], lane);
       }
-      quantize_group<kIn, kGroup, kOut, kScale, kLayout, true>(
-          p, words[j], 0xffffffffu, true, q_batch + row * k + value0[j], in_row[j],
-          ScaleLayout<kLayout>::at(p, batch, row, group[j]), in_row[j] && lane == 0, group[j]);
+      u8* q_dst = q_batch + row * k + value0[j];
+      u8* scale_at = ScaleLayout<kLayout>::at(p, batch, row, group[j]);
+      if constexpr (kFloat) {
+        quantize_group<kIn, kGroup, kOut, kScale, kLayout, true, true>(
+            p, y, 0xffffffffu, true, q_dst, in_row[j], scale_at, in_row[j] && lane == 0, group[j]);
+      } else {
+        quantize_group<kIn, kGroup, kOut, kScale, kLayout, true>(
+            p, words[j], 0xffffffffu, true, q_dst, in_row[j], scale_at, in_row[j] && lane == 0, group[j]);
+      }
     }
 
     if (!more) break;

@@ -837,6 +837,33 @@ def test_silu_mul_on_the_persistent_grid(
     assert (not persistent) if padded else all(persistent) and persistent  # padding: one pass
 
 
+@pytest.mark.parametrize("rows", [152, 292, 420, 556])  # whole TMA boxes: no padding rows
+def test_silu_mul_persistent_grid_walks_several_steps(monkeypatch, rows):
+    # one block an SM: the persistent grid's blocks walk the slots of one batch (the kernel's
+    # single-expert path) in 2-5 steps, the last one partly past the end
+    import cupy
+
+    from fp8_group_quant import api
+
+    monkeypatch.setattr(_launch, "PERSISTENT_FUSED_WAVES", 0.0)
+    monkeypatch.setattr(api, "_PLANS", api.PlanCache(api.MAX_PLANS))
+    masked_grid, walked = _launch._masked_grid, []
+
+    def one_block_an_sm(key, device):
+        handle, _, sms = masked_grid(key, device)
+        walked.append(key.masked)
+        return handle, 1, sms
+
+    monkeypatch.setattr(_launch, "_masked_grid", one_block_an_sm)
+    sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
+    slots_a_step = sms * _launch.cpp_constant("kMaskedThreads") // 8  # 8 lanes a group
+    assert 2 <= -(-rows * 16 // slots_a_step) <= 6  # 16 groups a row
+    x = gates_and_ups(np.random.default_rng(rows), (rows, 2 * 2048), "bfloat16")
+    for lib, scale, layout in (("cupy", "ue8m0", "packed"), ("torch", "float32", "row")):
+        check_silu_mul(x, to_device(x, lib), lib, 128, "e4m3", scale, layout)
+    assert walked and all(walked)
+
+
 @pytest.mark.parametrize("input_dtype", ["bfloat16", "float16"])
 def test_silu_mul_every_16_bit_gate(input_dtype):
     # every 16-bit pattern as a gate (both signs of NaN, Inf, subnormals), against random ups
