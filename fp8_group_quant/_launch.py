@@ -340,43 +340,48 @@ def norm_blocks(rows: int, residual: bool, per_sm: int, sms: int) -> int:
     """Blocks of the fused RMSNorm's grid for ``rows`` rows (all batches): a block a row, or one
     resident wave of blocks that walk the rows (FP8_GROUP_QUANT_NORM_WAVES overrides).
 
-    NOTES: measured on the H200 (docs/perf.md, fused step 7), K = 7168, two rounds alternating:
-    without the residual the wave of walking blocks ran 43.1-43.4 us at M = 4096 against
-    44.7-45.3 with a block a row, but 7.3-7.8 against 7.1-7.2 at M = 512 (two rows a block); with
-    the residual it was slower at both (59.0-59.2 against 57.2-57.4, 10.9 against 9.5). So the
-    walking blocks take rows without a residual from four rows a block up."""
+    NOTES: measured on the H200 (docs/perf.md, fused step 18), K = 7168, two lanes a thread,
+    four blocks an SM (528 a wave): without the residual the walking wave ran 9.53 us at
+    M = 1024 against 10.03 with a block a row, 16.97 against 17.33 at 2048, 30.37 against 30.86
+    at 4096 and 55.47 against 58.48 at 8192, but 8.76 against 8.53 at 768 (1.45 rows a block);
+    with the residual it was slower at every M from 768 (8192: 144.3 against 128.0). So the
+    walking blocks take rows without a residual from 1.5 rows a block up."""
     resident = per_sm * sms
     if NORM_WAVES is not None:
         waves = NORM_WAVES
     else:
-        waves = 0.0 if residual or rows < 4 * resident else 1.0
+        waves = 0.0 if residual or rows < NORM_WALK_ROWS * resident else 1.0
     return max(1, rows if waves <= 0 else min(rows, int(waves * resident)))
 
+
+# rows a block (a resident wave's worth) from which the RMSNorm grid walks (norm_blocks)
+NORM_WALK_ROWS = 1.5
 
 NORM_LANE_CHOICES = (1, 2)  # the RMSNorm kernel's instantiations: 32-byte lanes a thread
 
 
 def norm_lanes(rows: int, per_sm: int, sms: int) -> int:
     """The RMSNorm kernel's lanes a thread for ``rows`` rows (all batches), given the one-lane
-    instantiation's resident blocks an SM: one, or two where the rows fill many waves of the
-    one-lane grid (FP8_GROUP_QUANT_NORM_LANES overrides).
+    instantiation's resident blocks an SM: one, or two where the rows are more than one wave of
+    the one-lane grid (FP8_GROUP_QUANT_NORM_LANES overrides).
 
     NOTES: two lanes a thread issue fewer instructions a value (each thread's per-row work, the
-    second fold, division, square root, addresses and loop, serves two lanes), which pays where
-    the SMs are kept busy; one lane keeps twice the warps on each row, which pays where a few
-    rows a block leave the SMs waiting on each row's chain. Measured on the H200 (docs/perf.md,
-    fused step 13, K = 7168, two lanes against one; the one-lane grid holds 264 blocks a wave):
-    0.5-0.7 us slower at M = 1-256, 0.1-0.9 slower at 512, faster from 1024 (RMSNorm 12.3-12.4
-    against 12.9-13.0 us, add-RMSNorm 17.5-18.1 against 17.9; at 4096 37.3-37.4 against 40.0
-    and 54.8-54.9 against 57.6-57.7)."""
+    second fold, division, square root, addresses and loop, serves two lanes) and, at 72
+    registers, fit four 224-thread blocks an SM at K = 7168 against two of one lane's 448; one
+    lane keeps twice the warps on each row, which pays where the rows fit one wave and each
+    row's chain is the time. Measured on the H200 (docs/perf.md, fused step 18, K = 7168, the
+    one-lane grid holds 264 blocks a wave), two lanes against one: 0.4-0.7 us slower at
+    M = 1-256 (RMSNorm and add-RMSNorm), faster from 384 (RMSNorm 5.55 against 6.41 us, 512
+    6.01 against 6.94, 1024 10.03 against 12.23; add-RMSNorm 9.29 / 9.28 at 384, 10.12 against
+    10.72 at 512, 62.8 against 73.0 at 4096)."""
     if NORM_LANES is not None:
         return NORM_LANES
-    return 2 if rows >= NORM_TWO_LANE_WAVES * per_sm * sms else 1
+    return 2 if rows > NORM_TWO_LANE_WAVES * per_sm * sms else 1
 
 
-# rows (in resident waves of one-lane blocks) from which the RMSNorm kernel takes two lanes a
-# thread (norm_lanes): between 512 rows (1.9 waves at K = 7168) and 1024 (3.9)
-NORM_TWO_LANE_WAVES = 3.0
+# resident waves of one-lane blocks beyond which the RMSNorm kernel takes two lanes a thread
+# (norm_lanes): 256 rows (0.97 waves at K = 7168) ran faster with one, 384 (1.45) with two
+NORM_TWO_LANE_WAVES = 1.0
 
 
 def norm_threads(lanes: int, per_thread: int) -> int:

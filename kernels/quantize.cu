@@ -601,7 +601,7 @@ __global__ void __launch_bounds__(kMaskedThreads, 8) quantize_masked(const __gri
   }
 }
 
-// fused (add-)RMSNorm: a row at a time, the next one loading ---------------------------------------
+// fused (add-)RMSNorm: a row at a time ----------------------------------------------------------------
 // NOTES: a row's sum of squares needs the whole row before any group can be scaled, so a block
 // holds whole rows, kPer 32-byte lanes a thread: thread t holds lanes t and, with kPer = 2,
 // t + blockDim.x (a multiple of 32, so each warp holds whole warps of lanes and the same lane of
@@ -613,11 +613,13 @@ __global__ void __launch_bounds__(kMaskedThreads, 8) quantize_masked(const __gri
 // reciprocal, the addresses and the loop), which pays where many rows keep the SMs issuing; one
 // lane a thread keeps twice the warps on a row, which pays where few rows leave them waiting on
 // the row's chain (_launch.norm_lanes; docs/perf.md, fused step 13).
-// The grid is a block a row or at most one resident wave; a walking block takes the rows (over
-// all batches) with a stride of the grid and issues the next row's loads before it works on the
-// current one, so that a row's load overlaps the previous row's work (fused step 7), but with
-// the residual, whose grid has a block a row (_launch.norm_blocks) and whose next row's two
-// arrays would not fit the registers. The warp slots alternate between two sets, so one barrier
+// The grid is a block a row or at most one resident wave of blocks that walk the rows (over all
+// batches) with a stride of the grid (_launch.norm_blocks). A walking block loads its next row
+// after it has stored the current one: the next row held in registers while the current one
+// was worked on (fused step 7) kept the two-lane kernel at 80 registers, three blocks an SM,
+// and the fourth block that 72 registers allow gained more (fused step 18; through a
+// shared-memory stash filled by cp.async instead, the walk ran 39.0 us at M = 4096, K = 7168,
+// against 30.9 for the register version). The warp slots alternate between two sets, so one barrier
 // a row suffices: a warp cannot write a set again before every warp has passed the next row's
 // barrier, which each reaches only after reading the set. Lanes past the row's last work on a
 // copy of that lane, add +0 to the sums and store nothing, so the group shuffles name the
@@ -628,14 +630,12 @@ constexpr int kMaxNormLanes = 1024;  // _launch.py reads this line
 // packed in the input type
 // NOTES: float32 skips the pack, the unpack and the maximum over packed halves: RMSNorm at
 // M = 4096 (two lanes a thread, bfloat16 to e4m3, packed scales) 37.4 -> 31.0 us (docs/perf.md,
-// fused step 16). For 16-bit input it holds twice the registers, which one lane a thread fits,
-// but two lanes a thread only for bfloat16 to float8 in the packed layout with groups of 128 or
-// more: the other 16-bit ones (78 of the 168 two-lane instantiations) spilled two to four words
-// at 80 registers, and 88 cost a block an SM (a sub-partition's 16384 registers hold five warps
-// of 88, not the six a third 224-thread block needs: 37.3 -> 34.2 us, add-RMSNorm 54.4 -> 60.7)
+// fused step 16). It holds more registers: with two lanes a thread (72 registers, fused step
+// 18) the blocked layout keeps the packed words (float32 lanes spilled four words there in
+// every input type), every other two-lane instantiation fits float32 lanes
 template <int kIn, int kGroup, int kOut, int kLayout, int kPer>
 constexpr bool norm_float_lanes() {
-  return kPer == 1 || (kIn == kBF16 && kLayout == kPackedExponents && kGroup >= 128 && kOut != kInt8);
+  return kPer == 1 || kLayout != kBlockedExponents;
 }
 
 template <int kIn, int kGroup, int kOut, int kScale, int kLayout, int kPer, bool kAdd>
@@ -644,8 +644,7 @@ __device__ __forceinline__ void norm_rows(const Params& p, float (&warp_sums)[2]
   typedef typename In::Storage Storage;
   constexpr int kValues = kLaneWords * 4 / In::kBytes;
   constexpr int kLanes = kGroup / kValues;
-  constexpr bool kAhead = !kAdd;          // load the next row while working on this one
-  constexpr int kAheadLanes = kAhead ? kPer : 1, kOtherLanes = kAdd ? kPer : 1;
+  constexpr int kOtherLanes = kAdd ? kPer : 1;
 
   const u32 total_rows = p.batches * p.rows;
   const int lanes = p.groups_per_row * kLanes;
@@ -698,14 +697,8 @@ __device__ __forceinline__ void norm_rows(const Params& p, float (&warp_sums)[2]
     weight_nonfinite[j] = In::max_magnitude(weight) >= In::kInf;
   }
   for (int set = 0;; set ^= 1) {
-    const u32 next_flat = flat + gridDim.x;
-    const bool more = next_flat < total_rows;
-    u32 next_batch = 0u, next_row = 0u;
-    u32 next_words[kAheadLanes][kLaneWords], next_other[kAhead ? kOtherLanes : 1][kLaneWords];
-    if constexpr (kAhead) {
-      if (more) load_row(next_flat, next_batch, next_row, next_words, next_other);
-    }
-    if (!kAhead || !more) signal_dependents();  // this block's last loads are issued
+    const bool more = flat + gridDim.x < total_rows;
+    if (!more) signal_dependents();  // this block's last loads are issued
 
     if constexpr (kAdd) {
       Storage* r_row = residual_lane + batch * p.r_batch_stride + row * p.r_row_stride;
@@ -764,30 +757,20 @@ __device__ __forceinline__ void norm_rows(const Params& p, float (&warp_sums)[2]
     }
 
     if (!more) break;
-    flat = next_flat;
-    if constexpr (kAhead) {
-      batch = next_batch;
-      row = next_row;
-#pragma unroll
-      for (int j = 0; j < kPer; ++j) {
-#pragma unroll
-        for (int i = 0; i < kLaneWords; ++i) {
-          words[j][i] = next_words[j][i];
-          if constexpr (kAdd) other[j][i] = next_other[j][i];
-        }
-      }
-    } else {
-      load_row(flat, batch, row, words, other);
-    }
+    flat += gridDim.x;
+    load_row(flat, batch, row, words, other);
   }
 }
 
 // NOTES: registers: one lane a thread fits 64 (two 448-thread blocks an SM at K = 7168, and
-// 1024-thread blocks at all); two lanes fit 80 without a spill (at 72 three words spilled), 88 for float32
-// input to the blocked layout (three to five words spilled at 80): three 224-thread blocks an SM
+// 1024-thread blocks at all); two lanes fit 72 (four 224-thread blocks an SM: a sub-partition's
+// 16384 registers hold its seven warps of 72), float32 input to the blocked layout 80 (four
+// words spilled at 72): three blocks. Before fused step 18 two lanes held the walking block's
+// next row too and needed 80 (three words spilled at 72) and 88, three blocks an SM; 88 would
+// have cost one (five warps of 88 a sub-partition, not six: fused step 16)
 template <int kIn, int kLayout, int kPer>
 constexpr int norm_registers() {
-  return kPer == 1 ? 64 : kIn == kF32 && kLayout == kBlockedExponents ? 88 : 80;
+  return kPer == 1 ? 64 : kIn == kF32 && kLayout == kBlockedExponents ? 80 : 72;
 }
 
 template <int kIn, int kGroup, int kOut, int kScale, int kLayout, int kPer>

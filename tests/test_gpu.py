@@ -1035,19 +1035,32 @@ def check_norm(x_host, weight, eps_norm, residual, lib, group_size, dtype, scale
         assert_same_bytes(to_host_bytes(r_device), r_host, f"residual ({what})")
 
 
+@pytest.fixture(params=["one lane, a block a row", "two lanes, one walking block"])
+def norm_kernel(request, monkeypatch):
+    """The RMSNorm kernel's two instantiations a combination has (one or two lanes a thread),
+    the second as a single block that walks every row, whatever the rows."""
+    from fp8_group_quant import api
+
+    walking = request.param.startswith("two")
+    monkeypatch.setattr(_launch, "NORM_LANES", 2 if walking else 1)
+    monkeypatch.setattr(_launch, "NORM_WAVES", 1e-9 if walking else 0.0)  # one block, or a row each
+    monkeypatch.setattr(api, "_PLANS", api.PlanCache(api.MAX_PLANS))
+    return walking
+
+
 @pytest.mark.parametrize("input_dtype, group_size, dtype, scale, layout", COMBINATIONS)
-def test_norm_every_combination(input_dtype, group_size, dtype, scale, layout):
+def test_norm_every_combination(norm_kernel, input_dtype, group_size, dtype, scale, layout):
     index = COMBINATIONS.index((input_dtype, group_size, dtype, scale, layout))
-    lib = ("cupy", "torch")[index % 2]
-    rng = np.random.default_rng(3000 + index)
+    lib = ("cupy", "torch")[(index + norm_kernel) % 2]
+    rng = np.random.default_rng(3000 + index + 500 * norm_kernel)
     k = 3 * group_size  # three groups: a partly used packed word
     x = activations(rng, (5, k), input_dtype, specials=index % 3 == 0)
     weight = activations(rng, (k,), input_dtype)
-    residual = activations(rng, (5, k), input_dtype) if index % 2 else None
+    residual = activations(rng, (5, k), input_dtype) if (index + norm_kernel) % 2 else None
     args = (lib, group_size, dtype, scale, layout)
     check_norm(x, weight, 1e-6, residual, *args)
     big = 16384 if input_dtype != "float32" else 8192  # the longest row: 1024 lanes
-    for shape in ((2, 3, 7168), (1, big)):
+    for shape in ((2, 3, 7168), (3 if norm_kernel else 1, big)):
         x = activations(rng, shape, input_dtype, specials=True)
         weight = activations(rng, shape[-1:], input_dtype)
         residual = activations(rng, shape, input_dtype)
@@ -1083,13 +1096,15 @@ def test_norm_nan_and_inf_in_any_lane_of_x_and_the_weight(input_dtype):
     check_norm(x, weight, 1e-6, residual, "torch", 64, "e5m2", "float32", "row")
 
 
+@pytest.mark.parametrize("lanes", [1, 2])
 @pytest.mark.parametrize("waves", [0.0, 0.005, 1.0, 3.0])  # a block a row, a few, the default
-def test_norm_blocks_walk_every_row_of_every_batch(monkeypatch, waves):
+def test_norm_blocks_walk_every_row_of_every_batch(monkeypatch, waves, lanes):
     # the row loop: a grid of a few blocks walks 150 rows over three batches, alternating warp
     # slot sets; with the residual written back and padded rows zeroed at each batch's end
     from fp8_group_quant import api
 
     monkeypatch.setattr(_launch, "NORM_WAVES", waves)
+    monkeypatch.setattr(_launch, "NORM_LANES", lanes)
     monkeypatch.setattr(api, "_PLANS", api.PlanCache(api.MAX_PLANS))
     rng = np.random.default_rng(13)
     x = activations(rng, (3, 50, 2688), "bfloat16", specials=True)

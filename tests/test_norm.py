@@ -213,7 +213,7 @@ def test_the_kernel_block_holds_a_row_of_the_defined_lanes():
 
 
 @pytest.mark.parametrize("rows, knob, lanes", [
-    (1, None, 1), (3 * 264 - 1, None, 1), (3 * 264, None, 2), (16384, None, 2),
+    (1, None, 1), (264, None, 1), (265, None, 2), (16384, None, 2),
     (16384, 1, 1), (1, 2, 2),
 ])  # fmt: skip
 def test_the_norm_takes_two_lanes_a_thread_on_many_rows(monkeypatch, rows, knob, lanes):

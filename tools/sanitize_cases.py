@@ -150,7 +150,8 @@ def fused_cases(combos, rng) -> tuple[int, int]:
                   f"activation={activation} masked={masked} persistent={persistent} "
                   f"groups={groups} {verdict}")  # fmt: skip
         # the RMSNorm kernel, with the residual written back (a row of 3 groups, 5 rows), then
-        # without it, each with one and with two lanes a thread (forced)
+        # without it, each with one and with two lanes a thread (forced); with two, one block
+        # walks the 5 rows
         shape = (5, 3 * group)
         x_host, r_host = values(rng, shape, input_dtype), values(rng, shape, input_dtype)
         weight = values(rng, (3 * group,), input_dtype)
@@ -159,14 +160,15 @@ def fused_cases(combos, rng) -> tuple[int, int]:
         for lanes, residual in ((1, True), (2, True), (1, False), (2, False)):
             q, s, q_buf, s_buf = zeroed_outputs(geometry, fmt, cupy)
             r_device = cupy.asarray(r_host) if residual else None
-            saved = _launch.NORM_LANES, api._PLANS
+            saved = _launch.NORM_LANES, _launch.NORM_WAVES, api._PLANS
             _launch.NORM_LANES, api._PLANS = lanes, api.PlanCache(api.MAX_PLANS)
+            _launch.NORM_WAVES = 1e-9 if lanes == 2 else None  # one block, or the default
             try:
                 fgq.quantize(cupy.asarray(x_host), group, **options,
                              norm=(cupy.asarray(weight), 1e-6), residual=r_device, out=q,
                              scale_out=s)  # fmt: skip
             finally:
-                _launch.NORM_LANES, api._PLANS = saved
+                _launch.NORM_LANES, _launch.NORM_WAVES, api._PLANS = saved
             hq, hs, hq_buf, hs_buf = zeroed_outputs(geometry, fmt, np)
             r_expected = r_host.copy() if residual else None
             fgq.quantize(x_host, group, **options, norm=(weight, 1e-6), residual=r_expected,

@@ -1,0 +1,102 @@
+"""Experiment (issue 13): the fused RMSNorm kernel's time per launch configuration.
+
+For each M, the RMSNorm path (without and with the residual) is timed with each of the
+kernel's lane counts (one or two 32-byte lanes a thread) and grid shapes (a block a row, or one
+resident wave of walking blocks), set through the launch layer's knobs (NORM_LANES,
+NORM_WAVES) in this process, beside the library's own choice ("auto") and the same-traffic
+roofline kernel; CUDA-graph replays over rotating buffers, medians (bench_fused's timing).
+Each configuration is timed with the launches prepared without PDL, as `bench --fused` times
+them (its "x roof" figures), and with it, as the library launches by default on SM90: there a
+call may start while the previous one ends, so back-to-back calls overlap and take less time
+per call than the roofline kernel's figure suggests. Run from the repository root, once per
+tree to compare:
+
+    PYTHONPATH=$PWD python3 docs/experiments/norm_configs.py [M ...]
+
+(logs/norm-configs-*-h200.log)
+"""
+
+import math
+import sys
+
+import numpy as np
+
+from fp8_group_quant import _launch, api
+from fp8_group_quant.bench import ROOFLINE_THREADS, pdl_launches
+from fp8_group_quant.bench_fused import OPTIONS, ROTATE_BYTES, _cupy_stream, torch_graph_time_us
+
+K = 7168
+CONFIGS = {  # name: (NORM_LANES, NORM_WAVES)
+    "auto": (None, None),
+    "1 lane, block a row": (1, 0.0),
+    "2 lanes, block a row": (2, 0.0),
+    "2 lanes, walking": (2, 1.0),
+}
+
+
+def time_configs(torch, m: int, residual: bool, roofs) -> dict:
+    buffers = max(2, min(32, math.ceil(ROTATE_BYTES / (m * K * 2 * (2 if residual else 1)))))
+    xs = [torch.randn(m, K, device="cuda", dtype=torch.bfloat16) * 3 for _ in range(buffers)]
+    rs = [torch.randn(m, K, device="cuda", dtype=torch.bfloat16) for _ in range(buffers)]
+    weight = torch.rand(K, device="cuda", dtype=torch.bfloat16) + 0.5
+    outs = [api.quantize(x, 128, **OPTIONS) for x in xs]
+    calls = max(buffers, 32)
+    chunks = m * K // 16
+    grid = (-(-chunks // ROOFLINE_THREADS), 1, 1)
+
+    def roofline(i):
+        x, r, (q, _) = xs[i % buffers], rs[i % buffers], outs[i % buffers]
+        if residual:
+            name = "residual"
+            args = (np.uint64(x.data_ptr()), np.uint64(r.data_ptr()), np.uint64(q.data_ptr()),
+                    np.int64(chunks))  # fmt: skip
+        else:
+            name = "copy"
+            args = (np.uint64(x.data_ptr()), np.uint64(q.data_ptr()), np.int64(chunks))
+
+        def launch():
+            with _cupy_stream(torch):
+                roofs[name](grid, (ROOFLINE_THREADS, 1, 1), args)
+
+        return launch
+
+    def fused(i):
+        x, (q, s) = xs[i % buffers], outs[i % buffers]
+        r = rs[i % buffers] if residual else None
+        return lambda: api.quantize(x, 128, **OPTIONS, norm=(weight, 1e-6), residual=r,
+                                    out=q, scale_out=s)  # fmt: skip
+
+    times = {"roof": torch_graph_time_us(torch, [roofline(i) for i in range(calls)])}
+    for name, (lanes, waves) in CONFIGS.items():
+        for pdl in (False, True):
+            _launch.NORM_LANES, _launch.NORM_WAVES = lanes, waves
+            with pdl_launches(pdl):  # plans hold the launch: it makes them again
+                times[name, pdl] = torch_graph_time_us(torch, [fused(i) for i in range(calls)])
+    _launch.NORM_LANES = _launch.NORM_WAVES = None
+    return times
+
+
+def main(m_values) -> None:
+    import cupy
+    import torch
+
+    from fp8_group_quant import _jit
+
+    device = cupy.cuda.runtime.getDevice()
+    roofs = {name: _jit.get_function("roofline.cu", f"fgq::roofline_{name}", device)
+             for name in ("residual", "copy")}  # fmt: skip
+    print(f"# RMSNorm, K = {K}, bf16 -> e4m3, packed UE8M0; us per call (x roof), without PDL "
+          "/ with PDL")  # fmt: skip
+    print(f"{'M':>6} {'residual':>8} {'roof':>7} " + " ".join(f"{n:>24}" for n in CONFIGS))
+    for m in m_values:
+        for residual in (False, True):
+            t = time_configs(torch, m, residual, roofs)
+            cells = " ".join(
+                f"{t[n, False]:>8.2f} ({t[n, False] / t['roof']:.2f}) / {t[n, True]:>6.2f}"
+                for n in CONFIGS
+            )
+            print(f"{m:>6} {'yes' if residual else 'no':>8} {t['roof']:>7.2f} {cells}", flush=True)
+
+
+if __name__ == "__main__":
+    main([int(a) for a in sys.argv[1:]] or [512, 1024, 2048, 4096])
