@@ -224,6 +224,51 @@ def test_the_norm_takes_two_lanes_a_thread_on_many_rows(monkeypatch, rows, knob,
     assert _launch.norm_lanes(rows, 2, 132) == lanes
 
 
+@pytest.mark.parametrize("rows, residual, lanes, grid", [
+    (200, False, 1, 200),  # within a wave of one-lane blocks (264): one lane, a block a row
+    (300, True, 2, 300),  # past it: two lanes; the residual: a block a row
+    (791, False, 2, 791),  # under 1.5 rows a block of the two-lane wave (528)
+    (792, False, 2, 528),  # from there: one wave of walking blocks
+    (4096, True, 2, 4096),
+])  # fmt: skip
+def test_the_norm_launch_picks_lanes_then_grid(monkeypatch, rows, residual, lanes, grid):
+    # 132 SMs fitting two one-lane blocks (448 threads at K = 7168) or four two-lane ones
+    # (224): the lanes from the one-lane kernel's wave, the grid from the chosen kernel's; the
+    # Launch records its arguments instead of launching
+    import contextlib
+    import types
+
+    from fp8_group_quant import _jit, _launch
+    from fp8_group_quant._arrays import describe
+    from fp8_group_quant._request import make_request
+
+    names = []
+
+    def get_function(source, expression, device):
+        names.append(expression)
+        return types.SimpleNamespace(kernel=types.SimpleNamespace(ptr=len(names)))
+
+    def resident_blocks(handle, name, threads, device):
+        return (2 if name.endswith(", 1>") else 4), 132
+
+    monkeypatch.setattr(_jit, "get_function", get_function)
+    monkeypatch.setattr(_jit, "current_device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(_launch, "resident_blocks", resident_blocks)
+    monkeypatch.setattr(_launch, "pdl_supported", lambda device: False)
+    monkeypatch.setattr(_launch, "NORM_LANES", None)
+    monkeypatch.setattr(_launch, "NORM_WAVES", None)
+    monkeypatch.setattr(_launch, "Launch", lambda *args: args)
+    x = np.empty((rows, 7168), ml_dtypes.bfloat16)
+    weight = np.empty(7168, ml_dtypes.bfloat16)
+    r = describe(np.empty_like(x), "residual") if residual else None
+    request = make_request(describe(x, "x"), 128, "e4m3", "ue8m0", "packed", 1e-10, False,
+                           norm=(describe(weight, "weight"), 1e-6, r))  # fmt: skip
+    handle, got_grid, block, params, pdl = _launch.prepare(request, 0)
+    assert names[handle - 1].endswith(f"fgq::kPackedExponents, {lanes}>")
+    assert got_grid == (grid, 1, 1) and block == ({1: 448, 2: 224}[lanes], 1, 1)
+    assert params.rows == rows and params.eps_norm == np.float32(1e-6) and not pdl
+
+
 @pytest.mark.parametrize("input_dtype", ["bfloat16", "float16", "float32"])
 def test_numpy_backend_matches_the_spec_text_transcribed(input_dtype):
     # spec_model.rms_norm_row follows section 2b's words one float32 step at a time; the NumPy
