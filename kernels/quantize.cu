@@ -601,7 +601,7 @@ __global__ void __launch_bounds__(kMaskedThreads, 8) quantize_masked(const __gri
   }
 }
 
-// fused (add-)RMSNorm: a row at a time ----------------------------------------------------------------
+// fused (add-)RMSNorm: a row at a time ------------------------------------------------------------
 // NOTES: a row's sum of squares needs the whole row before any group can be scaled, so a block
 // holds whole rows, kPer 32-byte lanes a thread: thread t holds lanes t and, with kPer = 2,
 // t + blockDim.x (a multiple of 32, so each warp holds whole warps of lanes and the same lane of
@@ -614,12 +614,13 @@ __global__ void __launch_bounds__(kMaskedThreads, 8) quantize_masked(const __gri
 // lane a thread keeps twice the warps on a row, which pays where few rows leave them waiting on
 // the row's chain (_launch.norm_lanes; docs/perf.md, fused step 13).
 // The grid is a block a row or at most one resident wave of blocks that walk the rows (over all
-// batches) with a stride of the grid (_launch.norm_blocks). A walking block loads its next row
-// after it has stored the current one: the next row held in registers while the current one
-// was worked on (fused step 7) kept the two-lane kernel at 80 registers, three blocks an SM,
-// and the fourth block that 72 registers allow gained more (fused step 18; through a
-// shared-memory stash filled by cp.async instead, the walk ran 39.0 us at M = 4096, K = 7168,
-// against 30.9 for the register version). The warp slots alternate between two sets, so one barrier
+// batches) with a stride of the grid (_launch.norm_blocks). In the source a walking block loads
+// its next row after it has stored the current one; the compiler (sm_90) issues those loads at
+// the top of the iteration into registers of their own, so the next row is in flight while the
+// current one is worked on. Written by hand (fused step 7), that second set of words kept the
+// two-lane kernel at 80 registers, three blocks an SM; as it stands it fits 72, four blocks
+// (fused step 18; a shared-memory stash filled by cp.async instead ran the walk at 39.0 us at
+// M = 4096, K = 7168, against 30.9). The warp slots alternate between two sets, so one barrier
 // a row suffices: a warp cannot write a set again before every warp has passed the next row's
 // barrier, which each reaches only after reading the set. Lanes past the row's last work on a
 // copy of that lane, add +0 to the sums and store nothing, so the group shuffles name the
