@@ -341,11 +341,12 @@ def norm_blocks(rows: int, residual: bool, per_sm: int, sms: int) -> int:
     resident wave of blocks that walk the rows (FP8_GROUP_QUANT_NORM_WAVES overrides).
 
     NOTES: measured on the H200 (docs/perf.md, fused step 18), K = 7168, two lanes a thread,
-    four blocks an SM (528 a wave): without the residual the walking wave ran 9.53 us at
-    M = 1024 against 10.03 with a block a row, 16.97 against 17.33 at 2048, 30.37 against 30.86
-    at 4096 and 55.47 against 58.48 at 8192, but 8.76 against 8.53 at 768 (1.45 rows a block);
-    with the residual it was slower at every M from 768 (8192: 144.3 against 128.0). So the
-    walking blocks take rows without a residual from 1.5 rows a block up."""
+    four blocks an SM (528 a wave), launched without PDL: without the residual the walking wave
+    ran 10.61 us at M = 1024 against 11.04 with a block a row, 17.56 against 18.35 at 2048,
+    31.22 against 32.05 at 4096 and 56.68 against 59.91 at 8192 (with PDL the same order); at
+    768 (1.45 rows a block) 9.22 against 9.61, but with PDL 8.75 against 8.61. With the
+    residual it was slower at every M from 768 (8192: 144.6 against 129.8). So the walking
+    blocks take rows without a residual from 1.5 rows a block up."""
     resident = per_sm * sms
     if NORM_WAVES is not None:
         waves = NORM_WAVES
@@ -370,10 +371,10 @@ def norm_lanes(rows: int, per_sm: int, sms: int) -> int:
     registers, fit four 224-thread blocks an SM at K = 7168 against two of one lane's 448; one
     lane keeps twice the warps on each row, which pays where the rows fit one wave and each
     row's chain is the time. Measured on the H200 (docs/perf.md, fused step 18, K = 7168, the
-    one-lane grid holds 264 blocks a wave), two lanes against one: 0.4-0.7 us slower at
-    M = 1-256 (RMSNorm and add-RMSNorm), faster from 384 (RMSNorm 5.55 against 6.41 us, 512
-    6.01 against 6.94, 1024 10.03 against 12.23; add-RMSNorm 9.29 / 9.28 at 384, 10.12 against
-    10.72 at 512, 62.8 against 73.0 at 4096)."""
+    one-lane grid holds 264 blocks a wave, without PDL; with it the same order), two lanes
+    against one: 0.4-0.7 us slower at M = 1-256 (RMSNorm and add-RMSNorm), faster from 384
+    (RMSNorm 6.44 against 7.14 us, 512 7.12 against 7.71, 1024 11.04 against 13.00;
+    add-RMSNorm 9.54 / 9.62 at 384, 11.39 / 11.29 at 512, 64.2 against 74.0 at 4096)."""
     if NORM_LANES is not None:
         return NORM_LANES
     return 2 if rows > NORM_TWO_LANE_WAVES * per_sm * sms else 1
