@@ -123,6 +123,7 @@ class KernelKey:
     masked: bool = False  # the masked MoE layout's persistent kernel (aligned, one pass)
     norm: bool = False  # the fused (add-)RMSNorm kernel: one block a row (aligned)
     norm_lanes: int = 1  # the RMSNorm kernel's 32-byte lanes a thread (1 or 2; norm_lanes())
+    norm_stash: bool = False  # the walking RMSNorm kernel with the weight in shared memory
 
     @property
     def lanes_per_group(self) -> int:
@@ -135,7 +136,7 @@ class KernelKey:
                 f"fgq::quantize_norm<{INPUT_TYPES[self.input_dtype].kernel_trait}, "
                 f"{self.group_size}, {OUTPUT_FORMATS[self.output].kernel_trait}, "
                 f"{SCALE_FORMATS[self.scale].kernel_trait}, {self.layout_trait}, "
-                f"{self.norm_lanes}>"
+                f"{self.norm_lanes}, {'true' if self.norm_stash else 'false'}>"
             )
         if self.masked:
             return (
@@ -158,8 +159,9 @@ def all_kernel_keys() -> list[KernelKey]:
     # NOTES: the fused modes need aligned input (make_request refuses the rest) and run one
     # pass at every size (prepare), so they add one instantiation per combination, not four;
     # the RMSNorm kernel takes the residual as a runtime pointer, so one instantiation serves
-    # the norm with and without it (two: one and two lanes a thread). Layouts that share an
-    # address function share a binary.
+    # the norm with and without it (two: one and two lanes a thread), and 16-bit input has a
+    # third, the walking kernel with the weight in shared memory (norm_stashes). Layouts that
+    # share an address function share a binary.
     combinations = list(
         dict.fromkeys(
             (i, g, o, s, SCALE_LAYOUTS[layout].kernel_trait)
@@ -176,9 +178,11 @@ def all_kernel_keys() -> list[KernelKey]:
         for v in ((True, False) if activation is None and not masked else (True,))
         for one_pass in ((True, False) if activation is None and not masked else (True,))
     ] + [
-        KernelKey(*combination, True, True, norm=True, norm_lanes=lanes)
+        KernelKey(*combination, True, True, norm=True, norm_lanes=lanes, norm_stash=stash)
         for combination in combinations
         for lanes in NORM_LANE_CHOICES
+        for stash in (False, True)
+        if not stash or norm_stashes(combination[0], lanes, residual=False)
     ]
 
 
@@ -301,24 +305,27 @@ def grid_limits_error(geometry: Geometry, itemsize: int, one_pass_only=None) -> 
     return None
 
 
-_resident: dict[tuple[int, str, int], tuple[int, int]] = {}
+_resident: dict[tuple[int, str, int, int], tuple[int, int]] = {}
 
 
-def resident_blocks(handle: int, name: str, threads: int, device: int) -> tuple[int, int]:
-    """(blocks per SM, SMs): how many blocks of ``threads`` threads of the kernel ``handle`` fit.
+def resident_blocks(
+    handle: int, name: str, threads: int, device: int, shared: int = 0
+) -> tuple[int, int]:
+    """(blocks per SM, SMs): how many blocks of ``threads`` threads of the kernel ``handle`` fit,
+    with ``shared`` bytes of dynamic shared memory each.
 
     NOTES: the driver's occupancy calculator, which knows that a block's warps are spread over
     the SM's four sub-partitions (a 7-warp block fits 5 times, not the 6 a plain register count
     suggests); a one-wave grid sized from the plain count ran 1.2 waves and 25% slower.
     """
-    key = (device, name, threads)
+    key = (device, name, threads, shared)
     fit = _resident.get(key)
     if fit is None:
         import cupy
         from cupy_backends.cuda.api import driver
 
         sms = cupy.cuda.runtime.getDeviceProperties(device)["multiProcessorCount"]
-        per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(handle, threads, 0)
+        per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(handle, threads, shared)
         fit = _resident[key] = (max(1, per_sm), sms)
     return fit
 
@@ -340,13 +347,14 @@ def norm_blocks(rows: int, residual: bool, per_sm: int, sms: int) -> int:
     """Blocks of the fused RMSNorm's grid for ``rows`` rows (all batches): a block a row, or one
     resident wave of blocks that walk the rows (FP8_GROUP_QUANT_NORM_WAVES overrides).
 
-    NOTES: measured on the H200 (docs/perf.md, fused step 18), K = 7168, two lanes a thread,
-    four blocks an SM (528 a wave), launched without PDL: without the residual the walking wave
-    ran 10.61 us at M = 1024 against 11.04 with a block a row, 17.56 against 18.35 at 2048,
-    31.22 against 32.05 at 4096 and 56.68 against 59.91 at 8192 (with PDL the same order); at
-    768 (1.45 rows a block) 9.22 against 9.61, but with PDL 8.75 against 8.61. With the
-    residual it was slower at every M from 768 (8192: 144.6 against 129.8). So the walking
-    blocks take rows without a residual from 1.5 rows a block up."""
+    NOTES: measured on the H200 (docs/perf.md, fused steps 18 and 19), K = 7168, two lanes a
+    thread, four blocks an SM (528 a wave), launched without PDL: without the residual the
+    walking wave (the weight-stashing kernel, norm_stashes) ran 7.87 us at M = 640 (1.2 rows a
+    block) against 8.55 with a block a row, 8.65 against 9.57 at 768, 10.20 against 11.01 at
+    1024 (with PDL the same order); before step 19 it lost at 768 with PDL and won by 3-5%
+    from 1024. With the residual (the general kernel) it was slower at every M from 640
+    (8192: 144.6 against 129.8). So the walking blocks take rows without a residual past one
+    resident wave."""
     resident = per_sm * sms
     if NORM_WAVES is not None:
         waves = NORM_WAVES
@@ -356,7 +364,7 @@ def norm_blocks(rows: int, residual: bool, per_sm: int, sms: int) -> int:
 
 
 # rows a block (a resident wave's worth) from which the RMSNorm grid walks (norm_blocks)
-NORM_WALK_ROWS = 1.5
+NORM_WALK_ROWS = 1.0
 
 NORM_LANE_CHOICES = (1, 2)  # the RMSNorm kernel's instantiations: 32-byte lanes a thread
 
@@ -385,6 +393,20 @@ def norm_lanes(rows: int, per_sm: int, sms: int) -> int:
 NORM_TWO_LANE_WAVES = 1.0
 
 
+def norm_stashes(input_dtype: str, per_thread: int, residual: bool) -> bool:
+    """Whether a walking RMSNorm grid takes the kernel that keeps each thread's weight values as
+    float32 in shared memory (kStash in kernels/quantize.cu): 16-bit input, two lanes a thread
+    (the lanes every walking grid takes but through FP8_GROUP_QUANT_NORM_LANES), no residual
+    (whose grid is a block a row but through FP8_GROUP_QUANT_NORM_WAVES)."""
+    return INPUT_TYPES[input_dtype].itemsize == 2 and per_thread == 2 and not residual
+
+
+def norm_stash_bytes(threads: int, per_thread: int) -> int:
+    """Dynamic shared memory of the weight-stashing RMSNorm kernel: each thread's lanes' values
+    as float32 (at most 64 KB: 1024 lanes)."""
+    return threads * per_thread * (lane_bytes() // 2) * 4
+
+
 def norm_threads(lanes: int, per_thread: int) -> int:
     """Threads of the fused RMSNorm's blocks for rows of ``lanes`` 32-byte lanes, ``per_thread``
     lanes a thread: the row's warps of lanes (missing lanes included) divided among whole warps
@@ -396,25 +418,48 @@ def norm_threads(lanes: int, per_thread: int) -> int:
 
 def _prepare_norm(request, key: KernelKey, device: int) -> Launch:
     """The fused RMSNorm's grid: norm_blocks() blocks of norm_threads(), each walking the rows
-    (all batches) with a stride of the grid, one or two lanes a thread (norm_lanes())."""
+    (all batches) with a stride of the grid, one or two lanes a thread (norm_lanes()); a grid
+    that walks takes the weight-stashing kernel where norm_stashes() says so."""
     geometry = request.output
     lanes = geometry.groups * key.lanes_per_group
     rows = geometry.batches * geometry.rows
 
-    def loaded(per_thread: int) -> tuple[int, int, int, int]:
-        """(function handle, threads, resident blocks per SM, SMs) of that instantiation."""
-        expression = dataclasses.replace(key, norm_lanes=per_thread).name_expression
+    def loaded(per_thread: int, shared: int = 0) -> tuple[int, int, int, int]:
+        """(function handle, threads, resident blocks per SM, SMs) of that instantiation, the
+        weight-stashing one with ``shared`` bytes of dynamic shared memory."""
+        stash_key = dataclasses.replace(key, norm_lanes=per_thread, norm_stash=shared > 0)
+        expression = stash_key.name_expression
         function = _jit.get_function(SOURCE, expression, device)
         with _jit.current_device(device):
             handle = function.kernel.ptr
+            if shared > STATIC_SHARED_LIMIT:
+                allow_shared(handle, shared)
         threads = norm_threads(lanes, per_thread)
-        return (handle, threads, *resident_blocks(handle, expression, threads, device))
+        return (handle, threads, *resident_blocks(handle, expression, threads, device, shared))
 
     launch = loaded(1)
     per_thread = norm_lanes(rows, launch[2], launch[3])
     handle, threads, per_sm, sms = launch if per_thread == 1 else loaded(per_thread)
-    grid = (norm_blocks(rows, request.residual, per_sm, sms), 1, 1)
-    return Launch(handle, grid, (threads, 1, 1), make_params(request), pdl_supported(device))
+    blocks = norm_blocks(rows, request.residual, per_sm, sms)
+    shared = 0
+    if blocks < rows and norm_stashes(key.input_dtype, per_thread, request.residual):
+        shared = norm_stash_bytes(threads, per_thread)
+        handle, threads, per_sm, sms = loaded(per_thread, shared)
+        blocks = norm_blocks(rows, request.residual, per_sm, sms)
+    params = make_params(request)
+    return Launch(handle, (blocks, 1, 1), (threads, 1, 1), params, pdl_supported(device), shared)
+
+
+STATIC_SHARED_LIMIT = 48 * 1024  # bytes of shared memory a block may take without opting in
+
+
+def allow_shared(handle: int, shared: int) -> None:
+    """Let the kernel ``handle`` take ``shared`` bytes of dynamic shared memory (more than
+    STATIC_SHARED_LIMIT needs the function attribute)."""
+    from cupy_backends.cuda.api import driver
+
+    max_dynamic_shared = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES (cuda.h)
+    driver.funcSetAttribute(handle, max_dynamic_shared, shared)
 
 
 # The plain fused SiLU-and-multiply path takes the masked layout's persistent kernel (every
@@ -543,10 +588,11 @@ class KernelLaunch:
     CUlaunchConfig; with ``pdl`` it carries the programmatic stream serialization attribute, so
     the kernel may start while the previous kernel on the stream finishes (its
     griddepcontrol.wait orders the memory). The attribute is recorded in CUDA-graph captures.
-    Without cuLaunchKernelEx (no ctypes driver), CuPy's cuLaunchKernel, without PDL.
+    Without cuLaunchKernelEx (no ctypes driver), CuPy's cuLaunchKernel, without PDL. ``shared``:
+    bytes of dynamic shared memory a block.
     """
 
-    def __init__(self, handle: int, grid, block, args, pdl: bool = False):
+    def __init__(self, handle: int, grid, block, args, pdl: bool = False, shared: int = 0):
         self.handle = handle
         self.grid = tuple(grid)
         self.block = tuple(block)
@@ -561,7 +607,7 @@ class KernelLaunch:
         self._config = _LaunchConfig(
             (ctypes.c_uint * 3)(*self.grid),
             (ctypes.c_uint * 3)(*self.block),
-            0,
+            shared,
             None,
             ctypes.pointer(self._attribute),
             1 if pdl else 0,
@@ -573,7 +619,7 @@ class KernelLaunch:
 
             self.pdl = False
             self._launch_kernel = driver.launchKernel
-            self._launch_args = (handle, *self.grid, *self.block, 0)
+            self._launch_args = (handle, *self.grid, *self.block, shared)
         self._lock = threading.Lock()
 
     def __call__(self, stream: int) -> None:
@@ -594,8 +640,10 @@ class Launch(KernelLaunch):
     """The quantizer's launch for a fixed geometry: one Params argument, whose three pointers
     are the only thing that changes between calls."""
 
-    def __init__(self, handle: int, grid, block, params: ctypes.Structure, pdl: bool = False):
-        super().__init__(handle, grid, block, [params], pdl)
+    def __init__(
+        self, handle: int, grid, block, params: ctypes.Structure, pdl: bool = False, shared: int = 0
+    ):
+        super().__init__(handle, grid, block, [params], pdl, shared)
         self.params = params
 
     def launch(self, x_ptr: int, q_ptr: int, scale_ptr: int, stream: int) -> None:

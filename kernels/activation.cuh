@@ -395,29 +395,25 @@ __device__ __forceinline__ float warp_fold(float v) {
   return v;
 }
 
-// y = round(RN(x * r) * w), in the input type; `maybe_nan` false promises that no product is
-// NaN (see quantize_norm)
-template <int kIn>
-__device__ __forceinline__ void normalize_lane(u32 (&words)[kLaneWords], const u32 (&weight)[kLaneWords],
-                                               float r, bool maybe_nan) {
+// y = round(RN(x * r) * w), in the input type; weight(i) is w's value i as float32 (from the
+// loaded words, or from the float32 copy a walking block keeps: quantize_norm); `maybe_nan`
+// false promises that no product is NaN (see quantize_norm)
+template <int kIn, typename Weight>
+__device__ __forceinline__ void normalize_lane(u32 (&words)[kLaneWords], Weight weight, float r, bool maybe_nan) {
   u32 x[kLaneWords];
 #pragma unroll
   for (int w = 0; w < kLaneWords; ++w) x[w] = words[w];
-  map_lane<kIn, false>(
-      words, [&](int i) { return mul_rn(mul_rn(value_of<kIn>(x, i), r), value_of<kIn>(weight, i)); },
-      maybe_nan);
+  map_lane<kIn, false>(words, [&](int i) { return mul_rn(mul_rn(value_of<kIn>(x, i), r), weight(i)); }, maybe_nan);
 }
 
 // y = round(RN(x * r) * w) for each value of a lane, rounded to the input type and kept as
 // float32 for the quantizer (FloatLane, whose NaN it encodes as +NaN, the canonical NaN the
-// definition gives); `maybe_nan` false promises that no product is NaN (see quantize_norm)
-template <int kIn, int kValues>
-__device__ __forceinline__ void normalize_lane(const u32 (&x)[kLaneWords], const u32 (&weight)[kLaneWords],
-                                               float r, bool maybe_nan, FloatLane<kValues>& y) {
+// definition gives); weight and `maybe_nan` as above
+template <int kIn, int kValues, typename Weight>
+__device__ __forceinline__ void normalize_lane(const u32 (&x)[kLaneWords], Weight weight, float r, bool maybe_nan,
+                                               FloatLane<kValues>& y) {
 #pragma unroll
-  for (int i = 0; i < kValues; ++i) {
-    y.v[i] = round_to_input<kIn>(mul_rn(mul_rn(value_of<kIn>(x, i), r), value_of<kIn>(weight, i)));
-  }
+  for (int i = 0; i < kValues; ++i) y.v[i] = round_to_input<kIn>(mul_rn(mul_rn(value_of<kIn>(x, i), r), weight(i)));
   y.maybe_nan = maybe_nan;
 }
 

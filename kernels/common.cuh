@@ -100,6 +100,14 @@ __device__ __forceinline__ void signal_dependents() {
 #endif
 }
 
+// ask for `bytes` (a multiple of 16) from `src` (16-byte aligned) into L2, issued by one thread
+// (a bulk prefetch; sm_90 and newer, a no-op before)
+__device__ __forceinline__ void prefetch_l2(const void* src, u32 bytes) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
+#endif
+}
+
 // packed unsigned 16-bit maximum (one instruction on sm_90 and newer)
 __device__ __forceinline__ u32 max_u16x2(u32 a, u32 b) {
 #if __CUDA_ARCH__ >= 900

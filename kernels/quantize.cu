@@ -624,7 +624,8 @@ __global__ void __launch_bounds__(kMaskedThreads, 8) quantize_masked(const __gri
 // a row suffices: a warp cannot write a set again before every warp has passed the next row's
 // barrier, which each reaches only after reading the set. Lanes past the row's last work on a
 // copy of that lane, add +0 to the sums and store nothing, so the group shuffles name the
-// whole warp. The last real row of each batch zeroes the padding rows below it.
+// whole warp. The last real row of each batch zeroes the padding rows below it. A walking grid
+// of 16-bit input without a residual takes the kStash instantiation (quantize_norm).
 constexpr int kMaxNormLanes = 1024;  // _launch.py reads this line
 
 // whether a lane's normalised values reach the quantizer as float32 (FloatLane) rather than
@@ -639,8 +640,9 @@ constexpr bool norm_float_lanes() {
   return kPer == 1 || kLayout != kBlockedExponents;
 }
 
-template <int kIn, int kGroup, int kOut, int kScale, int kLayout, int kPer, bool kAdd>
-__device__ __forceinline__ void norm_rows(const Params& p, float (&warp_sums)[2][32]) {
+template <int kIn, int kGroup, int kOut, int kScale, int kLayout, int kPer, bool kAdd, bool kStash>
+__device__ __forceinline__ void norm_rows(const Params& p, float (&warp_sums)[2][32], float (&row_r)[2],
+                                          float4* norm_stash) {
   typedef Input<kIn> In;
   typedef typename In::Storage Storage;
   constexpr int kValues = kLaneWords * 4 / In::kBytes;
@@ -688,17 +690,49 @@ __device__ __forceinline__ void norm_rows(const Params& p, float (&warp_sums)[2]
   wait_for_producer();  // PDL, as in quantize_groups
   load_row(flat, batch, row, words, other);
   // NOTES: the weight is read again each row (an L1 hit): held in registers, it took both
-  // instantiations past their register limits with spills, with the residual too
+  // instantiations past their register limits with spills, with the residual too. With kStash
+  // (quantize_norm) the thread keeps its weight values as float32 in shared memory instead: four
+  // shared loads a lane a row replace two loads and 16 unpacks (fused step 19). No barrier: a
+  // thread reads only what it wrote
   const Storage* weight_lane = static_cast<const Storage*>(p.weight) + value0[0];
+  constexpr int kChunks = kValues / 4;  // float4 chunks a lane
+  // each warp's chunks together, chunk c of its thread i at c * 32 + i: one address a thread,
+  // constant offsets, and a warp's 16-byte reads in distinct banks
+  float4* const stash = norm_stash + (t >> 5) * (32 * kPer * kChunks) + (t & 31);
   bool weight_nonfinite[kPer];
 #pragma unroll
   for (int j = 0; j < kPer; ++j) {
     u32 weight[kLaneWords];
     load_lane<kIn, true>(weight_lane + j * second, weight);
     weight_nonfinite[j] = In::max_magnitude(weight) >= In::kInf;
+    if constexpr (kStash) {
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c) {
+        stash[(j * kChunks + c) * 32] =
+            make_float4(value_of<kIn>(weight, 4 * c), value_of<kIn>(weight, 4 * c + 1),
+                        value_of<kIn>(weight, 4 * c + 2), value_of<kIn>(weight, 4 * c + 3));
+      }
+    }
   }
   for (int set = 0;; set ^= 1) {
     const bool more = flat + gridDim.x < total_rows;
+    if constexpr (kStash) {
+      // NOTES: the next row's x is loaded after this row's stores (below), and the compiler
+      // leaves those loads there (in the general kernel it issues them here, into registers of
+      // their own: the stash kernel's instantiations spilled with such registers at 72 and 80,
+      // NVRTC 12). So one thread asks for the whole row into L2 here instead, one bulk
+      // prefetch, while the block works on this one; only while the block has a row after
+      // that one (fused step 19: with two rows a block, M = 1024, every row's prefetch ran
+      // 10.67-10.73 us against 10.13-10.15 without; skipping a block's first row instead of
+      // its last but one was 2-3% slower at M = 2048-8192)
+      if (t == 0 && total_rows - flat > 2u * gridDim.x) {
+        const u32 next = flat + gridDim.x;
+        const u32 next_batch = p.batches == 1u ? 0u : next / p.rows;
+        prefetch_l2(static_cast<const Storage*>(p.x) + next_batch * p.x_batch_stride +
+                        (next - next_batch * p.rows) * p.x_row_stride,
+                    static_cast<u32>(k) * In::kBytes);
+      }
+    }
     if (!more) signal_dependents();  // this block's last loads are issued
 
     if constexpr (kAdd) {
@@ -722,9 +756,26 @@ __device__ __forceinline__ void norm_rows(const Params& p, float (&warp_sums)[2]
       if ((t & 31) == 0) warp_sums[set][(t >> 5) + j * static_cast<int>(blockDim.x >> 5)] = warp_total;
     }
     __syncthreads();
-    const float total = warp_fold(warp_slot ? warp_sums[set][t & 31] : 0.0f);
-    const float mean = div_rn(total, static_cast<float>(lanes * kValues));
-    const float r = div_rn(1.0f, sqrt_rn(add_rn(mean, p.eps_norm)));
+    // r = 1 / sqrt(mean + eps): with kStash (a walking block) one warp computes it and passes
+    // it on through shared memory behind a second barrier (about 40 instructions a row fewer in
+    // each other warp, fused step 19); otherwise every warp computes it, which leaves the row's
+    // chain (a block a row) one barrier shorter
+    auto reciprocal = [&]() {
+      const float total = warp_fold(warp_slot ? warp_sums[set][t & 31] : 0.0f);
+      const float mean = div_rn(total, static_cast<float>(lanes * kValues));
+      return div_rn(1.0f, sqrt_rn(add_rn(mean, p.eps_norm)));
+    };
+    float r;
+    if constexpr (kStash) {
+      if (t < 32) {
+        r = reciprocal();
+        if (t == 0) row_r[set] = r;
+      }
+      __syncthreads();
+      r = row_r[set];
+    } else {
+      r = reciprocal();
+    }
     u8* q_batch = p.q + batch * p.q_batch_stride;
 #pragma unroll
     for (int j = 0; j < kPer; ++j) {
@@ -734,14 +785,27 @@ __device__ __forceinline__ void norm_rows(const Params& p, float (&warp_sums)[2]
       // lanes test their results for NaN (about 12 instructions a lane).
       const bool maybe_nan =
           !(lane_sums[j] <= 3.4028234663852886e38f && r <= 3.4028234663852886e38f) || weight_nonfinite[j];
-      u32 weight[kLaneWords];
-      load_lane<kIn, true>(weight_lane + j * second, weight);
       constexpr bool kFloat = norm_float_lanes<kIn, kGroup, kOut, kLayout, kPer>();
       FloatLane<kValues> y;
-      if constexpr (kFloat) {
-        normalize_lane<kIn>(words[j], weight, r, maybe_nan, y);
+      auto normalize = [&](auto weight_of) {
+        if constexpr (kFloat) {
+          normalize_lane<kIn>(words[j], weight_of, r, maybe_nan, y);
+        } else {
+          normalize_lane<kIn>(words[j], weight_of, r, maybe_nan);
+        }
+      };
+      if constexpr (kStash) {
+        float w[kValues];
+#pragma unroll
+        for (int c = 0; c < kChunks; ++c) {
+          const float4 v = stash[(j * kChunks + c) * 32];
+          w[4 * c] = v.x, w[4 * c + 1] = v.y, w[4 * c + 2] = v.z, w[4 * c + 3] = v.w;
+        }
+        normalize([&](int i) { return w[i]; });
       } else {
-        normalize_lane<kIn>(words[j], weight, r, maybe_nan);
+        u32 weight[kLaneWords];
+        load_lane<kIn, true>(weight_lane + j * second, weight);
+        normalize([&](int i) { return value_of<kIn>(weight, i); });
       }
       if (in_row[j] && row == p.rows - 1u) {
         zero_padding_rows<kValues, kLanes, kLayout>(p, q_batch + value0[j], k, batch, row, group[j], lane);
@@ -774,16 +838,28 @@ constexpr int norm_registers() {
   return kPer == 1 ? 64 : kIn == kF32 && kLayout == kBlockedExponents ? 80 : 72;
 }
 
-template <int kIn, int kGroup, int kOut, int kScale, int kLayout, int kPer>
+// kStash: the walking kernel for 16-bit input without a residual: the launch gives it
+// kPer * 64 bytes of dynamic shared memory a thread for its weight values as float32, one warp
+// computes each row's r and one thread prefetches the block's next row into L2 (norm_rows;
+// _launch.norm_stash_bytes, fused step 19)
+// NOTES: its own instantiation: as a path of the general kernel it pushed up to 19 of the 112
+// two-lane instantiations of 16-bit input past 72 registers (4-20 bytes spilled, offline,
+// NVRTC 12, sm_90), different ones with each change
+template <int kIn, int kGroup, int kOut, int kScale, int kLayout, int kPer, bool kStash>
 __global__ void __maxnreg__((norm_registers<kIn, kLayout, kPer>()))
     quantize_norm(const __grid_constant__ Params p) {
   static_assert(kPer == 1 || kPer == 2, "lanes a thread");
+  static_assert(!kStash || Input<kIn>::kBytes == 2, "the stash holds unpacked 16-bit values");
   __shared__ float warp_sums[2][32];
+  __shared__ float row_r[2];
+  extern __shared__ float4 norm_stash[];  // kStash: the weight as float32
   if (blockIdx.x >= p.batches * p.rows) return;  // whole blocks, before any barrier
-  if (p.residual != nullptr) {
-    norm_rows<kIn, kGroup, kOut, kScale, kLayout, kPer, true>(p, warp_sums);
+  if constexpr (kStash) {
+    norm_rows<kIn, kGroup, kOut, kScale, kLayout, kPer, false, true>(p, warp_sums, row_r, norm_stash);
+  } else if (p.residual != nullptr) {
+    norm_rows<kIn, kGroup, kOut, kScale, kLayout, kPer, true, false>(p, warp_sums, row_r, norm_stash);
   } else {
-    norm_rows<kIn, kGroup, kOut, kScale, kLayout, kPer, false>(p, warp_sums);
+    norm_rows<kIn, kGroup, kOut, kScale, kLayout, kPer, false, false>(p, warp_sums, row_r, norm_stash);
   }
 }
 

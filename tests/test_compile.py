@@ -15,9 +15,11 @@ def test_every_instantiation_compiles(arch):
     # inputs x group sizes x (formats x (float scales, ue8m0 in float words, packed) and the
     # blocked layout of e4m3 and e5m2), each with plain input (x alignment x the two paths),
     # SiLU-and-multiply (aligned, one pass), the masked kernel for both (aligned) and the
-    # RMSNorm kernel (aligned, residual at run time, one or two lanes a thread); then NVFP4's
-    # two kernels per input type
-    assert len(keys) == 3 * 4 * (4 * 3 + 2) * (2 * 2 + 1 + 2 + 2) + 3 * 2
+    # RMSNorm kernel (aligned, residual at run time, one or two lanes a thread, and for 16-bit
+    # input the two-lane walking kernel with the weight in shared memory); then NVFP4's two
+    # kernels per input type
+    combinations = 4 * (4 * 3 + 2)
+    assert len(keys) == 3 * combinations * (2 * 2 + 1 + 2 + 2) + 2 * combinations + 3 * 2
     report = []
     lowered = _jit.compile_offline(_launch.SOURCE, keys, arch, report)
     assert len(set(lowered.values())) == len(keys)  # one distinct kernel per key

@@ -1114,6 +1114,48 @@ def test_norm_blocks_walk_every_row_of_every_batch(monkeypatch, waves, lanes):
     check_norm(x, weight, 1e-6, None, "cupy", 64, "e5m2", "float32", "col_tma", pad_rows=True)
 
 
+@pytest.mark.parametrize("input_dtype, shape, group_size, dtype, scale, layout", [
+    ("bfloat16", (3, 700, 7168), 128, "e4m3", "ue8m0", "packed"),
+    ("float16", (40, 16384), 128, "e5m2", "float32", "row"),  # 64 KB of shared memory a block
+    ("bfloat16", (333, 2688), 64, "int8", "float32", "col_tma"),  # a thread's second lane short
+    ("float16", (257, 96), 32, "e4m3", "ue8m0", "blocked"),
+])  # fmt: skip
+def test_norm_walking_blocks_keep_the_weight_in_shared_memory(
+    monkeypatch, input_dtype, shape, group_size, dtype, scale, layout
+):
+    # the weight-stashing kernel (16-bit input, no residual, a grid that walks): each thread's
+    # weight values as float32 in shared memory, r from one warp behind a second barrier, the
+    # next row prefetched into L2 while a block has two more; grids of a few blocks walk many
+    # rows (and batches), and the kernel the launch took is checked
+    from fp8_group_quant import _jit, api
+
+    names, opt_ins = [], []
+    get_function = _jit.get_function
+
+    def spy(source, expression, device):
+        names.append(expression)
+        return get_function(source, expression, device)
+
+    allow_shared = _launch.allow_shared
+
+    def opt_in(handle, shared):
+        opt_ins.append(shared)
+        allow_shared(handle, shared)
+
+    monkeypatch.setattr(_jit, "get_function", spy)
+    monkeypatch.setattr(_launch, "allow_shared", opt_in)
+    monkeypatch.setattr(_launch, "NORM_WAVES", 0.02)  # 10 blocks (4 a 132-SM wave x 0.02)
+    monkeypatch.setattr(_launch, "NORM_LANES", 2)
+    monkeypatch.setattr(api, "_PLANS", api.PlanCache(api.MAX_PLANS))
+    rng = np.random.default_rng(sum(shape) + group_size)
+    x = activations(rng, shape, input_dtype, specials=True)
+    weight = activations(rng, shape[-1:], input_dtype)
+    check_norm(x, weight, 1e-6, None, "torch", group_size, dtype, scale, layout, pad_rows=True)
+    assert any(name.endswith(", 2, true>") for name in names), names
+    assert opt_ins == ([65536] if shape[-1] == 16384 else [])
+    check_norm(x, weight, 1e-6, None, "cupy", group_size, dtype, scale, layout)
+
+
 @pytest.mark.parametrize("lib", ["cupy", "torch"])
 def test_norm_rows_inside_wider_buffers_many_rows_and_odd_widths(lib):
     rng = np.random.default_rng(12)

@@ -343,8 +343,8 @@ def test_the_one_pass_prologue_reads_one_constant_line():
 
 @pytest.mark.parametrize("rows, residual, knob, blocks", [
     (4096, False, None, 264),  # 15.5 rows a block: one wave of walking blocks
-    (396, False, None, 264),  # 1.5 rows a block, the threshold
-    (395, False, None, 395),  # below it: a block a row
+    (265, False, None, 264),  # past one wave: walking blocks
+    (263, False, None, 263),  # within it: a block a row
     (4096, True, None, 4096),  # the residual: always a block a row
     (4096, True, 1.0, 264), (4096, False, 0.0, 4096), (100, False, 2.0, 100),  # the knob
     (1, False, None, 1), (0, False, None, 1),  # never an empty grid

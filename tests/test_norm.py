@@ -224,14 +224,14 @@ def test_the_norm_takes_two_lanes_a_thread_on_many_rows(monkeypatch, rows, knob,
     assert _launch.norm_lanes(rows, 2, 132) == lanes
 
 
-@pytest.mark.parametrize("rows, residual, lanes, grid", [
-    (200, False, 1, 200),  # within a wave of one-lane blocks (264): one lane, a block a row
-    (300, True, 2, 300),  # past it: two lanes; the residual: a block a row
-    (791, False, 2, 791),  # under 1.5 rows a block of the two-lane wave (528)
-    (792, False, 2, 528),  # from there: one wave of walking blocks
-    (4096, True, 2, 4096),
+@pytest.mark.parametrize("rows, residual, lanes, grid, stash", [
+    (200, False, 1, 200, False),  # within a wave of one-lane blocks (264): one lane, a row each
+    (300, True, 2, 300, False),  # past it: two lanes; the residual: a block a row
+    (528, False, 2, 528, False),  # a row for each block of the two-lane wave (528)
+    (529, False, 2, 528, True),  # past it: a wave of walking blocks, the weight stashed
+    (4096, True, 2, 4096, False),
 ])  # fmt: skip
-def test_the_norm_launch_picks_lanes_then_grid(monkeypatch, rows, residual, lanes, grid):
+def test_the_norm_launch_picks_lanes_then_grid(monkeypatch, rows, residual, lanes, grid, stash):
     # 132 SMs fitting two one-lane blocks (448 threads at K = 7168) or four two-lane ones
     # (224): the lanes from the one-lane kernel's wave, the grid from the chosen kernel's; the
     # Launch records its arguments instead of launching
@@ -248,8 +248,9 @@ def test_the_norm_launch_picks_lanes_then_grid(monkeypatch, rows, residual, lane
         names.append(expression)
         return types.SimpleNamespace(kernel=types.SimpleNamespace(ptr=len(names)))
 
-    def resident_blocks(handle, name, threads, device):
-        return (2 if name.endswith(", 1>") else 4), 132
+    def resident_blocks(handle, name, threads, device, shared=0):
+        # the stashing kernel's 28 KB a block would not lower these (224 KB an SM)
+        return (2 if name.endswith(", 1, false>") else 4), 132
 
     monkeypatch.setattr(_jit, "get_function", get_function)
     monkeypatch.setattr(_jit, "current_device", lambda device: contextlib.nullcontext())
@@ -258,15 +259,32 @@ def test_the_norm_launch_picks_lanes_then_grid(monkeypatch, rows, residual, lane
     monkeypatch.setattr(_launch, "NORM_LANES", None)
     monkeypatch.setattr(_launch, "NORM_WAVES", None)
     monkeypatch.setattr(_launch, "Launch", lambda *args: args)
+    monkeypatch.setattr(_launch, "allow_shared", lambda *args: pytest.fail("28 KB needs no opt-in"))
     x = np.empty((rows, 7168), ml_dtypes.bfloat16)
     weight = np.empty(7168, ml_dtypes.bfloat16)
     r = describe(np.empty_like(x), "residual") if residual else None
     request = make_request(describe(x, "x"), 128, "e4m3", "ue8m0", "packed", 1e-10, False,
                            norm=(describe(weight, "weight"), 1e-6, r))  # fmt: skip
-    handle, got_grid, block, params, pdl = _launch.prepare(request, 0)
-    assert names[handle - 1].endswith(f"fgq::kPackedExponents, {lanes}>")
+    handle, got_grid, block, params, pdl, shared = _launch.prepare(request, 0)
+    assert names[handle - 1].endswith(f"fgq::kPackedExponents, {lanes}, {str(stash).lower()}>")
     assert got_grid == (grid, 1, 1) and block == ({1: 448, 2: 224}[lanes], 1, 1)
+    assert shared == (224 * 2 * 16 * 4 if stash else 0)  # two lanes of 16 float32 a thread
     assert params.rows == rows and params.eps_norm == np.float32(1e-6) and not pdl
+
+
+def test_only_walking_grids_of_16_bit_input_without_a_residual_stash_the_weight():
+    from fp8_group_quant import _launch
+
+    assert _launch.norm_stashes("bfloat16", 2, residual=False)
+    assert _launch.norm_stashes("float16", 2, residual=False)
+    assert not _launch.norm_stashes("float32", 2, residual=False)  # nothing to unpack
+    assert not _launch.norm_stashes("bfloat16", 2, residual=True)
+    assert not _launch.norm_stashes("bfloat16", 1, residual=False)
+    # 1024 lanes (K = 16384), two a thread: 64 KB, past the 48 KB a block takes unasked
+    assert _launch.norm_stash_bytes(512, 2) == 65536 > _launch.STATIC_SHARED_LIMIT
+    keys = [k for k in _launch.all_kernel_keys() if k.norm_stash]
+    assert len(keys) == 2 * 56 and all(k.norm_lanes == 2 for k in keys)
+    assert {k.input_dtype for k in keys} == {"bfloat16", "float16"}
 
 
 @pytest.mark.parametrize("input_dtype", ["bfloat16", "float16", "float32"])
