@@ -343,9 +343,10 @@ def waves_for(blocks_per_sm: int) -> float:
     return 8.0 if blocks_per_sm >= 6 else 1.0
 
 
-def norm_blocks(rows: int, residual: bool, per_sm: int, sms: int) -> int:
-    """Blocks of the fused RMSNorm's grid for ``rows`` rows (all batches): a block a row, or one
-    resident wave of blocks that walk the rows (FP8_GROUP_QUANT_NORM_WAVES overrides).
+def norm_blocks(rows: int, residual: bool, per_sm: int, sms: int, lanes: int = 2) -> int:
+    """Blocks of the fused RMSNorm's grid for ``rows`` rows (all batches), ``lanes`` lanes a
+    thread: a block a row, or one resident wave of blocks that walk the rows
+    (FP8_GROUP_QUANT_NORM_WAVES overrides).
 
     NOTES: measured on the H200 (docs/perf.md, fused steps 18 and 19), K = 7168, two lanes a
     thread, four blocks an SM (528 a wave), launched without PDL: without the residual the
@@ -353,13 +354,19 @@ def norm_blocks(rows: int, residual: bool, per_sm: int, sms: int) -> int:
     block) against 8.55 with a block a row, 8.65 against 9.57 at 768, 10.20 against 11.01 at
     1024 (with PDL the same order); before step 19 it lost at 768 with PDL and won by 3-5%
     from 1024. With the residual (the general kernel) it was slower at every M from 640
-    (8192: 144.6 against 129.8). So the walking blocks take rows without a residual past one
-    resident wave."""
+    (8192: 144.6 against 129.8), but one lane a thread walking (264 blocks) beat a block a row
+    of two lanes between 1.5 and two one-lane waves (session 14, run 7: 10.40-10.47 against
+    10.82-10.84 us at 480, 10.70 against 11.09-11.17 at 512; with PDL 9.96 / 10.24-10.30 and
+    the same), not past it (576: 12.36-12.54 against 11.94-11.95). So the walking blocks take
+    rows without a residual past one resident wave, and rows with it where norm_lanes gives
+    them one lane a thread past one wave of its grid."""
     resident = per_sm * sms
     if NORM_WAVES is not None:
         waves = NORM_WAVES
+    elif residual:
+        waves = 1.0 if lanes == 1 and rows > resident else 0.0
     else:
-        waves = 0.0 if residual or rows < NORM_WALK_ROWS * resident else 1.0
+        waves = 0.0 if rows < NORM_WALK_ROWS * resident else 1.0
     return max(1, rows if waves <= 0 else min(rows, int(waves * resident)))
 
 
@@ -369,10 +376,11 @@ NORM_WALK_ROWS = 1.0
 NORM_LANE_CHOICES = (1, 2)  # the RMSNorm kernel's instantiations: 32-byte lanes a thread
 
 
-def norm_lanes(rows: int, per_sm: int, sms: int) -> int:
+def norm_lanes(rows: int, per_sm: int, sms: int, residual: bool = False) -> int:
     """The RMSNorm kernel's lanes a thread for ``rows`` rows (all batches), given the one-lane
     instantiation's resident blocks an SM: one, or two where the rows are more than one wave of
-    the one-lane grid (FP8_GROUP_QUANT_NORM_LANES overrides).
+    the one-lane grid, but one again with the residual between NORM_RESIDUAL_ONE_LANE waves of
+    it, where its blocks walk (norm_blocks; FP8_GROUP_QUANT_NORM_LANES overrides).
 
     NOTES: two lanes a thread issue fewer instructions a value (each thread's per-row work, the
     second fold, division, square root, addresses and loop, serves two lanes) and, at 72
@@ -385,19 +393,26 @@ def norm_lanes(rows: int, per_sm: int, sms: int) -> int:
     add-RMSNorm 9.54 / 9.62 at 384, 11.39 / 11.29 at 512, 64.2 against 74.0 at 4096)."""
     if NORM_LANES is not None:
         return NORM_LANES
-    return 2 if rows > NORM_TWO_LANE_WAVES * per_sm * sms else 1
+    wave = per_sm * sms
+    low, high = NORM_RESIDUAL_ONE_LANE
+    if residual and low * wave < rows <= high * wave:
+        return 1
+    return 2 if rows > NORM_TWO_LANE_WAVES * wave else 1
 
 
 # resident waves of one-lane blocks beyond which the RMSNorm kernel takes two lanes a thread
 # (norm_lanes): 256 rows (0.97 waves at K = 7168) ran faster with one, 384 (1.45) with two
 NORM_TWO_LANE_WAVES = 1.0
+# waves of one-lane blocks between which the add-RMSNorm takes one lane a thread, walking (at
+# K = 7168: 448-512 rows faster, 384 (1.45) slower without PDL, 576 (2.2) slower)
+NORM_RESIDUAL_ONE_LANE = (1.5, 2.0)
 
 
 def norm_stashes(input_dtype: str, per_thread: int, residual: bool) -> bool:
     """Whether a walking RMSNorm grid takes the kernel that keeps each thread's weight values as
     float32 in shared memory (kStash in kernels/quantize.cu): 16-bit input, two lanes a thread
-    (the lanes every walking grid takes but through FP8_GROUP_QUANT_NORM_LANES), no residual
-    (whose grid is a block a row but through FP8_GROUP_QUANT_NORM_WAVES)."""
+    (the lanes every walking grid without a residual takes but through
+    FP8_GROUP_QUANT_NORM_LANES), no residual (norm_rows' kStash path has none)."""
     return INPUT_TYPES[input_dtype].itemsize == 2 and per_thread == 2 and not residual
 
 
@@ -438,14 +453,14 @@ def _prepare_norm(request, key: KernelKey, device: int) -> Launch:
         return (handle, threads, *resident_blocks(handle, expression, threads, device, shared))
 
     launch = loaded(1)
-    per_thread = norm_lanes(rows, launch[2], launch[3])
+    per_thread = norm_lanes(rows, launch[2], launch[3], request.residual)
     handle, threads, per_sm, sms = launch if per_thread == 1 else loaded(per_thread)
-    blocks = norm_blocks(rows, request.residual, per_sm, sms)
+    blocks = norm_blocks(rows, request.residual, per_sm, sms, per_thread)
     shared = 0
     if blocks < rows and norm_stashes(key.input_dtype, per_thread, request.residual):
         shared = norm_stash_bytes(threads, per_thread)
         handle, threads, per_sm, sms = loaded(per_thread, shared)
-        blocks = norm_blocks(rows, request.residual, per_sm, sms)
+        blocks = norm_blocks(rows, request.residual, per_sm, sms, per_thread)
     params = make_params(request)
     return Launch(handle, (blocks, 1, 1), (threads, 1, 1), params, pdl_supported(device), shared)
 

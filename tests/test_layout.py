@@ -345,7 +345,7 @@ def test_the_one_pass_prologue_reads_one_constant_line():
     (4096, False, None, 264),  # 15.5 rows a block: one wave of walking blocks
     (265, False, None, 264),  # past one wave: walking blocks
     (263, False, None, 263),  # within it: a block a row
-    (4096, True, None, 4096),  # the residual: always a block a row
+    (4096, True, None, 4096),  # the residual, two lanes: a block a row
     (4096, True, 1.0, 264), (4096, False, 0.0, 4096), (100, False, 2.0, 100),  # the knob
     (1, False, None, 1), (0, False, None, 1),  # never an empty grid
 ])  # fmt: skip
@@ -354,3 +354,7 @@ def test_norm_grid_policy(monkeypatch, rows, residual, knob, blocks):
 
     monkeypatch.setattr(_launch, "NORM_WAVES", knob)
     assert _launch.norm_blocks(rows, residual, per_sm=2, sms=132) == blocks
+    # one lane a thread with the residual (norm_lanes' window): a wave of walking blocks
+    one_lane = _launch.norm_blocks(rows, residual, per_sm=2, sms=132, lanes=1)
+    walks = knob is None and residual and rows > 264
+    assert one_lane == (264 if walks else blocks)
