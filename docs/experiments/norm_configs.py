@@ -11,9 +11,13 @@ call may start while the previous one ends, so back-to-back calls overlap and ta
 per call than the roofline kernel's figure suggests. Run from the repository root, once per
 tree to compare:
 
-    PYTHONPATH=$PWD python3 docs/experiments/norm_configs.py [M ...]
+    PYTHONPATH=$PWD python3 docs/experiments/norm_configs.py [M ...] [--config NAME=LANES:WAVES ...]
 
-(logs/norm-configs-*-h200.log)
+Each --config replaces the columns after "auto" with a configuration of its own (LANES 1 or 2,
+WAVES the resident waves of walking blocks, 0 a block a row), e.g. session 14's run 7
+(logs/norm-grids-session14-h200.log): --config "1 lane, block a row=1:0"
+--config "2 lanes, a wave walking=2:1" --config "1 lane, a wave walking=1:1" 480 512 576 640
+768 1024. (logs/norm-configs-*-h200.log)
 """
 
 import math
@@ -98,5 +102,22 @@ def main(m_values) -> None:
             print(f"{m:>6} {'yes' if residual else 'no':>8} {t['roof']:>7.2f} {cells}", flush=True)
 
 
+def parse(argv: list[str]) -> list[int]:
+    """The M values of ``argv``; its --config options replace CONFIGS' columns after "auto"."""
+    m_values, configs = [], {}
+    args = iter(argv)
+    for arg in args:
+        if arg == "--config":
+            name, _, setting = next(args).rpartition("=")
+            lanes, _, waves = setting.partition(":")
+            configs[name] = (int(lanes), float(waves))
+        else:
+            m_values.append(int(arg))
+    if configs:
+        CONFIGS.clear()
+        CONFIGS.update({"auto": (None, None), **configs})
+    return m_values or [512, 1024, 2048, 4096]
+
+
 if __name__ == "__main__":
-    main([int(a) for a in sys.argv[1:]] or [512, 1024, 2048, 4096])
+    main(parse(sys.argv[1:]))
