@@ -408,13 +408,12 @@ __device__ __forceinline__ void normalize_lane(u32 (&words)[kLaneWords], Weight 
 
 // y = round(RN(x * r) * w) for each value of a lane, rounded to the input type and kept as
 // float32 for the quantizer (FloatLane, whose NaN it encodes as +NaN, the canonical NaN the
-// definition gives); weight and `maybe_nan` as above
+// definition gives); weight as above
 template <int kIn, int kValues, typename Weight>
-__device__ __forceinline__ void normalize_lane(const u32 (&x)[kLaneWords], Weight weight, float r, bool maybe_nan,
+__device__ __forceinline__ void normalize_lane(const u32 (&x)[kLaneWords], Weight weight, float r,
                                                FloatLane<kValues>& y) {
 #pragma unroll
   for (int i = 0; i < kValues; ++i) y.v[i] = round_to_input<kIn>(mul_rn(mul_rn(value_of<kIn>(x, i), r), weight(i)));
-  y.maybe_nan = maybe_nan;
 }
 
 }  // namespace fgq

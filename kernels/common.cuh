@@ -108,6 +108,18 @@ __device__ __forceinline__ void prefetch_l2(const void* src, u32 bytes) {
 #endif
 }
 
+// max(a, b), NaN if either is NaN (max.NaN, sm_80 and newer)
+__device__ __forceinline__ float max_keeping_nan(float a, float b) {
+  float m;
+  asm("max.NaN.ftz.f32 %0, %1, %2;" : "=f"(m) : "f"(a), "f"(b));
+  return m;
+}
+
+// ask for the 128-byte line holding `p` into L1 (no register waits for it)
+__device__ __forceinline__ void prefetch_l1(const void* p) {
+  asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
+}
+
 // packed unsigned 16-bit maximum (one instruction on sm_90 and newer)
 __device__ __forceinline__ u32 max_u16x2(u32 a, u32 b) {
 #if __CUDA_ARCH__ >= 900
@@ -203,7 +215,6 @@ __device__ __forceinline__ u32 max_finite_magnitude(const u32 (&w)[kLaneWords]) 
 // the quantizer to unpack them again would cost work). maybe_nan false promises no NaN.
 template <int kValues> struct FloatLane {
   float v[kValues];
-  bool maybe_nan;
 };
 
 // how the quantizer reads a lane's values: as loaded (u32 words in kIn's encoding), or a
@@ -236,15 +247,17 @@ template <int kIn, int kValues> struct LaneValues<kIn, FloatLane<kValues>> {
   __device__ static __forceinline__ u32 raw(const FloatLane<kValues>& f, int i) {
     return __float_as_uint(f.v[i]);
   }
-  // NOTES: a float maximum, one instruction a value (the integer maximum of magnitudes takes
-  // two); it skips NaN, so a lane that may hold one reports Inf and takes the slow path. Under
-  // CuPy's -ftz it reads a subnormal as 0, which changes nothing: amax is at least eps, a normal
-  // float (docs/spec.md section 3)
+  // NOTES: a float maximum that keeps NaN (max.NaN, one instruction a value as fmaxf, which
+  // skips NaN): a lane holding NaN reports NaN, whose magnitude bits lie above kInf, so it takes
+  // the slow path as Inf does, and the caller need not say whether its values may be NaN (the
+  // RMSNorm kernel tested its weight and sums for that: fused step 21). Under CuPy's -ftz it
+  // reads a subnormal as 0, which changes nothing: amax is at least eps, a normal float
+  // (docs/spec.md section 3)
   __device__ static __forceinline__ u32 max_magnitude(const FloatLane<kValues>& f) {
     float m = fabsf(f.v[0]);
 #pragma unroll
-    for (int i = 1; i < kValues; ++i) m = fmaxf(m, fabsf(f.v[i]));
-    return f.maybe_nan ? kInf : __float_as_uint(m);
+    for (int i = 1; i < kValues; ++i) m = max_keeping_nan(m, fabsf(f.v[i]));
+    return __float_as_uint(m);
   }
   __device__ static __forceinline__ u32 max_finite_magnitude(const FloatLane<kValues>& f) {
     u32 m = 0u;

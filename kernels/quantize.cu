@@ -607,8 +607,8 @@ __global__ void __launch_bounds__(kMaskedThreads, 8) quantize_masked(const __gri
 // t + blockDim.x (a multiple of 32, so each warp holds whole warps of lanes and the same lane of
 // a group in both), at most 1024 lanes a row (K <= 16384 for 16-bit input). It reduces in the
 // order docs/spec.md (section 2b) defines: each lane folds its squares in half, each warp of
-// lanes folds its 32 lanes with xor shuffles, one shared slot per warp of lanes, and every warp
-// folds the 32 slots again, so every thread holds the same total with no second barrier. Two
+// lanes folds its 32 lanes with xor shuffles, one shared slot per warp of lanes; warp 0 folds
+// the 32 slots again, computes r and passes it on behind a second barrier (fused step 21). Two
 // lanes a thread halve the per-row work a lane (the second fold, the division, square root and
 // reciprocal, the addresses and the loop), which pays where many rows keep the SMs issuing; one
 // lane a thread keeps twice the warps on a row, which pays where few rows leave them waiting on
@@ -620,9 +620,8 @@ __global__ void __launch_bounds__(kMaskedThreads, 8) quantize_masked(const __gri
 // current one is worked on. Written by hand (fused step 7), that second set of words kept the
 // two-lane kernel at 80 registers, three blocks an SM; as it stands it fits 72, four blocks
 // (fused step 18; a shared-memory stash filled by cp.async instead ran the walk at 39.0 us at
-// M = 4096, K = 7168, against 30.9). The warp slots alternate between two sets, so one barrier
-// a row suffices: a warp cannot write a set again before every warp has passed the next row's
-// barrier, which each reaches only after reading the set. Lanes past the row's last work on a
+// M = 4096, K = 7168, against 30.9). The warp slots and r alternate between two sets (from
+// when one barrier a row sufficed; one set of slots measured no faster, fused step 19). Lanes past the row's last work on a
 // copy of that lane, add +0 to the sums and store nothing, so the group shuffles name the
 // whole warp. The last real row of each batch zeroes the padding rows below it. A walking grid
 // of 16-bit input without a residual takes the kStash instantiation (quantize_norm).
@@ -648,6 +647,7 @@ __device__ __forceinline__ void norm_rows(const Params& p, float (&warp_sums)[2]
   constexpr int kValues = kLaneWords * 4 / In::kBytes;
   constexpr int kLanes = kGroup / kValues;
   constexpr int kOtherLanes = kAdd ? kPer : 1;
+  constexpr bool kFloat = norm_float_lanes<kIn, kGroup, kOut, kLayout, kPer>();
 
   const u32 total_rows = p.batches * p.rows;
   const int lanes = p.groups_per_row * kLanes;
@@ -693,18 +693,25 @@ __device__ __forceinline__ void norm_rows(const Params& p, float (&warp_sums)[2]
   // instantiations past their register limits with spills, with the residual too. With kStash
   // (quantize_norm) the thread keeps its weight values as float32 in shared memory instead: four
   // shared loads a lane a row replace two loads and 16 unpacks (fused step 19). No barrier: a
-  // thread reads only what it wrote
+  // thread reads only what it wrote. Lanes handed to the quantizer as float32 (kFloat) need no
+  // test of the weight for Inf and NaN (the quantizer's maximum keeps NaN), so the general
+  // kernel only asks for its weight lines into L1 here (fused step 21)
   const Storage* weight_lane = static_cast<const Storage*>(p.weight) + value0[0];
   constexpr int kChunks = kValues / 4;  // float4 chunks a lane
   // each warp's chunks together, chunk c of its thread i at c * 32 + i: one address a thread,
   // constant offsets, and a warp's 16-byte reads in distinct banks
   float4* const stash = norm_stash + (t >> 5) * (32 * kPer * kChunks) + (t & 31);
-  bool weight_nonfinite[kPer];
+  bool weight_nonfinite[kPer];  // read by packed lanes (!kFloat) only
 #pragma unroll
   for (int j = 0; j < kPer; ++j) {
+    weight_nonfinite[j] = false;
+    if constexpr (!kStash && kFloat) {
+      prefetch_l1(weight_lane + j * second);
+      continue;
+    }
     u32 weight[kLaneWords];
     load_lane<kIn, true>(weight_lane + j * second, weight);
-    weight_nonfinite[j] = In::max_magnitude(weight) >= In::kInf;
+    if constexpr (!kFloat) weight_nonfinite[j] = In::max_magnitude(weight) >= In::kInf;
     if constexpr (kStash) {
 #pragma unroll
       for (int c = 0; c < kChunks; ++c) {
@@ -756,40 +763,32 @@ __device__ __forceinline__ void norm_rows(const Params& p, float (&warp_sums)[2]
       if ((t & 31) == 0) warp_sums[set][(t >> 5) + j * static_cast<int>(blockDim.x >> 5)] = warp_total;
     }
     __syncthreads();
-    // r = 1 / sqrt(mean + eps): with kStash (a walking block) one warp computes it and passes
-    // it on through shared memory behind a second barrier (about 40 instructions a row fewer in
-    // each other warp, fused step 19); otherwise every warp computes it, which leaves the row's
-    // chain (a block a row) one barrier shorter
-    auto reciprocal = [&]() {
+    // r = 1 / sqrt(mean + eps): one warp computes it and passes it on through shared memory
+    // behind a second barrier, about 80 instructions a row fewer in each other warp (fused step
+    // 19 for walking blocks; step 21 for a block a row, whose SMs are as busy issuing once the
+    // rows have arrived: docs/experiments/norm_timeline.py)
+    float r = 0.0f;
+    if (t < 32) {
       const float total = warp_fold(warp_slot ? warp_sums[set][t & 31] : 0.0f);
       const float mean = div_rn(total, static_cast<float>(lanes * kValues));
-      return div_rn(1.0f, sqrt_rn(add_rn(mean, p.eps_norm)));
-    };
-    float r;
-    if constexpr (kStash) {
-      if (t < 32) {
-        r = reciprocal();
-        if (t == 0) row_r[set] = r;
-      }
-      __syncthreads();
-      r = row_r[set];
-    } else {
-      r = reciprocal();
+      r = div_rn(1.0f, sqrt_rn(add_rn(mean, p.eps_norm)));
+      if (t == 0) row_r[set] = r;
     }
+    __syncthreads();
+    r = row_r[set];
     u8* q_batch = p.q + batch * p.q_batch_stride;
 #pragma unroll
     for (int j = 0; j < kPer; ++j) {
-      // NOTES: a product is NaN only if x, the weight or r is NaN or Inf (|x * r| stays below
-      // sqrt(K) times a few ulps, so it cannot overflow, and x * r * w then only to Inf); a
-      // finite lane sum means finite x, and r is finite unless the total is NaN. So only such
-      // lanes test their results for NaN (about 12 instructions a lane).
+      // NOTES: packed lanes (!kFloat): a product is NaN only if x, the weight or r is NaN or
+      // Inf (|x * r| stays below sqrt(K) times a few ulps, so it cannot overflow, and x * r * w
+      // then only to Inf); a finite lane sum means finite x, and r is finite unless the total
+      // is NaN. So only such lanes test their results for NaN (about 12 instructions a lane).
       const bool maybe_nan =
           !(lane_sums[j] <= 3.4028234663852886e38f && r <= 3.4028234663852886e38f) || weight_nonfinite[j];
-      constexpr bool kFloat = norm_float_lanes<kIn, kGroup, kOut, kLayout, kPer>();
       FloatLane<kValues> y;
       auto normalize = [&](auto weight_of) {
         if constexpr (kFloat) {
-          normalize_lane<kIn>(words[j], weight_of, r, maybe_nan, y);
+          normalize_lane<kIn>(words[j], weight_of, r, y);
         } else {
           normalize_lane<kIn>(words[j], weight_of, r, maybe_nan);
         }
@@ -839,8 +838,8 @@ constexpr int norm_registers() {
 }
 
 // kStash: the walking kernel for 16-bit input without a residual: the launch gives it
-// kPer * 64 bytes of dynamic shared memory a thread for its weight values as float32, one warp
-// computes each row's r and one thread prefetches the block's next row into L2 (norm_rows;
+// kPer * 64 bytes of dynamic shared memory a thread for its weight values as float32, and one
+// thread prefetches the block's next row into L2 (norm_rows;
 // _launch.norm_stash_bytes, fused step 19)
 // NOTES: its own instantiation: as a path of the general kernel it pushed up to 19 of the 112
 // two-lane instantiations of 16-bit input past 72 registers (4-20 bytes spilled, offline,
