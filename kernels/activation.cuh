@@ -351,13 +351,14 @@ __device__ __forceinline__ void silu_mul_lane(u32 (&words)[kLaneWords], const u3
 
 // fused RMSNorm (docs/spec.md, section 2b; the definition is activation.rms_norm) ---------------
 
-// x = round(x + residual), in the input type
+// x = round(x + residual), in the input type, NaN as cvt writes it: the caller makes it the
+// positive quiet NaN (norm_rows, only where the lane's sum of squares is not finite)
 template <int kIn>
 __device__ __forceinline__ void add_residual(u32 (&words)[kLaneWords], const u32 (&residual)[kLaneWords]) {
   u32 x[kLaneWords];
 #pragma unroll
   for (int w = 0; w < kLaneWords; ++w) x[w] = words[w];
-  map_lane<kIn>(words, [&](int i) { return add_rn(value_of<kIn>(x, i), value_of<kIn>(residual, i)); });
+  map_lane<kIn, false>(words, [&](int i) { return add_rn(value_of<kIn>(x, i), value_of<kIn>(residual, i)); }, false);
 }
 
 // a[i] += a[i + kWidth] for i < kWidth, then the same for half the width, down to a[0]

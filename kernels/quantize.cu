@@ -743,10 +743,21 @@ __device__ __forceinline__ void norm_rows(const Params& p, float (&warp_sums)[2]
     if (!more) signal_dependents();  // this block's last loads are issued
 
     if constexpr (kAdd) {
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) add_residual<kIn>(words[j], other[j]);
+    }
+    // the mean square: lanes, then warps of lanes, then the 32 slots, each folded in half
+    float lane_sums[kPer];
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) lane_sums[j] = in_row[j] ? lane_sum_of_squares<kIn>(words[j]) : 0.0f;
+    if constexpr (kAdd) {
+      // NOTES: the sum x + residual is written back with NaN as the positive quiet NaN; a lane
+      // holding NaN has a NaN sum of squares, so only a lane whose sum is not finite looks for
+      // it (add_residual's test of each pair took about 3 instructions a pair: fused step 22)
       Storage* r_row = residual_lane + batch * p.r_batch_stride + row * p.r_row_stride;
 #pragma unroll
       for (int j = 0; j < kPer; ++j) {
-        add_residual<kIn>(words[j], other[j]);
+        if (__builtin_expect(!(lane_sums[j] <= 3.4028234663852886e38f), 0)) canonicalise_nan<kIn>(words[j]);
         if (in_row[j]) {
           uint4* dst = reinterpret_cast<uint4*>(r_row + j * second);
           dst[0] = make_uint4(words[j][0], words[j][1], words[j][2], words[j][3]);
@@ -754,11 +765,8 @@ __device__ __forceinline__ void norm_rows(const Params& p, float (&warp_sums)[2]
         }
       }
     }
-    // the mean square: lanes, then warps of lanes, then the 32 slots, each folded in half
-    float lane_sums[kPer];
 #pragma unroll
     for (int j = 0; j < kPer; ++j) {
-      lane_sums[j] = in_row[j] ? lane_sum_of_squares<kIn>(words[j]) : 0.0f;
       const float warp_total = warp_fold(lane_sums[j]);
       if ((t & 31) == 0) warp_sums[set][(t >> 5) + j * static_cast<int>(blockDim.x >> 5)] = warp_total;
     }

@@ -26,7 +26,7 @@ traffic, CUDA-graph replays over rotating buffers, without PDL as `bench --fused
 variant's process in turn, two rounds. Run from the repository root:
 
     BASE_KERNELS=OTHER/kernels PYTHONPATH=$PWD python3 docs/experiments/norm_timeline.py \
-        [M ...] [--variant=NAME ...]
+        [M ...] [--variant=NAME ...] [--no-stamps]
 """
 
 import json
@@ -318,7 +318,7 @@ def child_once(m: int) -> dict:
     return {}
 
 
-def main(m_values, names) -> None:
+def main(m_values, names, stamps: bool = True) -> None:
     import cupy
 
     properties = cupy.cuda.runtime.getDeviceProperties(0)
@@ -328,6 +328,8 @@ def main(m_values, names) -> None:
         made = {}
         for i, (name, (source, defines, edits)) in enumerate(chosen.items()):
             made[name] = make_variant(Path(tmp) / f"v{i}", source, defines, edits)
+            if not stamps:
+                continue
             stamped = make_variant(Path(tmp) / f"s{i}", source, {**defines, "FGQ_STAMPS": 1}, edits)
             m = m_values[0]
             got = run_child(stamped, "stamps", str(m))
@@ -365,4 +367,5 @@ if __name__ == "__main__":
     else:
         args = sys.argv[1:]
         names = [a.split("=", 1)[1] for a in args if a.startswith("--variant=")]
-        main([int(a) for a in args if not a.startswith("--")] or [512, 384], names)
+        m_values = [int(a) for a in args if not a.startswith("--")] or [512, 384]
+        main(m_values, names, "--no-stamps" not in args)
