@@ -1070,9 +1070,10 @@ def test_norm_every_combination(norm_kernel, input_dtype, group_size, dtype, sca
 
 @pytest.mark.parametrize("input_dtype", ["bfloat16", "float16", "float32"])
 def test_norm_nan_and_inf_in_any_lane_of_x_and_the_weight(input_dtype):
-    # the kernel tests its normalised values for NaN only in lanes whose sum of squares, r or
-    # weight is not finite (kernels/quantize.cu, norm_rows): rows of one NaN, one Inf, squares
-    # that overflow to Inf (r = 0), a zero weight under an Inf, and weights holding Inf and NaN
+    # the quantizer's float maximum keeps NaN, and the residual written back is tested for NaN
+    # only in lanes whose sum of squares is not finite (kernels/quantize.cu, norm_rows): rows of
+    # one NaN, one Inf, squares that overflow to Inf (r = 0), a zero weight under an Inf,
+    # weights holding Inf and NaN, and residuals that make NaN in the sum or bring it
     rng = np.random.default_rng(77)
     k = 2688  # 168 lanes of 16-bit input: the second lane of a thread partly past the row
     big = {"bfloat16": 1e30, "float16": 60000.0, "float32": 1e30}[input_dtype]
@@ -1092,8 +1093,13 @@ def test_norm_nan_and_inf_in_any_lane_of_x_and_the_weight(input_dtype):
     weight[[3, 1500, k - 2]] = [np.inf, np.nan, -np.inf]  # now a weight with Inf and NaN
     weight = weight.astype(NP_INPUT[input_dtype])
     check_norm(x, weight, 1e-6, None, "cupy", 128, "e4m3", "ue8m0", "packed")
-    residual = activations(rng, (12, k), input_dtype)
+    residual = activations(rng, (12, k), input_dtype).astype(np.float32)
+    residual[2, k - 1] = -np.inf  # Inf + -Inf: a NaN made by the sum, written back
+    residual[8, 9] = np.nan  # a NaN from the residual alone, in a row of finite x
+    residual[9, 2600] = np.inf  # an Inf from the residual alone
+    residual = residual.astype(NP_INPUT[input_dtype])
     check_norm(x, weight, 1e-6, residual, "torch", 64, "e5m2", "float32", "row")
+    check_norm(x, weight, 1e-6, residual, "cupy", 128, "e4m3", "ue8m0", "packed")
 
 
 @pytest.mark.parametrize("lanes", [1, 2])
