@@ -45,6 +45,35 @@ def activations(rng, shape, dtype: str, specials: bool = False) -> np.ndarray:
     return flat.reshape(shape).astype(NP_INPUT[dtype])
 
 
+def sums_at_rounding_hazards(rng, shape, dtype: str) -> tuple[np.ndarray, np.ndarray]:
+    """(x, residual) of a 16-bit ``dtype`` whose sums sit where rounding is delicate, a fifth
+    each: exponents 0 to 40 apart (float32's sum is inexact past 16 for bfloat16, 13 for
+    float16), sums next to a midpoint of x's grid from either side, cancellations, pairs of
+    subnormals, and sums past the largest finite value."""
+    bits = {"bfloat16": 8, "float16": 11}[dtype]  # significant bits
+    info = ml_dtypes.finfo(NP_INPUT[dtype])
+    x = activations(rng, shape, dtype).astype(np.float64)
+    x[x == 0] = 1.0
+    e = np.floor(np.log2(np.abs(x)))
+    sign = rng.choice([-1.0, 1.0], shape)
+    nudge = rng.choice([-1.0, 0.0, 1.0], shape) * 2.0 ** -rng.integers(1, bits + 1, shape)
+    subnormal = float(info.smallest_subnormal)
+    big = float(info.max)
+    kinds = [
+        sign * np.abs(x) * rng.uniform(1, 2, shape) * 2.0 ** -rng.integers(0, 41, shape),
+        sign * 2.0 ** (e - bits) * (1 + nudge),
+        -x + sign * 2.0 ** (e - bits + 1) * rng.integers(0, 4, shape),
+        rng.integers(-(2 ** (bits - 1)), 2 ** (bits - 1), shape) * subnormal,
+        np.sign(x) * big * rng.uniform(0.3, 1.0, shape),
+    ]
+    kind = rng.integers(0, len(kinds), shape)
+    residual = np.choose(kind, kinds)
+    x = np.where(kind == 3, rng.integers(-(2 ** (bits - 1)), 2 ** (bits - 1), shape) * subnormal, x)
+    x = np.where(kind == 4, np.sign(x) * big * rng.uniform(0.5, 1.0, shape), x)
+    with np.errstate(over="ignore"):
+        return x.astype(NP_INPUT[dtype]), residual.astype(NP_INPUT[dtype])
+
+
 def reference_storage(
     x: np.ndarray, geometry: Geometry, dtype: str, scale: str, eps: float, rule: str = "rceil"
 ):

@@ -13,6 +13,7 @@ from helpers import (
     assert_same_bytes,
     host_poisoned,
     reference_storage,
+    sums_at_rounding_hazards,
 )
 
 import fp8_group_quant as fgq
@@ -1100,6 +1101,20 @@ def test_norm_nan_and_inf_in_any_lane_of_x_and_the_weight(input_dtype):
     residual = residual.astype(NP_INPUT[input_dtype])
     check_norm(x, weight, 1e-6, residual, "torch", 64, "e5m2", "float32", "row")
     check_norm(x, weight, 1e-6, residual, "cupy", 128, "e4m3", "ue8m0", "packed")
+
+
+@pytest.mark.parametrize("input_dtype", ["bfloat16", "float16"])
+def test_norm_residual_sums_at_every_rounding_hazard(norm_kernel, input_dtype):
+    # 16-bit x + residual is one packed add (the exact sum rounded once; kernels/activation.cuh,
+    # add_residual), the definition the float32 sum rounded: sums whose float32 value is
+    # inexact, next to midpoints, cancelling, subnormal and overflowing, written back and
+    # normalised, in both kernels (one lane a thread, and two)
+    rng = np.random.default_rng(41 + norm_kernel)
+    for rows, k in ((6, 4096), (40, 2688)):
+        x, residual = sums_at_rounding_hazards(rng, (rows, k), input_dtype)
+        weight = activations(rng, (k,), input_dtype)
+        check_norm(x, weight, 1e-6, residual, "cupy", 128, "e4m3", "ue8m0", "packed")
+        check_norm(x, weight, 1e-6, residual, "torch", 64, "e5m2", "float32", "row")
 
 
 @pytest.mark.parametrize("lanes", [1, 2])

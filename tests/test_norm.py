@@ -4,7 +4,7 @@ point and its checks."""
 import ml_dtypes
 import numpy as np
 import pytest
-from helpers import activations
+from helpers import activations, sums_at_rounding_hazards
 
 import fp8_group_quant as fgq
 from fp8_group_quant import activation
@@ -65,6 +65,39 @@ def test_rms_norm_is_accurate_and_rounds_once(input_dtype):
     step = np.spacing(np.abs(exact).astype(x.dtype)).astype(np.float64)
     assert (np.abs(y - exact) <= step * 0.5 + np.abs(exact) * 2e-6).mean() > 0.999
     assert np.array_equal(y, y.astype(x.dtype).astype(np.float32))  # values of the dtype
+
+
+def round_once(exact: np.ndarray, dtype: str) -> np.ndarray:
+    """float64 ``exact`` (exact sums) rounded once, to nearest even, to a 16-bit ``dtype``,
+    by hand (no conversion that might pass through float32)."""
+    bits = {"bfloat16": 8, "float16": 11}[dtype]
+    info = ml_dtypes.finfo(dtype)
+    _, exponent = np.frexp(exact)  # exact = m * 2^exponent, 1/2 <= |m| < 1
+    unit = np.maximum(np.ldexp(1.0, exponent - bits), float(info.smallest_subnormal))
+    rounded = np.rint(exact / unit) * unit  # both steps exact in float64; rint ties to even
+    return np.where(np.abs(rounded) > float(info.max), np.copysign(np.inf, rounded), rounded)
+
+
+@pytest.mark.parametrize("input_dtype", ["bfloat16", "float16"])
+def test_16_bit_sums_rounded_from_float32_equal_the_exact_sums_rounded_once(input_dtype):
+    # the kernel adds x and the residual of 16-bit types with one packed add, which rounds the
+    # exact sum once; the definition rounds the float32 sum (kernels/activation.cuh,
+    # add_residual, says why these agree). Pairs at every rounding hazard, and the sums of these
+    # pairs are exact in float64 (exponents at most 40 apart, 8 or 11 significant bits)
+    rng = np.random.default_rng(23)
+    x, residual = sums_at_rounding_hazards(rng, (256, 4096), input_dtype)
+    with np.errstate(over="ignore"):
+        sums = x.astype(np.float32) + residual.astype(np.float32)
+    defined = activation.round_to(sums, input_dtype)
+    exact = x.astype(np.float64) + residual.astype(np.float64)
+    assert np.array_equal(defined.astype(np.float64), round_once(exact, input_dtype))
+    # the hazards are there: float32 sums that are inexact, sums that tie in the type, that
+    # are subnormal, that overflow
+    assert (sums.astype(np.float64) != exact).mean() > 0.01
+    ties = round_once(exact, input_dtype) != round_once(exact * (1 + 2.0**-30), input_dtype)
+    assert ties.mean() > 0.01
+    assert (np.abs(exact) < float(ml_dtypes.finfo(input_dtype).smallest_normal)).mean() > 0.1
+    assert np.isinf(defined).mean() > 0.05
 
 
 def test_quantize_with_norm_and_residual():
