@@ -21,12 +21,17 @@ its own (FP8_GROUP_QUANT_KERNEL_DIR):
   blocks go to the SMs in turn, so that is about its place on its SM), "weight after sums"
   (no weight read before the row; one L1 prefetch a lane once its x has arrived) and "no
   weight (wrong)" (a diagnostic that reads no weight: w = 1, wrong values).
+- with --variant=NAME on this tree (session 16, run 6,
+  logs/norm-diagnostics-session16-h200.log), diagnostics with wrong values:
+  "no normalisation (wrong)" (y = x), "no r chain (wrong)" (r = 1 after the first barrier),
+  "no reduction (wrong)" (no barrier either) and "bare (wrong)" (all of those and no weight
+  prefetch; not yet run).
 Timing: the library's RMSNorm without and with the residual against the roof of the same
 traffic, CUDA-graph replays over rotating buffers, without PDL as `bench --fused`, each
-variant's process in turn, two rounds. Run from the repository root:
+variant's process in turn, two rounds (--rounds=N). Run from the repository root:
 
     BASE_KERNELS=OTHER/kernels PYTHONPATH=$PWD python3 docs/experiments/norm_timeline.py \
-        [M ...] [--variant=NAME ...] [--no-stamps]
+        [M ...] [--variant=NAME ...] [--no-stamps] [--rounds=N]
 """
 
 import json
@@ -136,6 +141,38 @@ NO_WEIGHT = [
 ]
 
 
+# diagnostics of session 16, wrong values: the general kernel's normalisation skipped (y = x,
+# no weight read); r = 1 with no reduction after the first barrier (warp 0's fold, division,
+# square root and reciprocal and the second barrier gone); and no reduction at all (r = 1, no
+# barrier: each warp quantizes its lanes as they arrive)
+_NORMALIZE = "          normalize_lane<kIn>(words[j], weight_of, r, y);\n"
+NO_NORMALIZE = [
+    (
+        _NORMALIZE,
+        "          for (int i = 0; i < kValues; ++i) y.v[i] = value_of<kIn>(words[j], i);\n",
+    ),
+    (
+        _LOOP_WEIGHT + "[&](int i) { return value_of<kIn>(weight, i); });",
+        "        normalize([&](int i) { return 1.0f; });",
+    ),
+]
+_R_WARP = "    float r = 0.0f;\n    if (t < 32) {"
+_R_READ = "    __syncthreads();\n    r = row_r[set];\n"
+NO_R_CHAIN = [(_R_WARP, "    float r = 1.0f;\n    if (false) {"), (_R_READ, "")]
+NO_REDUCTION = [
+    *NO_R_CHAIN,
+    ("    __syncthreads();\n    FGQ_STAMP(1, __float_as_uint(lane_sums[0]))\n", ""),
+]
+
+# and all three: no reduction, no normalisation, no weight prefetch (a quantizer of x's rows
+# in this kernel's grid)
+BARE = [
+    *NO_REDUCTION,
+    *NO_NORMALIZE,
+    ("      prefetch_l1(weight_lane + j * second);\n", ""),
+]
+
+
 # the kernel before fused step 21: every warp computes r (the edit leaves every thread on the
 # path warp 0 takes, and drops the second barrier)
 R_PER_WARP = [
@@ -152,6 +189,11 @@ def variants(sms: int) -> dict:
         **({"base": (Path(base), {}, [])} if base else {}),
         "this tree": (ROOT / "kernels", {}, []),
         "r in every warp": (ROOT / "kernels", {}, R_PER_WARP),
+        # session 16, chosen with --variant=NAME: where this tree's time goes
+        "no normalisation (wrong)": (ROOT / "kernels", {}, NO_NORMALIZE),
+        "no r chain (wrong)": (ROOT / "kernels", {}, NO_R_CHAIN),
+        "no reduction (wrong)": (ROOT / "kernels", {}, NO_REDUCTION),
+        "bare (wrong)": (ROOT / "kernels", {}, BARE),
         # run 2 (the kernel of commit 3c94dd2 as BASE_KERNELS), chosen with --variant=NAME
         **(
             {
@@ -318,7 +360,7 @@ def child_once(m: int) -> dict:
     return {}
 
 
-def main(m_values, names, stamps: bool = True) -> None:
+def main(m_values, names, stamps: bool = True, rounds: int = 2) -> None:
     import cupy
 
     properties = cupy.cuda.runtime.getDeviceProperties(0)
@@ -342,14 +384,15 @@ def main(m_values, names, stamps: bool = True) -> None:
                 text = " ".join(f"{c[0]:>6} {c[1]:>5}-{c[2]:<5}" for c in cells[:4])
                 print(f"{place:>5} {cells[4]:>4} {text}")
             print("# blocks of SMs 0-3 in order of entry:", got["mapping"], flush=True)
-        print("# us per call without PDL (x roof); the variants' processes in turn, two rounds")
+        heading = "# us per call without PDL (x roof); the variants' processes in turn, rounds:"
+        print(heading, rounds)
         print(f"{'M':>9} {'roof':>7} " + " ".join(f"{n:>20}" for n in made))
         results = {n: [] for n in made}
-        for _ in range(2):
+        for _ in range(rounds):
             for name, kernels in made.items():
                 results[name].append(run_child(kernels, "times", *map(str, m_values)))
         for key in results[next(iter(made))][0]:
-            for r in range(2):
+            for r in range(rounds):
                 roof = results[next(iter(made))][r][key][0]
                 cells = " ".join(
                     f"{results[n][r][key][1]:>12.2f} ({results[n][r][key][1] / roof:.2f})"
@@ -368,4 +411,5 @@ if __name__ == "__main__":
         args = sys.argv[1:]
         names = [a.split("=", 1)[1] for a in args if a.startswith("--variant=")]
         m_values = [int(a) for a in args if not a.startswith("--")] or [512, 384]
-        main(m_values, names, "--no-stamps" not in args)
+        rounds = [int(a.split("=", 1)[1]) for a in args if a.startswith("--rounds=")] or [2]
+        main(m_values, names, "--no-stamps" not in args, rounds[0])
