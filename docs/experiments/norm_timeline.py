@@ -25,7 +25,8 @@ its own (FP8_GROUP_QUANT_KERNEL_DIR):
   logs/norm-diagnostics-session16-h200.log), diagnostics with wrong values:
   "no normalisation (wrong)" (y = x), "no r chain (wrong)" (r = 1 after the first barrier),
   "no reduction (wrong)" (no barrier either) and "bare (wrong)" (all of those and no weight
-  prefetch; not yet run).
+  prefetch; not yet run); and "r by broadcast" (right values, not yet run: every warp folds
+  the 32 warp slots read by broadcast and computes r, no second barrier).
 Timing: the library's RMSNorm without and with the residual against the roof of the same
 traffic, CUDA-graph replays over rotating buffers, without PDL as `bench --fused`, each
 variant's process in turn, two rounds (--rounds=N). Run from the repository root:
@@ -172,6 +173,36 @@ BARE = [
     ("      prefetch_l1(weight_lane + j * second);\n", ""),
 ]
 
+# a shorter chain to r (session 16, not yet run): every warp reads the 32 warp slots with eight
+# broadcast 16-byte shared loads, folds them with adds in the defined order (fold_in_half, as
+# warp_fold's shuffles would) and computes r itself: no shuffles, no second barrier, no round
+# trip through row_r; the slots no warp writes are zeroed once, before the first row
+R_BY_BROADCAST = [
+    ("  __shared__ float warp_sums[2][32];", "  __shared__ __align__(16) float warp_sums[2][32];"),
+    (
+        "  const bool warp_slot = (t & 31) < kPer * static_cast<int>(blockDim.x >> 5);\n",
+        "  const bool warp_slot = (t & 31) < kPer * static_cast<int>(blockDim.x >> 5);\n"
+        "  if (t < 32 && !warp_slot) warp_sums[0][t] = warp_sums[1][t] = 0.0f;\n",
+    ),
+    (
+        _R_WARP + "\n"
+        "      const float total = warp_fold(warp_slot ? warp_sums[set][t & 31] : 0.0f);\n"
+        "      const float mean = div_rn(total, static_cast<float>(lanes * kValues));\n"
+        "      r = div_rn(1.0f, sqrt_rn(add_rn(mean, p.eps_norm)));\n"
+        "      if (t == 0) row_r[set] = r;\n"
+        "    }\n" + _R_READ,
+        "    float r;\n    {\n      float slots[32];\n"
+        "      const float4* v = reinterpret_cast<const float4*>(warp_sums[set]);\n"
+        "#pragma unroll\n      for (int c = 0; c < 8; ++c) {\n"
+        "        const float4 f = v[c];\n"
+        "        slots[4 * c] = f.x, slots[4 * c + 1] = f.y, slots[4 * c + 2] = f.z,"
+        " slots[4 * c + 3] = f.w;\n      }\n"
+        "      fold_in_half<16>(slots);\n"
+        "      const float mean = div_rn(slots[0], static_cast<float>(lanes * kValues));\n"
+        "      r = div_rn(1.0f, sqrt_rn(add_rn(mean, p.eps_norm)));\n    }\n",
+    ),
+]
+
 
 # the kernel before fused step 21: every warp computes r (the edit leaves every thread on the
 # path warp 0 takes, and drops the second barrier)
@@ -194,6 +225,7 @@ def variants(sms: int) -> dict:
         "no r chain (wrong)": (ROOT / "kernels", {}, NO_R_CHAIN),
         "no reduction (wrong)": (ROOT / "kernels", {}, NO_REDUCTION),
         "bare (wrong)": (ROOT / "kernels", {}, BARE),
+        "r by broadcast": (ROOT / "kernels", {}, R_BY_BROADCAST),
         # run 2 (the kernel of commit 3c94dd2 as BASE_KERNELS), chosen with --variant=NAME
         **(
             {
