@@ -47,9 +47,9 @@ def activations(rng, shape, dtype: str, specials: bool = False) -> np.ndarray:
 
 def sums_at_rounding_hazards(rng, shape, dtype: str) -> tuple[np.ndarray, np.ndarray]:
     """(x, residual) of a 16-bit ``dtype`` whose sums sit where rounding is delicate, a fifth
-    each: exponents 0 to 40 apart (float32's sum is inexact past 16 for bfloat16, 13 for
-    float16), sums next to a midpoint of x's grid from either side, cancellations, pairs of
-    subnormals, and sums past the largest finite value."""
+    each: exponents 0 to 40 apart (float32's sum inexact for some past 13 for float16, 16 for
+    bfloat16), ties of x's grid and sums a little either side of them (exact in float32),
+    cancellations, pairs of subnormals, and sums past the largest finite value."""
     bits = {"bfloat16": 8, "float16": 11}[dtype]  # significant bits
     info = ml_dtypes.finfo(NP_INPUT[dtype])
     x = activations(rng, shape, dtype).astype(np.float64)

@@ -1104,10 +1104,10 @@ def test_norm_nan_and_inf_in_any_lane_of_x_and_the_weight(input_dtype):
 
 
 @pytest.mark.parametrize("input_dtype", ["bfloat16", "float16"])
-def test_norm_residual_sums_at_every_rounding_hazard(norm_kernel, input_dtype):
+def test_norm_residual_sums_at_the_rounding_cases(norm_kernel, input_dtype):
     # 16-bit x + residual is one packed add (the exact sum rounded once; kernels/activation.cuh,
     # add_residual), the definition the float32 sum rounded: sums whose float32 value is
-    # inexact, next to midpoints, cancelling, subnormal and overflowing, written back and
+    # inexact, ties and near-ties, cancelling, subnormal and overflowing, written back and
     # normalised, in both kernels (one lane a thread, and two)
     rng = np.random.default_rng(41 + norm_kernel)
     for rows, k in ((6, 4096), (40, 2688)):

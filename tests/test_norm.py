@@ -82,7 +82,7 @@ def round_once(exact: np.ndarray, dtype: str) -> np.ndarray:
 def test_16_bit_sums_rounded_from_float32_equal_the_exact_sums_rounded_once(input_dtype):
     # the kernel adds x and the residual of 16-bit types with one packed add, which rounds the
     # exact sum once; the definition rounds the float32 sum (kernels/activation.cuh,
-    # add_residual, says why these agree). Pairs at every rounding hazard, and the sums of these
+    # add_residual, says why these agree). Pairs at the rounding cases, and the sums of these
     # pairs are exact in float64 (exponents at most 40 apart, 8 or 11 significant bits)
     rng = np.random.default_rng(23)
     x, residual = sums_at_rounding_hazards(rng, (256, 4096), input_dtype)
@@ -98,6 +98,47 @@ def test_16_bit_sums_rounded_from_float32_equal_the_exact_sums_rounded_once(inpu
     assert ties.mean() > 0.01
     assert (np.abs(exact) < float(ml_dtypes.finfo(input_dtype).smallest_normal)).mean() > 0.1
     assert np.isinf(defined).mean() > 0.05
+
+
+def _two_sum(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(s, e): s = fl64(a + b) and the exact remainder e = a + b - s (Knuth's TwoSum)."""
+    s = a + b
+    v = s - a
+    e = (a - (s - v)) + (b - v)
+    return s, np.where(np.isfinite(s), e, 0.0)
+
+
+@pytest.mark.parametrize("input_dtype", ["bfloat16", "float16"])
+def test_16_bit_sums_of_every_value_rounded_from_float32_equal_rounded_once(input_dtype):
+    # the same agreement, over every value of the type as b against 640 values a spread over
+    # every exponent and sign (and the extremes): 42 million pairs a type. The exact sum is
+    # s + e in float64 (TwoSum); rounded once by hand, a tie of s broken by the sign of e
+    numpy_dtype = ml_dtypes.finfo(input_dtype).dtype
+    every = np.arange(65536, dtype=np.uint16).view(numpy_dtype)
+    with np.errstate(invalid="ignore"):
+        b64, b32 = every.astype(np.float64), every.astype(np.float32)
+    codes = np.concatenate([np.arange(0, 65536, 103), [0x0000, 0x8000, 0x0001, 0x8001]])
+    info = ml_dtypes.finfo(input_dtype)
+    top = np.array([float(info.max), -float(info.max)]).astype(numpy_dtype).view(np.uint16)
+    inexact = ties = 0
+    for code in np.concatenate([codes, top]).astype(np.uint16):
+        a = code.view(numpy_dtype)
+        if np.isnan(np.float32(a)):
+            continue
+        with np.errstate(over="ignore", invalid="ignore"):
+            defined = activation.round_to(np.float32(a) + b32, input_dtype).astype(np.float64)
+            s, e = _two_sum(np.float64(a), b64)
+            above, below = (round_once(s * (1 + d), input_dtype) for d in (2.0**-40, -(2.0**-40)))
+            tie = above != below  # s is a midpoint of the type's grid
+            toward_e = np.where(np.sign(s) * np.sign(e) > 0, above, below)
+            once = np.where(tie & (e != 0), toward_e, round_once(s, input_dtype))
+            rounded32 = (np.float32(a) + b32).astype(np.float64) != s
+            inexact += int((np.isfinite(s) & (rounded32 | (e != 0))).sum())
+        ties += int((tie & np.isfinite(s)).sum())
+        same = defined.view(np.uint64) == once.view(np.uint64)
+        same |= np.isnan(defined) & np.isnan(once)
+        assert same.all(), (hex(int(code)), b64[~same][:4], defined[~same][:4], once[~same][:4])
+    assert inexact > 1_000_000 and ties > 100_000  # float32 sums that round, exact ties
 
 
 def test_quantize_with_norm_and_residual():
