@@ -115,11 +115,6 @@ __device__ __forceinline__ float max_keeping_nan(float a, float b) {
   return m;
 }
 
-// ask for the 128-byte line holding `p` into L1 (no register waits for it)
-__device__ __forceinline__ void prefetch_l1(const void* p) {
-  asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
-}
-
 // packed unsigned 16-bit maximum (one instruction on sm_90 and newer)
 __device__ __forceinline__ u32 max_u16x2(u32 a, u32 b) {
 #if __CUDA_ARCH__ >= 900

@@ -695,7 +695,9 @@ __device__ __forceinline__ void norm_rows(const Params& p, float (&warp_sums)[2]
   // shared loads a lane a row replace two loads and 16 unpacks (fused step 19). No barrier: a
   // thread reads only what it wrote. Lanes handed to the quantizer as float32 (kFloat) need no
   // test of the weight for Inf and NaN (the quantizer's maximum keeps NaN), so the general
-  // kernel only asks for its weight lines into L1 here (fused step 21)
+  // kernel reads none of it here (fused step 21) but after r, from L2 on its first row: the L1
+  // prefetch a lane it issued here until fused step 25 cost add-RMSNorm 1% at M = 512 and
+  // gained nothing anywhere
   const Storage* weight_lane = static_cast<const Storage*>(p.weight) + value0[0];
   constexpr int kChunks = kValues / 4;  // float4 chunks a lane
   // each warp's chunks together, chunk c of its thread i at c * 32 + i: one address a thread,
@@ -705,10 +707,7 @@ __device__ __forceinline__ void norm_rows(const Params& p, float (&warp_sums)[2]
 #pragma unroll
   for (int j = 0; j < kPer; ++j) {
     weight_nonfinite[j] = false;
-    if constexpr (!kStash && kFloat) {
-      prefetch_l1(weight_lane + j * second);
-      continue;
-    }
+    if constexpr (!kStash && kFloat) continue;
     u32 weight[kLaneWords];
     load_lane<kIn, true>(weight_lane + j * second, weight);
     if constexpr (!kFloat) weight_nonfinite[j] = In::max_magnitude(weight) >= In::kInf;

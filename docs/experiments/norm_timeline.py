@@ -25,8 +25,14 @@ its own (FP8_GROUP_QUANT_KERNEL_DIR):
   logs/norm-diagnostics-session16-h200.log), diagnostics with wrong values:
   "no normalisation (wrong)" (y = x), "no r chain (wrong)" (r = 1 after the first barrier),
   "no reduction (wrong)" (no barrier either) and "bare (wrong)" (all of those and no weight
-  prefetch; not yet run); and "r by broadcast" (right values, not yet run: every warp folds
-  the 32 warp slots read by broadcast and computes r, no second barrier).
+  prefetch); and "r by broadcast" (right values: every warp folds the 32 warp slots read by
+  broadcast and computes r, no second barrier);
+- with --variant=NAME (session 17, runs 1-2, logs/norm-diagnostics-session17-h200.log): the
+  weight's L1 prefetch "as before" (this tree has none since fused step 25; runs 1-2 ran on
+  the tree before it, where "this tree" had it and "no prefetch" did not), "prefetch after
+  barrier" (issued after the first barrier, while warp 0 computes r), "weight after barrier"
+  (the words read into registers there) and, wrong values, "no reduction, no normalisation,
+  prefetch as before (wrong)".
 Timing: the library's RMSNorm without and with the residual against the roof of the same
 traffic, CUDA-graph replays over rotating buffers, without PDL as `bench --fused`, each
 variant's process in turn, two rounds (--rounds=N). Run from the repository root:
@@ -166,12 +172,8 @@ NO_REDUCTION = [
 ]
 
 # and all three: no reduction, no normalisation, no weight prefetch (a quantizer of x's rows
-# in this kernel's grid)
-BARE = [
-    *NO_REDUCTION,
-    *NO_NORMALIZE,
-    ("      prefetch_l1(weight_lane + j * second);\n", ""),
-]
+# in this kernel's grid; since fused step 25 this tree has no prefetch)
+BARE = [*NO_REDUCTION, *NO_NORMALIZE]
 
 # a shorter chain to r (session 16, not yet run): every warp reads the 32 warp slots with eight
 # broadcast 16-byte shared loads, folds them with adds in the defined order (fold_in_half, as
@@ -204,6 +206,41 @@ R_BY_BROADCAST = [
 ]
 
 
+# session 17, where the weight's cost lies (bare above ran 5.03 us against 5.75 with no
+# reduction, run 1): the weight's L1 prefetch a lane as fused steps 21-24 issued it (this tree
+# issues none since step 25), or issued after the first barrier (while warp 0 computes r), or
+# its words read into registers there
+_PREFETCH = 'asm volatile("prefetch.global.L1 [%0];" :: "l"(weight_lane + j * second));'
+_NO_WEIGHT_HERE = "    if constexpr (!kStash && kFloat) continue;\n"
+PREFETCH_AS_BEFORE = [
+    (
+        _NO_WEIGHT_HERE,
+        f"    if constexpr (!kStash && kFloat) {{\n      {_PREFETCH}\n      continue;\n    }}\n",
+    )
+]
+_BARRIER = "    __syncthreads();\n    FGQ_STAMP(1, __float_as_uint(lane_sums[0]))\n"
+PREFETCH_AFTER_BARRIER = [
+    (
+        _BARRIER,
+        _BARRIER + "    if constexpr (!kStash && kFloat) {\n#pragma unroll\n"
+        f"      for (int j = 0; j < kPer; ++j) {_PREFETCH}\n    }}\n",
+    ),
+]
+WEIGHT_AFTER_BARRIER = [
+    (
+        _BARRIER,
+        _BARRIER + "    u32 weights[kPer][kLaneWords];\n"
+        "    if constexpr (!kStash) {\n#pragma unroll\n"
+        "      for (int j = 0; j < kPer; ++j) load_lane<kIn, true>(weight_lane + j * second,"
+        " weights[j]);\n    }\n",
+    ),
+    (
+        "        u32 weight[kLaneWords];\n"
+        "        load_lane<kIn, true>(weight_lane + j * second, weight);\n        normalize(",
+        "        u32 (&weight)[kLaneWords] = weights[j];\n        normalize(",
+    ),
+]
+
 # the kernel before fused step 21: every warp computes r (the edit leaves every thread on the
 # path warp 0 takes, and drops the second barrier)
 R_PER_WARP = [
@@ -226,6 +263,15 @@ def variants(sms: int) -> dict:
         "no reduction (wrong)": (ROOT / "kernels", {}, NO_REDUCTION),
         "bare (wrong)": (ROOT / "kernels", {}, BARE),
         "r by broadcast": (ROOT / "kernels", {}, R_BY_BROADCAST),
+        # session 17
+        "prefetch as before": (ROOT / "kernels", {}, PREFETCH_AS_BEFORE),
+        "prefetch after barrier": (ROOT / "kernels", {}, PREFETCH_AFTER_BARRIER),
+        "weight after barrier": (ROOT / "kernels", {}, WEIGHT_AFTER_BARRIER),
+        "no reduction, no normalisation, prefetch as before (wrong)": (
+            ROOT / "kernels",
+            {},
+            [*NO_REDUCTION, *NO_NORMALIZE, *PREFETCH_AS_BEFORE],
+        ),
         # run 2 (the kernel of commit 3c94dd2 as BASE_KERNELS), chosen with --variant=NAME
         **(
             {
