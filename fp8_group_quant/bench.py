@@ -40,6 +40,8 @@ DEFAULT_M = (1, 4, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 DEFAULT_K = (2048, 7168)
 ROTATE_BYTES = 256 * 2**20  # rotate over at least this much input: several times the 50 MB L2
 ROOFLINE_THREADS = 256
+# the paths ``--fused`` times, in its order (``--paths`` picks some)
+FUSED_PATHS = ("silu_mul", "add_rms_norm", "rms_norm", "masked")
 INPUT_BYTES = {name: t.itemsize for name, t in INPUT_TYPES.items()}
 
 
@@ -398,8 +400,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument(
         "--fused",
         action="store_true",
-        help="the fused SiLU-and-multiply and masked paths against a same-traffic roof and the "
-        "unfused steps (needs torch; --k sets N, --m the tokens)",
+        help="the fused SiLU-and-multiply, (add-)RMSNorm and masked paths against a same-traffic "
+        "roof and the unfused steps (needs torch; --k sets N, --m the tokens)",
+    )
+    parser.add_argument(
+        "--paths",
+        nargs="+",
+        choices=FUSED_PATHS,
+        help="with --fused: time only these paths (default: all, in the order listed)",
     )
     parser.add_argument(
         "--nvfp4",
@@ -448,6 +456,8 @@ def main(argv: list[str]) -> int:
 
 def run_parsed(args, parser: argparse.ArgumentParser) -> int:
     """Run the benchmark for parsed ``args``; usage errors go through ``parser``."""
+    if args.paths and not args.fused:
+        parser.error("--paths: only with --fused")
     group = 16 if args.nvfp4 else args.group_size  # NVFP4's groups are 16 values
     if any(k % group for k in args.k):
         parser.error(f"--k: every K must be a multiple of the group size {group}")

@@ -9,8 +9,9 @@ the same way (roof ``roofline_residual``: x and the residual read, the residual 
 written; unfused: torch's add and ``rms_norm``, then the plain quantizer), and RMSNorm without the
 residual (roof: the plain quantizer's ``roofline_copy``). Then the masked layout (E = 32, T = 1024,
 K = 7168, 5% of the rows real) against the plain quantizer on as many rows, launched without PDL
-and, both being ours, with it. Every fused result is checked against the NumPy backend first. Needs
-torch. The library's launches are prepared without PDL (``bench`` says why) but where stated.
+and, both being ours, with it. ``--paths`` times some of them (``bench.FUSED_PATHS``), in that
+order. Every fused result is checked against the NumPy backend first. Needs torch. The
+library's launches are prepared without PDL (``bench`` says why) but where stated.
 """
 
 from __future__ import annotations
@@ -22,7 +23,14 @@ from typing import Any
 import numpy as np
 
 from . import _jit, api
-from .bench import DEFAULT_K, DEFAULT_M, ROOFLINE_THREADS, copy_bandwidth, pdl_launches
+from .bench import (
+    DEFAULT_K,
+    DEFAULT_M,
+    FUSED_PATHS,
+    ROOFLINE_THREADS,
+    copy_bandwidth,
+    pdl_launches,
+)
 
 FUSED_M = (1, 64, 512, 4096)
 ROTATE_BYTES = 256 << 20
@@ -58,22 +66,29 @@ def run_fused(args) -> list[dict]:
     bandwidth = copy_bandwidth(cupy)
     n = args.k[0] if args.k and list(args.k) != list(DEFAULT_K) else 7168
     m_values = args.m if args.m != list(DEFAULT_M) else list(FUSED_M)
-    roof = _jit.get_function("roofline.cu", "fgq::roofline_gated", cupy.cuda.runtime.getDevice())
-    print(f"# fused SiLU-and-multiply, N = {n}, bf16 -> e4m3, packed scales; copy "
-          f"{bandwidth / 1e12:.2f} TB/s")  # fmt: skip
-    print(f"{'M':>6} {'floor':>7} {'roof':>7} {'fused':>7} {'x roof':>7} {'plain':>7} "
-          f"{'torch act':>9} {'unfused':>8} {'unfused/fused':>13}")  # fmt: skip
-    rows = [_silu_row(torch, roof, bandwidth, m, n) for m in m_values]
+    paths = set(getattr(args, "paths", None) or FUSED_PATHS)
     device = cupy.cuda.runtime.getDevice()
-    roofs = {name: _jit.get_function("roofline.cu", f"fgq::roofline_{name}", device)
-             for name in ("residual", "copy")}  # fmt: skip
-    print(f"# fused RMSNorm, K = {n}, with and without the residual add")
-    print(f"{'M':>6} {'residual':>8} {'floor':>7} {'roof':>7} {'fused':>7} {'x roof':>7} "
-          f"{'plain':>7} {'torch norm':>10} {'unfused':>8} {'unfused/fused':>13}")  # fmt: skip
-    for m in m_values:
-        for residual in (True, False):
-            rows.append(_norm_row(torch, roofs, bandwidth, m, n, residual))
-    rows.append(_masked_row(torch))
+    rows = []
+    if "silu_mul" in paths:
+        roof = _jit.get_function("roofline.cu", "fgq::roofline_gated", device)
+        print(f"# fused SiLU-and-multiply, N = {n}, bf16 -> e4m3, packed scales; copy "
+              f"{bandwidth / 1e12:.2f} TB/s")  # fmt: skip
+        print(f"{'M':>6} {'floor':>7} {'roof':>7} {'fused':>7} {'x roof':>7} {'plain':>7} "
+              f"{'torch act':>9} {'unfused':>8} {'unfused/fused':>13}")  # fmt: skip
+        rows += [_silu_row(torch, roof, bandwidth, m, n) for m in m_values]
+    residuals = [r for r, path in ((True, "add_rms_norm"), (False, "rms_norm")) if path in paths]
+    if residuals:
+        roofs = {name: _jit.get_function("roofline.cu", f"fgq::roofline_{name}", device)
+                 for name in ("residual", "copy")}  # fmt: skip
+        print(f"# fused RMSNorm, K = {n}, with and without the residual add; copy "
+              f"{bandwidth / 1e12:.2f} TB/s")  # fmt: skip
+        print(f"{'M':>6} {'residual':>8} {'floor':>7} {'roof':>7} {'fused':>7} {'x roof':>7} "
+              f"{'plain':>7} {'torch norm':>10} {'unfused':>8} {'unfused/fused':>13}")  # fmt: skip
+        for m in m_values:
+            for residual in residuals:
+                rows.append(_norm_row(torch, roofs, bandwidth, m, n, residual))
+    if "masked" in paths:
+        rows.append(_masked_row(torch))
     return rows
 
 

@@ -46,6 +46,8 @@ def test_the_main_job_fails_on_a_wrong_code(capsys, monkeypatch):
         (["bench", "--layout", "packed", "--scale", "float32"], "needs scale='ue8m0'"),
         (["bench", "--layout", "blocked", "--dtype", "int8"], "Blackwell's MX formats"),
         (["bench", "--scale-rule", "floor", "--dtype", "int8"], "scale_rule='floor'"),
+        (["bench", "--paths", "rms_norm"], "--paths: only with --fused"),
+        (["bench", "--fused", "--paths", "rmsnorm"], "invalid choice: 'rmsnorm'"),
         (["nope"], "invalid choice: 'nope'"),
     ],
 )
@@ -96,3 +98,44 @@ def test_bench_pdl_launches_sets_pdl_with_a_plan_cache_of_its_own_and_restores_b
     with pytest.raises(KeyError), bench.pdl_launches(on):
         raise KeyError("a failing benchmark")
     assert _launch.PDL is before[0] and api._PLANS is before[1]
+
+
+@pytest.mark.parametrize("paths, expected", [
+    (None, [("silu_mul", 1), ("silu_mul", 512), ("add_rms_norm", 1), ("rms_norm", 1),
+            ("add_rms_norm", 512), ("rms_norm", 512), ("masked",)]),
+    (["masked", "rms_norm"], [("rms_norm", 1), ("rms_norm", 512), ("masked",)]),
+    (["add_rms_norm"], [("add_rms_norm", 1), ("add_rms_norm", 512)]),
+])  # fmt: skip
+def test_bench_fused_times_the_paths_asked_in_its_own_order(monkeypatch, capsys, paths, expected):
+    # the row functions replaced by recorders, and the GPU modules by stand-ins: which rows
+    # run_fused asks for, with --paths and without
+    import argparse
+    import sys
+    import types
+
+    from fp8_group_quant import bench, bench_fused
+
+    calls = []
+    runtime = types.SimpleNamespace(getDevice=lambda: 0)
+    monkeypatch.setitem(
+        sys.modules, "cupy", types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=runtime))
+    )
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace())
+    monkeypatch.setattr(bench_fused, "copy_bandwidth", lambda cupy: 4.0e12)
+    monkeypatch.setattr(bench_fused._jit, "get_function", lambda *args: None)
+
+    def record(*key):
+        calls.append(key)
+        return {"path": key[0]}
+
+    monkeypatch.setattr(bench_fused, "_silu_row", lambda t, roof, bw, m, n: record("silu_mul", m))
+    monkeypatch.setattr(bench_fused, "_norm_row", lambda t, roofs, bw, m, n, residual: record(
+        "add_rms_norm" if residual else "rms_norm", m))  # fmt: skip
+    monkeypatch.setattr(bench_fused, "_masked_row", lambda t: record("masked"))
+    argv = ["--fused", "--m", "1", "512"] + (["--paths", *paths] if paths else [])
+    args = bench.add_arguments(argparse.ArgumentParser()).parse_args(argv)
+    rows = bench_fused.run_fused(args)
+    assert calls == expected and [row["path"] for row in rows] == [c[0] for c in expected]
+    out = capsys.readouterr().out
+    assert ("# fused SiLU" in out) == (paths is None)
+    assert ("# fused RMSNorm" in out) == any("norm" in c[0] for c in expected)
