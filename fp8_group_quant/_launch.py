@@ -49,6 +49,9 @@ NORM_WAVES = float(_NORM_WAVES_ENV) if _NORM_WAVES_ENV else None
 # tuning knob, measured in docs/perf.md (fused step 13).
 _NORM_LANES_ENV = os.environ.get("FP8_GROUP_QUANT_NORM_LANES")
 NORM_LANES = int(_NORM_LANES_ENV) if _NORM_LANES_ENV in ("1", "2") else None
+# Whether a walking RMSNorm grid may take the weight-stashing kernel (norm_stashes): "0" never;
+# unset or "1": where norm_stashes() allows it. A tuning knob, measured in docs/perf.md.
+NORM_STASH = os.environ.get("FP8_GROUP_QUANT_NORM_STASH", "1") != "0"
 # Programmatic Dependent Launch on devices that have it (SM90 and newer); FP8_GROUP_QUANT_PDL=0
 # turns it off. Read when a plan is made.
 PDL = os.environ.get("FP8_GROUP_QUANT_PDL", "1") != "0"
@@ -457,7 +460,7 @@ def _prepare_norm(request, key: KernelKey, device: int) -> Launch:
     handle, threads, per_sm, sms = launch if per_thread == 1 else loaded(per_thread)
     blocks = norm_blocks(rows, request.residual, per_sm, sms, per_thread)
     shared = 0
-    if blocks < rows and norm_stashes(key.input_dtype, per_thread, request.residual):
+    if blocks < rows and NORM_STASH and norm_stashes(key.input_dtype, per_thread, request.residual):
         shared = norm_stash_bytes(threads, per_thread)
         handle, threads, per_sm, sms = loaded(per_thread, shared)
         blocks = norm_blocks(rows, request.residual, per_sm, sms, per_thread)

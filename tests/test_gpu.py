@@ -1117,15 +1117,19 @@ def test_norm_residual_sums_at_the_rounding_cases(norm_kernel, input_dtype):
         check_norm(x, weight, 1e-6, residual, "torch", 64, "e5m2", "float32", "row")
 
 
+@pytest.mark.parametrize("stash", [True, False])
 @pytest.mark.parametrize("lanes", [1, 2])
 @pytest.mark.parametrize("waves", [0.0, 0.005, 1.0, 3.0])  # a block a row, a few, the default
-def test_norm_blocks_walk_every_row_of_every_batch(monkeypatch, waves, lanes):
+def test_norm_blocks_walk_every_row_of_every_batch(monkeypatch, waves, lanes, stash):
     # the row loop: a grid of a few blocks walks 150 rows over three batches, alternating warp
-    # slot sets; with the residual written back and padded rows zeroed at each batch's end
+    # slot sets; with the residual written back and padded rows zeroed at each batch's end.
+    # Without the residual, two lanes walking take the weight-stashing kernel, or with
+    # NORM_STASH off the general kernel
     from fp8_group_quant import api
 
     monkeypatch.setattr(_launch, "NORM_WAVES", waves)
     monkeypatch.setattr(_launch, "NORM_LANES", lanes)
+    monkeypatch.setattr(_launch, "NORM_STASH", stash)
     monkeypatch.setattr(api, "_PLANS", api.PlanCache(api.MAX_PLANS))
     rng = np.random.default_rng(13)
     x = activations(rng, (3, 50, 2688), "bfloat16", specials=True)

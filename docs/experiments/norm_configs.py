@@ -14,7 +14,8 @@ tree to compare:
     PYTHONPATH=$PWD python3 docs/experiments/norm_configs.py [M ...] [--config NAME=LANES:WAVES ...]
 
 Each --config replaces the columns after "auto" with a configuration of its own (LANES 1 or 2,
-WAVES the resident waves of walking blocks, 0 a block a row), e.g. session 14's run 7
+WAVES the resident waves of walking blocks, 0 a block a row; LANES:WAVES:0 keeps a walking grid
+from the weight-stashing kernel, NORM_STASH), e.g. session 14's run 7
 (logs/norm-grids-session14-h200.log): --config "1 lane, block a row=1:0"
 --config "2 lanes, a wave walking=2:1" --config "1 lane, a wave walking=1:1" 480 512 576 640
 768 1024. (logs/norm-configs-*-h200.log)
@@ -30,22 +31,24 @@ from fp8_group_quant.bench import ROOFLINE_THREADS, pdl_launches
 from fp8_group_quant.bench_fused import OPTIONS, ROTATE_BYTES, _cupy_stream, torch_graph_time_us
 
 K = 7168
-CONFIGS = {  # name: (NORM_LANES, NORM_WAVES)
-    "auto": (None, None),
-    "1 lane, block a row": (1, 0.0),
-    "2 lanes, block a row": (2, 0.0),
-    "2 lanes, walking": (2, 1.0),
+CONFIGS = {  # name: (NORM_LANES, NORM_WAVES, NORM_STASH)
+    "auto": (None, None, True),
+    "1 lane, block a row": (1, 0.0, True),
+    "2 lanes, block a row": (2, 0.0, True),
+    "2 lanes, walking": (2, 1.0, True),
 }
 
 
-def time_configs(torch, m: int, residual: bool, roofs) -> dict:
-    buffers = max(2, min(32, math.ceil(ROTATE_BYTES / (m * K * 2 * (2 if residual else 1)))))
-    xs = [torch.randn(m, K, device="cuda", dtype=torch.bfloat16) * 3 for _ in range(buffers)]
-    rs = [torch.randn(m, K, device="cuda", dtype=torch.bfloat16) for _ in range(buffers)]
-    weight = torch.rand(K, device="cuda", dtype=torch.bfloat16) + 0.5
+def rows(torch, m: int, k: int, residual: bool, roofs):
+    """Rotating buffers of m x k rows (x, the residual, outputs), a weight, the calls a graph
+    replays, and the roofline kernel's launch on buffer i (its traffic with or without the
+    residual): (xs, rs, weight, outs, calls, roofline). norm_warp.py uses it too."""
+    buffers = max(2, min(32, math.ceil(ROTATE_BYTES / (m * k * 2 * (2 if residual else 1)))))
+    xs = [torch.randn(m, k, device="cuda", dtype=torch.bfloat16) * 3 for _ in range(buffers)]
+    rs = [torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for _ in range(buffers)]
+    weight = torch.rand(k, device="cuda", dtype=torch.bfloat16) + 0.5
     outs = [api.quantize(x, 128, **OPTIONS) for x in xs]
-    calls = max(buffers, 32)
-    chunks = m * K // 16
+    chunks = m * k // 16
     grid = (-(-chunks // ROOFLINE_THREADS), 1, 1)
 
     def roofline(i):
@@ -64,6 +67,13 @@ def time_configs(torch, m: int, residual: bool, roofs) -> dict:
 
         return launch
 
+    return xs, rs, weight, outs, max(buffers, 32), roofline
+
+
+def time_configs(torch, m: int, residual: bool, roofs) -> dict:
+    xs, rs, weight, outs, calls, roofline = rows(torch, m, K, residual, roofs)
+    buffers = len(xs)
+
     def fused(i):
         x, (q, s) = xs[i % buffers], outs[i % buffers]
         r = rs[i % buffers] if residual else None
@@ -71,12 +81,13 @@ def time_configs(torch, m: int, residual: bool, roofs) -> dict:
                                     out=q, scale_out=s)  # fmt: skip
 
     times = {"roof": torch_graph_time_us(torch, [roofline(i) for i in range(calls)])}
-    for name, (lanes, waves) in CONFIGS.items():
+    for name, (lanes, waves, stash) in CONFIGS.items():
         for pdl in (False, True):
-            _launch.NORM_LANES, _launch.NORM_WAVES = lanes, waves
+            _launch.NORM_LANES, _launch.NORM_WAVES, _launch.NORM_STASH = lanes, waves, stash
             with pdl_launches(pdl):  # plans hold the launch: it makes them again
                 times[name, pdl] = torch_graph_time_us(torch, [fused(i) for i in range(calls)])
     _launch.NORM_LANES = _launch.NORM_WAVES = None
+    _launch.NORM_STASH = True
     return times
 
 
@@ -109,13 +120,13 @@ def parse(argv: list[str]) -> list[int]:
     for arg in args:
         if arg == "--config":
             name, _, setting = next(args).rpartition("=")
-            lanes, _, waves = setting.partition(":")
-            configs[name] = (int(lanes), float(waves))
+            lanes, waves, *stash = setting.split(":")
+            configs[name] = (int(lanes), float(waves), stash != ["0"])
         else:
             m_values.append(int(arg))
     if configs:
         CONFIGS.clear()
-        CONFIGS.update({"auto": (None, None), **configs})
+        CONFIGS.update({"auto": (None, None, True), **configs})
     return m_values or [512, 1024, 2048, 4096]
 
 
