@@ -25,7 +25,11 @@ from fp8_group_quant.bench import pdl_launches
 from fp8_group_quant.bench_fused import OPTIONS, torch_graph_time_us
 
 
-def time_row(torch, roofs, m: int, k: int, fills) -> dict:
+def time_configs(torch, roofs, m: int, k: int, configs, force) -> dict:
+    """The roof and each (name, on, fill) of ``configs`` at m x k, without and with PDL;
+    force(on, fill) makes the next plans take that kernel (on False: the register kernels).
+    Each configuration's outputs are first compared with the first one's, bit for bit.
+    norm_rowwarp.py uses it too."""
     xs, _, weight, outs, calls, roofline = rows(torch, m, k, False, roofs)
     buffers = len(xs)
     for x in xs:  # outlier channels
@@ -36,31 +40,48 @@ def time_row(torch, roofs, m: int, k: int, fills) -> dict:
         return lambda: api.quantize(x, 128, **OPTIONS, norm=(weight, 1e-6), out=q, scale_out=s)
 
     times = {"roof": torch_graph_time_us(torch, [roofline(i) for i in range(calls)])}
-    configs = [("auto", None, 1.0)] + [(f"warp {f:g}", True, f) for f in fills]
     expected = None
-    for name, forced, fill in configs:
-        _launch.NORM_WARP, _launch.NORM_WARP_FILL = forced, fill
+    for name, on, fill in configs:
+        force(on, fill)
         for pdl in (False, True):
             with pdl_launches(pdl):  # plans hold the launch: it makes them again
                 q, s = api.quantize(xs[0], 128, **OPTIONS, norm=(weight, 1e-6))
                 got = (q.cpu().view(torch.uint8).numpy().copy(), s.cpu().numpy().copy())
                 if expected is None:
                     expected = got
-                elif not (
-                    np.array_equal(got[0], expected[0]) and np.array_equal(got[1], expected[1])
-                ):
-                    raise AssertionError(f"{name}: outputs differ from the register kernel's")
+                elif not all(np.array_equal(a, b) for a, b in zip(got, expected)):
+                    raise AssertionError(f"{name}: outputs differ from the register kernels'")
                 times[name, pdl] = torch_graph_time_us(torch, [fused(i) for i in range(calls)])
-    _launch.NORM_WARP, _launch.NORM_WARP_FILL = None, 1.0
-    return times, [c[0] for c in configs]
+    force(False, 1.0)
+    return times
 
 
-def main(argv) -> None:
+def print_rows(m_values, k: int, configs, force) -> None:
+    """time_configs at each M, one line each."""
     import cupy
     import torch
 
     from fp8_group_quant import _jit
 
+    device = cupy.cuda.runtime.getDevice()
+    roofs = {"copy": _jit.get_function("roofline.cu", "fgq::roofline_copy", device)}
+    print(f"# RMSNorm, K = {k}, bf16 -> e4m3, packed UE8M0; us per call (x roof), no PDL / PDL")
+    for m in m_values:
+        t = time_configs(torch, roofs, m, k, configs, force)
+        roof_us = t["roof"]
+        cells = "  ".join(
+            f"{n}: {t[n, False]:.2f} ({t[n, False] / roof_us:.3f}) / {t[n, True]:.2f}"
+            for n, _, _ in configs
+        )
+        print(f"M {m:>6} roof {roof_us:.2f}  {cells}", flush=True)
+
+
+def force_warp(on: bool, fill: float) -> None:
+    """The warp-a-row kernel of norm_warp.patch (its knobs), or the library's choice."""
+    _launch.NORM_WARP, _launch.NORM_WARP_FILL = (True if on else None), fill
+
+
+def main(argv) -> None:
     m_values, fills, k = [], [], 7168
     args = iter(argv)
     for arg in args:
@@ -70,19 +91,8 @@ def main(argv) -> None:
             k = int(next(args))
         else:
             m_values.append(int(arg))
-    m_values = m_values or [512, 1024, 2048, 4096, 8192]
-    fills = fills or [1.0, 0.5]
-    device = cupy.cuda.runtime.getDevice()
-    roofs = {"copy": _jit.get_function("roofline.cu", "fgq::roofline_copy", device)}
-    print(f"# RMSNorm, K = {k}, bf16 -> e4m3, packed UE8M0; us per call (x roof), no PDL / PDL")
-    for m in m_values:
-        t, names = time_row(torch, roofs, m, k, fills)
-        roof_us = t["roof"]
-        cells = "  ".join(
-            f"{n}: {t[n, False]:.2f} ({t[n, False] / roof_us:.3f}) / {t[n, True]:.2f}"
-            for n in names
-        )
-        print(f"M {m:>6} roof {roof_us:.2f}  {cells}", flush=True)
+    configs = [("auto", False, 1.0)] + [(f"warp {f:g}", True, f) for f in fills or [1.0, 0.5]]
+    print_rows(m_values or [512, 1024, 2048, 4096, 8192], k, configs, force_warp)
 
 
 if __name__ == "__main__":
