@@ -722,23 +722,6 @@ __device__ __forceinline__ void norm_rows(const Params& p, float (&warp_sums)[2]
   }
   for (int set = 0;; set ^= 1) {
     const bool more = flat + gridDim.x < total_rows;
-    if constexpr (kStash) {
-      // NOTES: the next row's x is loaded after this row's stores (below), and the compiler
-      // leaves those loads there (in the general kernel it issues them here, into registers of
-      // their own: the stash kernel's instantiations spilled with such registers at 72 and 80,
-      // NVRTC 12). So one thread asks for the whole row into L2 here instead, one bulk
-      // prefetch, while the block works on this one; only while the block has a row after
-      // that one (fused step 19: with two rows a block, M = 1024, every row's prefetch ran
-      // 10.67-10.73 us against 10.13-10.15 without; skipping a block's first row instead of
-      // its last but one was 2-3% slower at M = 2048-8192)
-      if (t == 0 && total_rows - flat > 2u * gridDim.x) {
-        const u32 next = flat + gridDim.x;
-        const u32 next_batch = p.batches == 1u ? 0u : next / p.rows;
-        prefetch_l2(static_cast<const Storage*>(p.x) + next_batch * p.x_batch_stride +
-                        (next - next_batch * p.rows) * p.x_row_stride,
-                    static_cast<u32>(k) * In::kBytes);
-      }
-    }
     if (!more) signal_dependents();  // this block's last loads are issued
 
     if constexpr (kAdd) {
@@ -770,6 +753,26 @@ __device__ __forceinline__ void norm_rows(const Params& p, float (&warp_sums)[2]
       if ((t & 31) == 0) warp_sums[set][(t >> 5) + j * static_cast<int>(blockDim.x >> 5)] = warp_total;
     }
     __syncthreads();
+    if constexpr (kStash) {
+      // NOTES: the next row's x is loaded after this row's stores (below), and the compiler
+      // leaves those loads there (in the general kernel it issues them at the top of the
+      // iteration, into registers of their own: the stash kernel's instantiations spilled with
+      // such registers at 72 and 80, NVRTC 12). So one thread asks for the block's next row
+      // into L2 here, one bulk prefetch, once this row has arrived (every lane sum is in its
+      // warp's slot), so that it streams from DRAM while this row is worked on and does not
+      // share the bandwidth with this row's own loads. Issued at the top of the iteration
+      // instead (fused step 19), where it slowed the row it overlapped, it was skipped for a
+      // block's last-but-one row; here every row with a next one prefetches it: RMSNorm at
+      // M = 1024 / 2048 / 4096 (K = 7168, without PDL) 9.51-9.63 / 16.49-16.74 / 28.20-28.30
+      // -> 9.38-9.45 / 15.59-15.61 / 27.24-27.52 us (docs/perf.md, fused step 26)
+      if (t == 0 && more) {
+        const u32 next = flat + gridDim.x;
+        const u32 next_batch = p.batches == 1u ? 0u : next / p.rows;
+        prefetch_l2(static_cast<const Storage*>(p.x) + next_batch * p.x_batch_stride +
+                        (next - next_batch * p.rows) * p.x_row_stride,
+                    static_cast<u32>(k) * In::kBytes);
+      }
+    }
     // r = 1 / sqrt(mean + eps): one warp computes it and passes it on through shared memory
     // behind a second barrier, about 80 instructions a row fewer in each other warp (fused step
     // 19 for walking blocks; step 21 for a block a row, whose SMs are as busy issuing once the
