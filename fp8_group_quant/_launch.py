@@ -8,7 +8,6 @@ import math
 import os
 import re
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 
@@ -481,50 +480,44 @@ def allow_shared(handle: int, shared: int) -> None:
 
 
 # The plain fused SiLU-and-multiply path takes the masked layout's persistent kernel (every
-# row real) for one-pass grids of more than PERSISTENT_FUSED_WAVES resident waves, or of more
-# than PERSISTENT_ONE_WALK_WAVES where one walk of the persistent grid takes nearly every slot
-# (at most PERSISTENT_WALKS walks' worth; fused_takes_persistent)
+# row real) for one-pass grids of more than PERSISTENT_FUSED_WAVES resident waves
+# (fused_takes_persistent)
 PERSISTENT_FUSED_WAVES = 8.0
-PERSISTENT_ONE_WALK_WAVES = 1.25
-PERSISTENT_WALKS = 1.1
 
 
-def fused_takes_persistent(
-    geometry: Geometry,
-    one_pass_blocks: int,
-    per_sm: int,
-    sms: int,
-    slots: int,
-    walk_slots: Callable[[], int],
-) -> bool:
-    """Whether a plain SiLU-and-multiply launch of ``slots`` group slots takes the masked
-    layout's persistent kernel with every row real instead of its one-pass grid of
-    ``one_pass_blocks`` blocks (``per_sm`` of them resident on each of ``sms`` SMs);
-    ``walk_slots()`` is how many slots the persistent grid's blocks take in one iteration
-    (asked only past a wave: it loads that kernel).
+def fused_takes_persistent(geometry: Geometry, one_pass_blocks: int, per_sm: int, sms: int) -> bool:
+    """Whether a plain SiLU-and-multiply launch takes the masked layout's persistent kernel
+    with every row real instead of its one-pass grid of ``one_pass_blocks`` blocks (``per_sm``
+    of them resident on each of ``sms`` SMs).
 
     NOTES: each one-pass block copies the 8 KB SiLU table into shared memory and waits for it
     before its first value, for 16 groups; a persistent block copies it once and keeps two
-    slots' loads in flight. Measured on the H200 (docs/perf.md, fused steps 12 and 13,
-    N = 7168; the one-pass grid holds ten 128-thread blocks an SM, 1320 a wave, and one walk
-    of the persistent grid takes 33792 slots, 603 rows): the persistent grid 3.7% faster at
-    M = 4096 (11 waves of the one-pass grid) and 8.5% at 16384 (43), 2% slower at 2048
-    (5.4 waves: its blocks walk their slots 3.4 times, the last time a partial one), about
-    equal at 1024. Between one and two waves (session 11, us, one-pass against persistent):
-    M = 384 (1.02 waves) 7.62 against 8.45, 448 (1.19) 8.35 / 8.50, 480 (1.27) 8.69 / 8.59,
-    512 9.03 / 8.62, 576 9.68 / 8.76, 640 (1.06 walks) 10.30 / 9.79, 704 (1.17 walks) 11.21 /
-    11.13, 768 (1.27 walks) 11.98 / 12.30; far slower at M <= 64 (1.80 against 1.22x the
-    roof). So past 8 waves, or past 1.25 where the slots fill at most 1.1 walks; only where the
-    input has no padding rows (that kernel writes none) and at most kMaxExperts batches (its
-    scan's limit).
+    slots' loads in flight. Measured on the H200 (docs/perf.md, fused steps 12, 13 and 27,
+    N = 7168; the one-pass grid holds ten 128-thread blocks an SM, 1320 a wave): the
+    persistent grid 3.7% faster at M = 4096 (11 waves of the one-pass grid) and 8.5% at 16384
+    (43). Since the one-pass blocks copy their table before their loads, with every thread in
+    grids past half a wave (table_by_threads, fused step 27), the one-pass grid is as fast or
+    faster below: M = 2048 (5.4 waves) 22.59 against 22.95 us, 1024 13.13 / 13.09, 512
+    7.76 / 7.89 (before, the persistent grid also took grids of 1.25 waves or more whose slots
+    filled at most 1.1 of its walks, then 4-10% faster there). Far slower at M <= 64 (1.80
+    against 1.22x the roof).
+    Only where the input has no padding rows (that kernel writes none) and at most
+    kMaxExperts batches (its scan's limit).
     """
     if geometry.grid_rows != geometry.rows or geometry.batches > max_experts():
         return False
-    wave = per_sm * sms
-    return one_pass_blocks > PERSISTENT_FUSED_WAVES * wave or (
-        one_pass_blocks > PERSISTENT_ONE_WALK_WAVES * wave
-        and slots <= PERSISTENT_WALKS * walk_slots()
-    )
+    return one_pass_blocks > PERSISTENT_FUSED_WAVES * per_sm * sms
+
+
+# One-pass SiLU-and-multiply grids of more than TABLE_BY_THREADS_WAVES resident waves copy
+# their blocks' tables with every thread (Params.table_by_threads; kernels/activation.cuh):
+# with bulk copies, one-pass SiLU at N = 7168 took 5.55 us at M = 256 (0.68 waves) against
+# 5.36 with cp.async and 13.82 at 1024 against 12.69, but 4.01 at 128 (0.34 waves) against
+# 4.20 and 3.15 at 64 against 3.39 (docs/perf.md, fused step 27, run 14, the bulk copy then
+# issued after the loads). FP8_GROUP_QUANT_SILU_TABLE_WAVES overrides: a tuning knob (0:
+# every thread copies in every grid).
+_TABLE_WAVES_ENV = os.environ.get("FP8_GROUP_QUANT_SILU_TABLE_WAVES")
+TABLE_BY_THREADS_WAVES = float(_TABLE_WAVES_ENV) if _TABLE_WAVES_ENV else 0.5
 
 
 def _masked_grid(key: KernelKey, device: int) -> tuple[int, int, int]:
@@ -536,13 +529,6 @@ def _masked_grid(key: KernelKey, device: int) -> tuple[int, int, int]:
             handle, key.name_expression, cpp_constant("kMaskedThreads"), device
         )
     return handle, per_sm, sms
-
-
-def persistent_walk_slots(key: KernelKey, device: int) -> int:
-    """Group slots the persistent kernel ``key``'s full grid takes in one iteration of its walk."""
-    _, per_sm, sms = _masked_grid(key, device)
-    unroll = cpp_constant("kMaskedUnrollSilu" if key.activation else "kMaskedUnroll")
-    return per_sm * sms * cpp_constant("kMaskedThreads") // key.lanes_per_group * unroll
 
 
 def _prepare_masked(request, key: KernelKey, device: int) -> Launch:
@@ -773,14 +759,15 @@ def prepare(request, device: int) -> Launch:
         handle, per_sm, sms = loaded(one_pass=True, threads=flat_threads)
         flat_blocks = -(-slots * lanes // flat_threads)
         fused = key.activation is not None
-        persistent = dataclasses.replace(key, masked=True, one_pass=True)
-        walk = lambda: persistent_walk_slots(persistent, device)  # noqa: E731
-        if fused and fused_takes_persistent(geometry, flat_blocks, per_sm, sms, slots, walk):
+        if fused and fused_takes_persistent(geometry, flat_blocks, per_sm, sms):
+            persistent = dataclasses.replace(key, masked=True, one_pass=True)
             return _prepare_masked(request, persistent, device)
         limit = math.inf if fused else one_pass_wave_limit(per_sm, flat_threads)
         if flat_blocks <= limit * per_sm * sms:
             grid, block = (flat_blocks, 1, 1), (flat_threads, 1, 1)
-            return Launch(handle, grid, block, make_params(request), pdl_supported(device))
+            params = make_params(request)
+            params.table_by_threads = flat_blocks > TABLE_BY_THREADS_WAVES * per_sm * sms
+            return Launch(handle, grid, block, params, pdl_supported(device))
     assert key.activation is None, "make_request refuses fused grids past 31 bits"
     handle, per_sm, sms = loaded(one_pass=False, threads=threads)
     row_blocks = min(tiles, MAX_GRID_X)

@@ -64,8 +64,10 @@ struct ExpTable {
     }
     __syncthreads();
   }
-  __device__ __forceinline__ void start() { fill(); }  // as SiluBandTable's
-  __device__ __forceinline__ void wait() const {}
+  // as SiluBandTable's; the one-pass kernel starts before its loads and waits after them, so
+  // the fill and its barrier go in wait()
+  __device__ __forceinline__ void start(bool) {}
+  __device__ __forceinline__ void wait(bool) { fill(); }
 };
 
 // v * 2^n for n in [-190, 127], rounded once: one multiply, or for n < -126 an exact scaling
@@ -155,16 +157,25 @@ struct SiluByArithmetic : ExpTable {
 struct SiluBandTable {
   static_assert(kSiluBandWords == 2048, "the band table: 4,096 entries, any 12-bit index");
   uint4 vectors[kSiluBandWords / 4];
-  unsigned long long barrier;  // the copy's mbarrier (sm_90 and newer)
-  // NOTES: on sm_90 and newer one thread copies the table with a bulk copy (the TMA engine)
-  // that completes on an mbarrier, and each thread waits on that before its first read; a
-  // copy by every thread, four 16-byte reads and writes each, took about 90 instructions a
-  // thread (docs/perf.md, fused step 5). start() is called by every thread, after the block's
-  // own loads are issued (its barrier would otherwise hold them back).
-  __device__ __forceinline__ void start() {
+  unsigned long long barrier;  // the bulk copy's mbarrier (sm_90 and newer)
+  // NOTES: two ways to copy the table, both without registers and without a barrier before
+  // wait(), so start() goes before the block's own loads: its requests (the table is read
+  // from L2) then do not queue behind theirs (from DRAM). With `by_threads` false (and on
+  // sm_90 and newer) one thread copies it with one bulk copy (the TMA engine) that completes
+  // on an mbarrier; a copy by every thread through registers took about 90 instructions a
+  // thread (docs/perf.md, fused step 5). With `by_threads` every thread issues cp.async for
+  // its 16-byte pieces, which measured faster in grids of many blocks an SM and slower in
+  // grids of a few; the launch layer chooses (_launch.TABLE_BY_THREADS_WAVES; docs/perf.md,
+  // fused step 27). The table is constant data: no producer writes it, so start() may come
+  // before wait_for_producer().
+  __device__ __forceinline__ void start(bool by_threads) {
 #if __CUDA_ARCH__ >= 900
-    const u32 bar = static_cast<u32>(__cvta_generic_to_shared(&barrier));
+    if (by_threads) {
+      copy_by_threads();
+      return;
+    }
     if (threadIdx.x == 0) {
+      const u32 bar = static_cast<u32>(__cvta_generic_to_shared(&barrier));
       constexpr u32 kBytes = sizeof(vectors);
       asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar));
       asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -176,27 +187,40 @@ struct SiluBandTable {
           "r"(kBytes), "r"(bar)
           : "memory");
     }
-    __syncthreads();  // the mbarrier is initialised before anyone waits on it
 #else
-    const uint4* source = reinterpret_cast<const uint4*>(kSiluBandBF16);
-    for (int i = threadIdx.x; i < kSiluBandWords / 4; i += blockDim.x) vectors[i] = source[i];
-    __syncthreads();
+    copy_by_threads();
 #endif
   }
-  __device__ __forceinline__ void wait() const {
+  __device__ __forceinline__ void wait(bool by_threads) const {
 #if __CUDA_ARCH__ >= 900
-    const u32 bar = static_cast<u32>(__cvta_generic_to_shared(&barrier));
-    u32 done = 0u;
-    while (!done) {
-      asm volatile(
-          "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0; selp.u32 %0, 1, 0, p; }"
-          : "=r"(done) : "r"(bar) : "memory");
+    if (!by_threads) {
+      __syncthreads();  // the mbarrier is initialised before anyone waits on it
+      const u32 bar = static_cast<u32>(__cvta_generic_to_shared(&barrier));
+      u32 done = 0u;
+      while (!done) {
+        asm volatile(
+            "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0; selp.u32 %0, 1, 0, p; }"
+            : "=r"(done) : "r"(bar) : "memory");
+      }
+      return;
     }
 #endif
+    asm volatile("cp.async.wait_all;" ::: "memory");
+    __syncthreads();
+  }
+  // the block's threads copy the table 16 bytes at a time with cp.async (sm_80 and newer)
+  __device__ __forceinline__ void copy_by_threads() {
+    const uint4* source = reinterpret_cast<const uint4*>(kSiluBandBF16);
+    for (int i = threadIdx.x; i < kSiluBandWords / 4; i += blockDim.x) {
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;"
+                   ::"r"(static_cast<u32>(__cvta_generic_to_shared(vectors + i))), "l"(source + i)
+                   : "memory");
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
   }
   __device__ __forceinline__ void fill() {
-    start();
-    wait();
+    start(false);
+    wait(false);
   }
   __device__ __forceinline__ u32 shared_base() const {
     return static_cast<u32>(__cvta_generic_to_shared(vectors));
@@ -249,8 +273,8 @@ struct SiluBandTable {
 // what a block of each input type and activation holds; kIdentity needs nothing
 struct NoTable {
   __device__ __forceinline__ void fill() {}
-  __device__ __forceinline__ void start() {}
-  __device__ __forceinline__ void wait() const {}
+  __device__ __forceinline__ void start(bool) {}
+  __device__ __forceinline__ void wait(bool) const {}
 };
 template <int kIn, int kAct>
 struct ActivationTable {

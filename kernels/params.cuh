@@ -50,6 +50,8 @@ struct Params {
   u32 floor_emax;       // scale_rule="floor": the format's emax_elem; 0 for "rceil"
   u32 masked_i64;       // masked layout: 1 when masked_m holds int64 counts
   i64 x_up_offset;      // fused SiLU-and-multiply: elements from a gate value to its up value
+  u32 table_by_threads; // fused SiLU-and-multiply, one pass: every thread copies a piece of the
+                        //   block's table (1) rather than one bulk copy (0); kernels/activation.cuh
   const void* masked_m; // masked layout: rows of each batch to quantize (int32 or int64), or 0
   const void* weight;   // fused RMSNorm: the weight [K], x's type
   u8* residual;         // fused add-RMSNorm: x + residual is written back here; 0 without

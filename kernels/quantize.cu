@@ -290,9 +290,9 @@ __global__ void __launch_bounds__(kMaxThreads,
   const int lane = threadIdx.x % kLanes;
   const int tile_rows_log2 = p.tile_rows_log2;
   __shared__ typename ActivationTable<kIn, kAct>::Type table;
-  // NOTES: the one-pass path fills the table after its loads are issued (the barrier would hold
-  // them back otherwise: docs/perf.md, fused step 5); the row loop fills it here, before any
-  // thread returns
+  // NOTES: the one-pass path starts the table's copy before its loads and waits for it (a
+  // barrier) after them (a barrier before them would hold them back: docs/perf.md, fused steps
+  // 5 and 27); the row loop fills it here, before any thread returns
   if constexpr (kAct == kSiluMul && !kOnePass) table.fill();
 
   if constexpr (kOnePass) {
@@ -318,17 +318,18 @@ __global__ void __launch_bounds__(kMaxThreads,
     const i64 k = static_cast<i64>(p.groups_per_row) * kGroup;
     u32 words[kLaneWords];
     // NOTES: PDL: nothing global is read or written before the producer of x is done (the
-    // previous kernel may also still read q and the scales); once our loads are issued the
-    // next kernel may start its prologue
+    // previous kernel may also still read q and the scales), but kSiluMul's table, constant
+    // data copied before the loads (SiluBandTable); once our loads are issued the next kernel
+    // may start its prologue
+    table.start(p.table_by_threads != 0u);
     wait_for_producer();
     u32 up[kLaneWords];
     load_inputs<kIn, kVec16, kAct>(
         p, static_cast<const Storage*>(p.x) + static_cast<i64>(batch) * p.x_batch_stride32 +
                static_cast<i64>(static_cast<int>(read_row)) * p.x_row_stride32 + value0, words,
         up);
-    table.start();  // kSiluMul's table copy, after the loads are issued
     signal_dependents();
-    table.wait();
+    table.wait(p.table_by_threads != 0u);
     apply_activation<kIn, kAct>(words, up, table);
     u8* q_batch = p.q + batch * p.q_batch_stride + value0;
     // NOTES: the stores' addresses are computed here, while the load is in flight, and pinned

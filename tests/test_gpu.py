@@ -1,6 +1,7 @@
 """CUDA kernels against the NumPy backend, bit for bit, with poisoned outputs (cupy and torch)."""
 
 import itertools
+import math
 import os
 
 import numpy as np
@@ -865,15 +866,50 @@ def test_silu_mul_persistent_grid_walks_several_steps(monkeypatch, rows):
     assert walked and all(walked)
 
 
+@pytest.mark.parametrize("table_copy", ["bulk", "threads"])
 @pytest.mark.parametrize("input_dtype", ["bfloat16", "float16"])
-def test_silu_mul_every_16_bit_gate(input_dtype):
-    # every 16-bit pattern as a gate (both signs of NaN, Inf, subnormals), against random ups
+def test_silu_mul_every_16_bit_gate(monkeypatch, input_dtype, table_copy):
+    # every 16-bit pattern as a gate (both signs of NaN, Inf, subnormals), against random ups;
+    # the bfloat16 one-pass blocks' band table copied both ways (Params.table_by_threads)
+    from fp8_group_quant import api
+
+    waves = 0.0 if table_copy == "threads" else math.inf
+    monkeypatch.setattr(_launch, "TABLE_BY_THREADS_WAVES", waves)
+    monkeypatch.setattr(api, "_PLANS", api.PlanCache(api.MAX_PLANS))
     rng = np.random.default_rng(5)
     gate = np.arange(65536, dtype=np.uint16).view(NP_INPUT[input_dtype]).reshape(256, 256)
     up = activations(rng, (256, 256), input_dtype)
     x = np.concatenate([gate, up], axis=-1)
     for scale, layout in (("float32", "row"), ("ue8m0", "packed")):
         check_silu_mul(x, to_device(x, "cupy"), "cupy", 128, "e4m3", scale, layout)
+    launch = silu_mul_launch(to_device(x, "cupy"))
+    assert launch.params.table_by_threads == (table_copy == "threads")
+
+
+def silu_mul_launch(x):
+    """The launch layer's plan for a plain SiLU-and-multiply call on ``x`` (packed scales)."""
+    from fp8_group_quant._arrays import describe
+    from fp8_group_quant._request import make_request
+
+    request = make_request(describe(x, "x"), 128, "e4m3", "ue8m0", "packed", 1e-10, False,
+                           activation="silu_mul")  # fmt: skip
+    return _launch.prepare(request, x.device.id)
+
+
+@pytest.mark.parametrize("rows", [1, 64, 256, 1024, 2048])
+def test_silu_mul_table_copy_follows_the_grid(rows):
+    # the launch layer's choice: one bulk copy a block in one-pass grids of at most half a
+    # resident wave, every thread's cp.async past it (_launch.TABLE_BY_THREADS_WAVES)
+    import cupy
+
+    launch = silu_mul_launch(cupy.zeros((rows, 2 * 7168), cupy.dtype("bfloat16")))
+    device = cupy.cuda.Device().id
+    per_sm, sms = _launch.resident_blocks(launch.handle, "silu", launch.block[0], device)
+    wave, blocks = per_sm * sms, launch.grid[0]
+    assert blocks == -(-rows * 7168 // 128 // 16)  # the one-pass grid: 16 groups a block
+    assert launch.params.table_by_threads == (blocks > _launch.TABLE_BY_THREADS_WAVES * wave)
+    if rows in (1, 2048):  # a block or two an SM; several waves
+        assert launch.params.table_by_threads == (rows == 2048)
 
 
 def test_silu_mul_float32_bit_patterns():

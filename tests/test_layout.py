@@ -276,13 +276,14 @@ def test_the_launch_picks_its_path_and_grid(
     "shape, layout, persistent",
     [
         ((4096, 7168), "packed", True),  # 14336 one-pass blocks, past 8 waves of 1320
-        ((2048, 7168), "packed", False),  # 7168: one pass (the walk takes 42240 of 114688 slots)
-        ((512, 7168), "packed", True),  # 1792 blocks, one walk takes all 28672 slots
-        ((829, 7168), "row", True),  # 46424 slots: within 1.1 walks of 42240
-        ((830, 7168), "row", False),  # 46480: past them
+        ((2048, 7168), "packed", False),  # 7168: one pass
+        ((3017, 7168), "row", False),  # 10560 blocks: 8 waves exactly
+        ((3018, 7168), "row", True),  # 10563: past them
+        ((3020, 7168), "packed", True),  # 10570, no padded scale rows
+        ((512, 7168), "packed", False),  # 1792 blocks (before fused step 27: persistent)
         ((368, 7168), "packed", False),  # 1288 blocks: one wave
-        ((384, 7168), "packed", False),  # 1344 blocks: a small second wave
-        ((472, 7168), "packed", True),  # 1652 blocks: past 1.25 waves
+        ((128, 7168), "packed", False),  # 448 blocks: a third of one
+        ((472, 7168), "packed", False),  # 1652 blocks: past 1.25 waves
         ((510, 7168), "packed", False),  # padded scale rows
         ((4097, 7168), "packed", False),  # padded scale rows, which that kernel does not write
         ((4097, 7168), "row", True),  # no padding rows in this layout
@@ -320,8 +321,10 @@ def test_large_fused_silu_inputs_take_the_persistent_grid(monkeypatch, shape, la
     assert launched.endswith("fgq::kSiluMul>") and not params.masked_m  # every row real
     if persistent:  # one resident wave of 128-thread blocks walking every slot
         assert grid == (10 * 132, 1, 1) and block == (128, 1, 1)
-    else:
+    else:  # the one-pass blocks copy the SiLU table with every thread past half a wave
         assert grid[0] * block[0] >= params.slots * 8
+        assert params.table_by_threads == (grid[0] > _launch.TABLE_BY_THREADS_WAVES * 10 * 132)
+        assert params.table_by_threads == (grid[0] > 660)  # the default, half a wave
 
 
 def test_the_one_pass_prologue_reads_one_constant_line():

@@ -9,11 +9,11 @@ launch layer sends large plain SiLU inputs to it (_launch.fused_takes_persistent
 us per call, CUDA-graph replay over rotating buffers, graphs replayed in turn, PDL off as
 `bench` launches (N = 7168 unless given, bf16 -> e4m3, packed UE8M0 scales): roof
 (`roofline_gated`, the same traffic); one-pass and persistent, each path forced by prepared
-calls made with _launch.PERSISTENT_FUSED_WAVES and PERSISTENT_ONE_WALK_WAVES at infinity or
-0 (persistent only where the rows need no padding); library, the launch layer's choice. The
-two paths' outputs are compared byte for byte first. (Run 3 of session 10 had, instead of the
-persistent column, the masked API with E = 1 and masked_m = [M], before the plain path could
-take that kernel.) Run from the repository root:
+calls made with _launch.PERSISTENT_FUSED_WAVES (and, before fused step 27,
+PERSISTENT_ONE_WALK_WAVES) at infinity or 0 (persistent only where the rows need no
+padding); library, the launch layer's choice. The two paths' outputs are compared byte for
+byte first. (Run 3 of session 10 had, instead of the persistent column, the masked API with
+E = 1 and masked_m = [M], before the plain path could take that kernel.) From the repository root:
 PYTHONPATH=$PWD python3 docs/experiments/silu_persistent.py [N [M...]]
 """
 
@@ -32,13 +32,13 @@ OPTIONS = dict(scale="ue8m0", layout="packed", activation="silu_mul")
 def prepared(x, out, waves: float):
     """A prepared call of the plain SiLU path whose plan was made with the persistent grid's
     threshold at ``waves`` (bound to its plan: later calls do not look the threshold up)."""
-    saved = _launch.PERSISTENT_FUSED_WAVES, _launch.PERSISTENT_ONE_WALK_WAVES
-    _launch.PERSISTENT_FUSED_WAVES = _launch.PERSISTENT_ONE_WALK_WAVES = waves
+    saved = _launch.PERSISTENT_FUSED_WAVES
+    _launch.PERSISTENT_FUSED_WAVES = waves
     try:
         with bench.pdl_launches(False):
             return api.prepare(x, 128, **OPTIONS, out=out[0], scale_out=out[1])
     finally:
-        _launch.PERSISTENT_FUSED_WAVES, _launch.PERSISTENT_ONE_WALK_WAVES = saved
+        _launch.PERSISTENT_FUSED_WAVES = saved
 
 
 def measure(m: int, n: int, roof) -> dict:
