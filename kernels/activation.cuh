@@ -167,11 +167,20 @@ struct SiluBandTable {
   // its 16-byte pieces, which measured faster in grids of many blocks an SM and slower in
   // grids of a few; the launch layer chooses (_launch.TABLE_BY_THREADS_WAVES; docs/perf.md,
   // fused step 27). The table is constant data: no producer writes it, so start() may come
-  // before wait_for_producer().
+  // before wait_for_producer(). Blocks of the one-pass grid take the module's
+  // kSiluBandReplicas copies of the table in turn (start); the walking grids' blocks, which
+  // copy once each, the first (fill).
+  // NOTES: with one copy, read by every block of a one-pass grid from the same L2 lines, the
+  // grid took 0.1-0.4 us longer at M = 1024-2048, N = 7168, and in one harness 1.1 us at 2048;
+  // the persistent grid's blocks, all copying as it starts, took 0.2 us longer at M = 4096
+  // spread over the copies (docs/perf.md, fused step 28)
   __device__ __forceinline__ void start(bool by_threads) {
+    copy(by_threads, reinterpret_cast<const uint4*>(kSiluBandBF16[blockIdx.x % kSiluBandReplicas]));
+  }
+  __device__ __forceinline__ void copy(bool by_threads, const uint4* source) {
 #if __CUDA_ARCH__ >= 900
     if (by_threads) {
-      copy_by_threads();
+      copy_by_threads(source);
       return;
     }
     if (threadIdx.x == 0) {
@@ -183,12 +192,12 @@ struct SiluBandTable {
                    : "memory");
       asm volatile(
           "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-          ::"r"(static_cast<u32>(__cvta_generic_to_shared(vectors))), "l"(kSiluBandBF16),
+          ::"r"(static_cast<u32>(__cvta_generic_to_shared(vectors))), "l"(source),
           "r"(kBytes), "r"(bar)
           : "memory");
     }
 #else
-    copy_by_threads();
+    copy_by_threads(source);
 #endif
   }
   __device__ __forceinline__ void wait(bool by_threads) const {
@@ -209,8 +218,7 @@ struct SiluBandTable {
     __syncthreads();
   }
   // the block's threads copy the table 16 bytes at a time with cp.async (sm_80 and newer)
-  __device__ __forceinline__ void copy_by_threads() {
-    const uint4* source = reinterpret_cast<const uint4*>(kSiluBandBF16);
+  __device__ __forceinline__ void copy_by_threads(const uint4* source) {
     for (int i = threadIdx.x; i < kSiluBandWords / 4; i += blockDim.x) {
       asm volatile("cp.async.cg.shared.global [%0], [%1], 16;"
                    ::"r"(static_cast<u32>(__cvta_generic_to_shared(vectors + i))), "l"(source + i)
@@ -219,7 +227,7 @@ struct SiluBandTable {
     asm volatile("cp.async.commit_group;" ::: "memory");
   }
   __device__ __forceinline__ void fill() {
-    start(false);
+    copy(false, reinterpret_cast<const uint4*>(kSiluBandBF16[0]));
     wait(false);
   }
   __device__ __forceinline__ u32 shared_base() const {

@@ -61,8 +61,14 @@ def test_the_kernel_holds_the_silu_band_table():
     spec.loader.exec_module(module)
     text = (KERNELS / "silu_band_bf16.cuh").read_text()
     assert text == module.render(), "regenerate: PYTHONPATH=. python3 tools/gen_silu_band.py"
-    body = re.search(r"kSiluBandBF16\[kSiluBandWords\] = \{(.*?)\};", text, re.S).group(1)
+    body = re.search(r"#define FGQ_SILU_BAND_WORDS(.*?)\n\n", text, re.S).group(1)
     words = np.array([int(v, 16) for v in re.findall(r"0x([0-9a-f]{8})u", body)], np.uint32)
+    # every replica a block may copy is that table
+    replicas = int(re.search(r"kSiluBandReplicas = (\d+);", text).group(1))
+    array = re.search(
+        r"kSiluBandBF16\[kSiluBandReplicas\]\[kSiluBandWords\] = \{(.*?)\};", text, re.S
+    )
+    assert replicas >= 2 and array.group(1).split() == ["{FGQ_SILU_BAND_WORDS},"] * replicas
     halves = np.stack([words & 0xFFFF, words >> 16], axis=-1).reshape(-1).astype(np.uint16)
     assert halves.size == 4096 and activation.BAND == 1920
     assert np.array_equal(halves, activation.silu_band_entries())
