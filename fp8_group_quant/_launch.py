@@ -126,6 +126,7 @@ class KernelKey:
     norm: bool = False  # the fused (add-)RMSNorm kernel: one block a row (aligned)
     norm_lanes: int = 1  # the RMSNorm kernel's 32-byte lanes a thread (1 or 2; norm_lanes())
     norm_stash: bool = False  # the walking RMSNorm kernel with the weight in shared memory
+    blocks_per_sm: int = 0  # quantize_groups' kBlocks: 256-thread blocks it fits an SM, 0: its rule
 
     @property
     def lanes_per_group(self) -> int:
@@ -152,7 +153,8 @@ class KernelKey:
             f"{self.group_size}, {OUTPUT_FORMATS[self.output].kernel_trait}, "
             f"{SCALE_FORMATS[self.scale].kernel_trait}, {self.layout_trait}, "
             f"{'true' if self.vec16 else 'false'}, {'true' if self.one_pass else 'false'}, "
-            f"{INPUT_MODES[self.activation].kernel_trait}>"
+            f"{INPUT_MODES[self.activation].kernel_trait}"
+            f"{f', {self.blocks_per_sm}' if self.blocks_per_sm else ''}>"
         )
 
 
@@ -162,8 +164,9 @@ def all_kernel_keys() -> list[KernelKey]:
     # pass at every size (prepare), so they add one instantiation per combination, not four;
     # the RMSNorm kernel takes the residual as a runtime pointer, so one instantiation serves
     # the norm with and without it (two: one and two lanes a thread), and 16-bit input has a
-    # third, the walking kernel with the weight in shared memory (norm_stashes). Layouts that
-    # share an address function share a binary.
+    # third, the walking kernel with the weight in shared memory (norm_stashes). The one-pass
+    # bfloat16 SiLU kernels of UE8M0 scales have a second, at six blocks an SM (has_six_blocks).
+    # Layouts that share an address function share a binary.
     combinations = list(
         dict.fromkeys(
             (i, g, o, s, SCALE_LAYOUTS[layout].kernel_trait)
@@ -172,20 +175,55 @@ def all_kernel_keys() -> list[KernelKey]:
             for o, s, layout in supported_combinations()
         )
     )
-    return [
+    keys = [
         KernelKey(*combination, v, one_pass, activation, masked)
         for combination in combinations
         for activation in INPUT_MODES
         for masked in (False, True)
         for v in ((True, False) if activation is None and not masked else (True,))
         for one_pass in ((True, False) if activation is None and not masked else (True,))
-    ] + [
-        KernelKey(*combination, True, True, norm=True, norm_lanes=lanes, norm_stash=stash)
-        for combination in combinations
-        for lanes in NORM_LANE_CHOICES
-        for stash in (False, True)
-        if not stash or norm_stashes(combination[0], lanes, residual=False)
     ]
+    six = [dataclasses.replace(k, blocks_per_sm=SILU_SIX_BLOCKS) for k in keys if has_six_blocks(k)]
+    return (
+        keys
+        + six
+        + [
+            KernelKey(*combination, True, True, norm=True, norm_lanes=lanes, norm_stash=stash)
+            for combination in combinations
+            for lanes in NORM_LANE_CHOICES
+            for stash in (False, True)
+            if not stash or norm_stashes(combination[0], lanes, residual=False)
+        ]
+    )
+
+
+# The one-pass bfloat16 SiLU-and-multiply kernels' second instantiation: fitted to six resident
+# 256-thread blocks an SM (40 registers) instead of five (48), taken by one-pass grids of more
+# than SILU_SIX_BLOCKS_WAVES resident waves of the first (counted at its residency). At N =
+# 7168 it measured 0.45-0.75 us faster at M = 1024 (3584 blocks, 2.7 waves of 10 an SM) and
+# 0.6-0.7 at 2048, 0.2 at 896 (2.4 waves), but 0.4-0.55 slower at 512 (1.36 waves) and 0.4 at
+# 768 (2.04) (docs/perf.md, fused step 29). FP8_GROUP_QUANT_SILU_SIX_BLOCKS_WAVES overrides: a
+# tuning knob (0: every grid takes it; inf: none).
+SILU_SIX_BLOCKS = 6
+_SIX_BLOCKS_ENV = os.environ.get("FP8_GROUP_QUANT_SILU_SIX_BLOCKS_WAVES")
+SILU_SIX_BLOCKS_WAVES = float(_SIX_BLOCKS_ENV) if _SIX_BLOCKS_ENV else 2.2
+
+
+def has_six_blocks(key: KernelKey) -> bool:
+    """Whether ``key`` has the six-block instantiation: the one-pass bfloat16 SiLU-and-multiply
+    kernels with UE8M0 scales, whose 40 registers spill nothing (sm_90, NVRTC 13), but of the
+    blocked layout (8 bytes spilled); float32 scales need 47 registers."""
+    return (
+        key.input_dtype == "bfloat16"
+        and key.activation == "silu_mul"
+        and key.vec16
+        and key.one_pass
+        and not key.masked
+        and not key.norm
+        and key.scale == "ue8m0"
+        and key.layout_trait != "fgq::kBlockedExponents"
+        and key.blocks_per_sm == 0
+    )
 
 
 def nvfp4_names(input_dtype: str) -> tuple[str, str]:
@@ -745,9 +783,11 @@ def prepare(request, device: int) -> Launch:
     threads, blocks_per_row = block_shape(geometry.groups, lanes, rows)
     tiles = -(-geometry.batches * geometry.grid_rows // rows)  # row tiles over all batches
 
-    def loaded(one_pass: bool, threads: int) -> tuple[int, int, int]:
+    def loaded(one_pass: bool, threads: int, blocks_per_sm: int = 0) -> tuple[int, int, int]:
         """(function handle, resident blocks per SM, SMs) of the path's instantiation."""
-        expression = dataclasses.replace(key, one_pass=one_pass).name_expression
+        expression = dataclasses.replace(
+            key, one_pass=one_pass, blocks_per_sm=blocks_per_sm
+        ).name_expression
         function = _jit.get_function(SOURCE, expression, device)
         with _jit.current_device(device):  # RawKernel.kernel is the current device's function
             handle = function.kernel.ptr
@@ -767,6 +807,9 @@ def prepare(request, device: int) -> Launch:
             grid, block = (flat_blocks, 1, 1), (flat_threads, 1, 1)
             params = make_params(request)
             params.table_by_threads = flat_blocks > TABLE_BY_THREADS_WAVES * per_sm * sms
+            one_pass_key = dataclasses.replace(key, one_pass=True)
+            if has_six_blocks(one_pass_key) and flat_blocks > SILU_SIX_BLOCKS_WAVES * per_sm * sms:
+                handle = loaded(True, flat_threads, SILU_SIX_BLOCKS)[0]
             return Launch(handle, grid, block, params, pdl_supported(device))
     assert key.activation is None, "make_request refuses fused grids past 31 bits"
     handle, per_sm, sms = loaded(one_pass=False, threads=threads)

@@ -274,10 +274,18 @@ __device__ __forceinline__ void quantize_group(const Params& p, const V& values,
   }
 }
 
+// kBlocks: resident blocks of kMaxThreads threads an SM the compiler fits the kernel to; 0 takes
+// min_blocks_per_sm's. The one-pass bfloat16 SiLU-and-multiply kernels have a second
+// instantiation at six (40 registers, against 48 at five) for large grids
+// NOTES: at 40 registers that kernel measured 3-5% faster from M = 896 (N = 7168: more blocks
+// an SM, more bytes in flight) and 5-7% slower at M = 512, where each block's longer chain
+// shows; so the launch layer takes it past _launch.SILU_SIX_BLOCKS_WAVES (docs/perf.md, fused
+// step 29)
 template <int kIn, int kGroup, int kOut, int kScale, int kLayout, bool kVec16, bool kOnePass,
-          int kAct>
+          int kAct, int kBlocks = 0>
 __global__ void __launch_bounds__(kMaxThreads,
-                                  (min_blocks_per_sm<kIn, kOut, kScale, kVec16, kOnePass, kAct>()))
+                                  (kBlocks != 0 ? kBlocks
+                                                : min_blocks_per_sm<kIn, kOut, kScale, kVec16, kOnePass, kAct>()))
     quantize_groups(const __grid_constant__ Params p) {
   typedef Input<kIn> In;
   typedef typename In::Storage Storage;

@@ -16,10 +16,14 @@ def test_every_instantiation_compiles(arch):
     # blocked layout of e4m3 and e5m2), each with plain input (x alignment x the two paths),
     # SiLU-and-multiply (aligned, one pass), the masked kernel for both (aligned) and the
     # RMSNorm kernel (aligned, residual at run time, one or two lanes a thread, and for 16-bit
-    # input the two-lane walking kernel with the weight in shared memory); then NVFP4's two
-    # kernels per input type
+    # input the two-lane walking kernel with the weight in shared memory); bfloat16 SiLU of
+    # UE8M0 scales (float words and packed, four formats) at six blocks an SM too; then
+    # NVFP4's two kernels per input type
     combinations = 4 * (4 * 3 + 2)
-    assert len(keys) == 3 * combinations * (2 * 2 + 1 + 2 + 2) + 2 * combinations + 3 * 2
+    six_blocks = 4 * 4 * 2
+    assert len(keys) == (
+        3 * combinations * (2 * 2 + 1 + 2 + 2) + 2 * combinations + six_blocks + 3 * 2
+    )
     report = []
     lowered = _jit.compile_offline(_launch.SOURCE, keys, arch, report)
     assert len(set(lowered.values())) == len(keys)  # one distinct kernel per key

@@ -804,6 +804,52 @@ def test_silu_mul_every_combination(input_dtype, group_size, dtype, scale, layou
     check_silu_mul(x, wider_rows(x, 128, lib, 64), *args)  # rows inside a wider buffer
 
 
+SIX_BLOCK_COMBINATIONS = [c for c in COMBINATIONS if c[0] == "bfloat16" and c[3] == "ue8m0"]
+
+
+@pytest.mark.parametrize("input_dtype, group_size, dtype, scale, layout", SIX_BLOCK_COMBINATIONS)
+def test_silu_mul_on_six_blocks(monkeypatch, input_dtype, group_size, dtype, scale, layout):
+    # the one-pass bfloat16 kernels' six-block instantiation (40 registers), which large grids
+    # take (_launch.SILU_SIX_BLOCKS_WAVES): forced here at every size; the blocked layout has
+    # none (it spills at 40 registers) and keeps the five-block kernel
+    from fp8_group_quant import api
+
+    index = SIX_BLOCK_COMBINATIONS.index((input_dtype, group_size, dtype, scale, layout))
+    lib = ("torch", "cupy")[index % 2]
+    rng = np.random.default_rng(5000 + index)
+    monkeypatch.setattr(_launch, "SILU_SIX_BLOCKS_WAVES", 0.0)
+    monkeypatch.setattr(api, "_PLANS", api.PlanCache(api.MAX_PLANS))
+    args = (lib, group_size, dtype, scale, layout)
+    x = gates_and_ups(rng, (5, 3 * group_size), input_dtype)  # odd group count, 5 rows
+    check_silu_mul(x, to_device(x, lib), *args)
+    x = gates_and_ups(rng, (2, 3, 7168 // 2), input_dtype)  # batched, padded q rows
+    check_silu_mul(x, to_device(x, lib), *args, pad_rows=True)
+    x = gates_and_ups(rng, (1, 7168), input_dtype)  # one token, N = 7168
+    check_silu_mul(x, wider_rows(x, 128, lib, 64), *args)  # rows inside a wider buffer
+    x = gates_and_ups(rng, (300, 2 * 1024), input_dtype)  # many blocks
+    check_silu_mul(x, to_device(x, lib), *args)
+    launch = silu_mul_launch(to_device(x, "cupy"), group_size, dtype, scale, layout)
+    six = layout != "blocked"
+    assert launch.handle == silu_kernel(group_size, dtype, scale, layout, six)
+
+
+def silu_kernel(group_size, dtype, scale, layout, six: bool) -> int:
+    """The handle of the one-pass bfloat16 SiLU instantiation with six blocks an SM or five."""
+    from fp8_group_quant._layout import SCALE_LAYOUTS
+
+    key = _launch.KernelKey("bfloat16", group_size, dtype, scale,
+                            SCALE_LAYOUTS[layout].kernel_trait, True, True, "silu_mul",
+                            blocks_per_sm=_launch.SILU_SIX_BLOCKS if six else 0)  # fmt: skip
+    function = _jit.get_function(_launch.SOURCE, key.name_expression, cupy_device())
+    return function.kernel.ptr
+
+
+def cupy_device() -> int:
+    import cupy
+
+    return cupy.cuda.Device().id
+
+
 @pytest.mark.parametrize("input_dtype, group_size, dtype, scale, layout", COMBINATIONS[::3])
 def test_silu_mul_on_the_persistent_grid(
     monkeypatch, input_dtype, group_size, dtype, scale, layout
@@ -866,15 +912,20 @@ def test_silu_mul_persistent_grid_walks_several_steps(monkeypatch, rows):
     assert walked and all(walked)
 
 
-@pytest.mark.parametrize("table_copy", ["bulk", "threads"])
-@pytest.mark.parametrize("input_dtype", ["bfloat16", "float16"])
-def test_silu_mul_every_16_bit_gate(monkeypatch, input_dtype, table_copy):
+@pytest.mark.parametrize(
+    "input_dtype, table_copy, blocks",
+    [("bfloat16", "bulk", 5), ("bfloat16", "threads", 5), ("bfloat16", "bulk", 6),
+     ("bfloat16", "threads", 6), ("float16", "bulk", 5), ("float16", "threads", 5)],
+)  # fmt: skip
+def test_silu_mul_every_16_bit_gate(monkeypatch, input_dtype, table_copy, blocks):
     # every 16-bit pattern as a gate (both signs of NaN, Inf, subnormals), against random ups;
-    # the bfloat16 one-pass blocks' band table copied both ways (Params.table_by_threads)
+    # the bfloat16 one-pass blocks' band table copied both ways (Params.table_by_threads), by
+    # the kernel at five blocks an SM and at six (_launch.SILU_SIX_BLOCKS_WAVES)
     from fp8_group_quant import api
 
     waves = 0.0 if table_copy == "threads" else math.inf
     monkeypatch.setattr(_launch, "TABLE_BY_THREADS_WAVES", waves)
+    monkeypatch.setattr(_launch, "SILU_SIX_BLOCKS_WAVES", 0.0 if blocks == 6 else math.inf)
     monkeypatch.setattr(api, "_PLANS", api.PlanCache(api.MAX_PLANS))
     rng = np.random.default_rng(5)
     gate = np.arange(65536, dtype=np.uint16).view(NP_INPUT[input_dtype]).reshape(256, 256)
@@ -884,14 +935,17 @@ def test_silu_mul_every_16_bit_gate(monkeypatch, input_dtype, table_copy):
         check_silu_mul(x, to_device(x, "cupy"), "cupy", 128, "e4m3", scale, layout)
     launch = silu_mul_launch(to_device(x, "cupy"))
     assert launch.params.table_by_threads == (table_copy == "threads")
+    if input_dtype == "bfloat16":
+        six = blocks == 6
+        assert launch.handle == silu_kernel(128, "e4m3", "ue8m0", "packed", six)
 
 
-def silu_mul_launch(x):
-    """The launch layer's plan for a plain SiLU-and-multiply call on ``x`` (packed scales)."""
+def silu_mul_launch(x, group_size=128, dtype="e4m3", scale="ue8m0", layout="packed"):
+    """The launch layer's plan for a plain SiLU-and-multiply call on ``x``."""
     from fp8_group_quant._arrays import describe
     from fp8_group_quant._request import make_request
 
-    request = make_request(describe(x, "x"), 128, "e4m3", "ue8m0", "packed", 1e-10, False,
+    request = make_request(describe(x, "x"), group_size, dtype, scale, layout, 1e-10, False,
                            activation="silu_mul")  # fmt: skip
     return _launch.prepare(request, x.device.id)
 
@@ -910,6 +964,11 @@ def test_silu_mul_table_copy_follows_the_grid(rows):
     assert launch.params.table_by_threads == (blocks > _launch.TABLE_BY_THREADS_WAVES * wave)
     if rows in (1, 2048):  # a block or two an SM; several waves
         assert launch.params.table_by_threads == (rows == 2048)
+    # and past SILU_SIX_BLOCKS_WAVES resident waves of the five-block kernel, the six-block one
+    six = blocks > _launch.SILU_SIX_BLOCKS_WAVES * wave
+    assert launch.handle == silu_kernel(128, "e4m3", "ue8m0", "packed", six)
+    if rows in (256, 2048):  # a fifth of a wave; five waves (ten blocks an SM, 132 SMs)
+        assert six == (rows == 2048)
 
 
 def test_silu_mul_float32_bit_patterns():

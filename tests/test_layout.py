@@ -5,7 +5,7 @@ import types
 
 import numpy as np
 import pytest
-from helpers import activations
+from helpers import NP_INPUT, activations
 
 import fp8_group_quant as fgq
 from fp8_group_quant import reference
@@ -292,8 +292,22 @@ def test_the_launch_picks_its_path_and_grid(
     ],
 )  # a device of 132 SMs fitting 10 blocks of either kernel
 def test_large_fused_silu_inputs_take_the_persistent_grid(monkeypatch, shape, layout, persistent):
-    import ml_dtypes
+    from fp8_group_quant import _launch
 
+    launched, grid, block, params = prepare_silu_mul(monkeypatch, shape, layout)
+    assert launched.startswith("fgq::quantize_masked<" if persistent else "fgq::quantize_groups<")
+    assert launched.endswith(("fgq::kSiluMul>", "fgq::kSiluMul, 6>")) and not params.masked_m
+    if persistent:  # one resident wave of 128-thread blocks walking every slot
+        assert grid == (10 * 132, 1, 1) and block == (128, 1, 1)
+    else:  # the one-pass blocks copy the SiLU table with every thread past half a wave
+        assert grid[0] * block[0] >= params.slots * 8
+        assert params.table_by_threads == (grid[0] > _launch.TABLE_BY_THREADS_WAVES * 10 * 132)
+        assert params.table_by_threads == (grid[0] > 660)  # the default, half a wave
+
+
+def prepare_silu_mul(monkeypatch, shape, layout, scale="ue8m0", input_dtype="bfloat16"):
+    """(the instantiation launched, grid, block, Params) of a plain SiLU-and-multiply call on
+    ``shape`` (N last), prepared for a device of 132 SMs fitting 10 blocks of every kernel."""
     from fp8_group_quant import _jit, _launch
     from fp8_group_quant._arrays import describe
     from fp8_group_quant._request import make_request
@@ -311,20 +325,45 @@ def test_large_fused_silu_inputs_take_the_persistent_grid(monkeypatch, shape, la
     monkeypatch.setattr(
         _launch, "Launch", lambda handle, grid, block, params, pdl: (handle, grid, block, params)
     )
-    x = np.empty((*shape[:-1], 2 * shape[-1]), ml_dtypes.bfloat16)
+    x = np.empty((*shape[:-1], 2 * shape[-1]), NP_INPUT[input_dtype])
     request = make_request(
-        describe(x, "x"), 128, "e4m3", "ue8m0", layout, 1e-10, False, activation="silu_mul"
+        describe(x, "x"), 128, "e4m3", scale, layout, 1e-10, False, activation="silu_mul"
     )
     handle, grid, block, params = _launch.prepare(request, 0)
-    launched = loaded[handle]
-    assert launched.startswith("fgq::quantize_masked<" if persistent else "fgq::quantize_groups<")
-    assert launched.endswith("fgq::kSiluMul>") and not params.masked_m  # every row real
-    if persistent:  # one resident wave of 128-thread blocks walking every slot
-        assert grid == (10 * 132, 1, 1) and block == (128, 1, 1)
-    else:  # the one-pass blocks copy the SiLU table with every thread past half a wave
-        assert grid[0] * block[0] >= params.slots * 8
-        assert params.table_by_threads == (grid[0] > _launch.TABLE_BY_THREADS_WAVES * 10 * 132)
-        assert params.table_by_threads == (grid[0] > 660)  # the default, half a wave
+    return loaded[handle], grid, block, params
+
+
+@pytest.mark.parametrize(
+    "shape, layout, scale, input_dtype, six",
+    [
+        ((512, 7168), "packed", "ue8m0", "bfloat16", False),  # 1792 blocks: 1.36 waves
+        ((829, 7168), "packed", "ue8m0", "bfloat16", False),  # 2902 blocks: 2.2 waves
+        ((830, 7168), "packed", "ue8m0", "bfloat16", True),  # 2905: past them
+        ((2048, 7168), "packed", "ue8m0", "bfloat16", True),
+        ((3017, 7168), "row", "ue8m0", "bfloat16", True),  # 8 waves: still one pass
+        ((2048, 7168), "col_tma", "ue8m0", "bfloat16", True),
+        ((2048, 7168), "blocked", "ue8m0", "bfloat16", False),  # it spills at 40 registers
+        ((2048, 7168), "row", "float32", "bfloat16", False),  # 47 registers: no such kernel
+        ((2048, 7168), "packed", "ue8m0", "float16", False),  # SiLU by arithmetic
+        ((4096, 7168), "packed", "ue8m0", "bfloat16", False),  # the persistent grid
+    ],
+)
+def test_large_one_pass_silu_grids_take_the_six_block_kernel(
+    monkeypatch, shape, layout, scale, input_dtype, six
+):
+    # one-pass bfloat16 SiLU grids of more than SILU_SIX_BLOCKS_WAVES resident waves of the
+    # five-block kernel (here 2.2 x 1320 = 2904 blocks) take its six-block instantiation
+    from fp8_group_quant import _launch
+
+    launched, grid, _, params = prepare_silu_mul(monkeypatch, shape, layout, scale, input_dtype)
+    assert launched.endswith(", fgq::kSiluMul, 6>" if six else ", fgq::kSiluMul>")
+    assert grid[0] == -(-shape[0] * shape[1] // 128 // 16) or launched.startswith(
+        "fgq::quantize_masked<"
+    )
+    monkeypatch.setattr(_launch, "SILU_SIX_BLOCKS_WAVES", 0.0)  # the knob: every grid
+    launched, *_ = prepare_silu_mul(monkeypatch, (1, 7168), layout, scale, input_dtype)
+    has = layout != "blocked" and scale == "ue8m0" and input_dtype == "bfloat16"
+    assert launched.endswith(", fgq::kSiluMul, 6>" if has else ", fgq::kSiluMul>")
 
 
 def test_the_one_pass_prologue_reads_one_constant_line():
