@@ -795,6 +795,12 @@ def test_silu_mul_every_combination(input_dtype, group_size, dtype, scale, layou
     index = COMBINATIONS.index((input_dtype, group_size, dtype, scale, layout))
     lib = ("torch", "cupy")[index % 2]
     rng = np.random.default_rng(1000 + index)
+    check_silu_mul_shapes(rng, input_dtype, lib, group_size, dtype, scale, layout)
+
+
+def check_silu_mul_shapes(rng, input_dtype, lib, group_size, dtype, scale, layout):
+    """check_silu_mul on a few rows of an odd group count, batched rows with padded q rows,
+    and one token of N = 7168 inside a wider buffer."""
     args = (lib, group_size, dtype, scale, layout)
     x = gates_and_ups(rng, (5, 3 * group_size), input_dtype)  # odd group count, 5 rows
     check_silu_mul(x, to_device(x, lib), *args)
@@ -819,15 +825,9 @@ def test_silu_mul_on_six_blocks(monkeypatch, input_dtype, group_size, dtype, sca
     rng = np.random.default_rng(5000 + index)
     monkeypatch.setattr(_launch, "SILU_SIX_BLOCKS_WAVES", 0.0)
     monkeypatch.setattr(api, "_PLANS", api.PlanCache(api.MAX_PLANS))
-    args = (lib, group_size, dtype, scale, layout)
-    x = gates_and_ups(rng, (5, 3 * group_size), input_dtype)  # odd group count, 5 rows
-    check_silu_mul(x, to_device(x, lib), *args)
-    x = gates_and_ups(rng, (2, 3, 7168 // 2), input_dtype)  # batched, padded q rows
-    check_silu_mul(x, to_device(x, lib), *args, pad_rows=True)
-    x = gates_and_ups(rng, (1, 7168), input_dtype)  # one token, N = 7168
-    check_silu_mul(x, wider_rows(x, 128, lib, 64), *args)  # rows inside a wider buffer
+    check_silu_mul_shapes(rng, input_dtype, lib, group_size, dtype, scale, layout)
     x = gates_and_ups(rng, (300, 2 * 1024), input_dtype)  # many blocks
-    check_silu_mul(x, to_device(x, lib), *args)
+    check_silu_mul(x, to_device(x, lib), lib, group_size, dtype, scale, layout)
     launch = silu_mul_launch(to_device(x, "cupy"), group_size, dtype, scale, layout)
     six = layout != "blocked"
     assert launch.handle == silu_kernel(group_size, dtype, scale, layout, six)
