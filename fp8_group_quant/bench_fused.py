@@ -233,9 +233,16 @@ def _check_norm(torch, x, r, weight, eps: float, residual: bool) -> None:
 
 
 def _cupy_stream(torch):
+    """torch's current stream as a CuPy stream (for launches through CuPy inside its graphs).
+
+    NOTES: through the CUDA stream protocol where both sides have it (CuPy 14 deprecates
+    ExternalStream, and its warning filled `bench --fused`'s output), else ExternalStream."""
     import cupy
 
-    return cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+    stream = torch.cuda.current_stream()
+    if hasattr(cupy.cuda.Stream, "from_external") and hasattr(stream, "__cuda_stream__"):
+        return cupy.cuda.Stream.from_external(stream)
+    return cupy.cuda.ExternalStream(stream.cuda_stream)
 
 
 def _check(torch, x, outputs) -> None:
