@@ -12,6 +12,7 @@ per call than the roofline kernel's figure suggests. Run from the repository roo
 tree to compare:
 
     PYTHONPATH=$PWD python3 docs/experiments/norm_configs.py [M ...] [--config NAME=LANES:WAVES ...]
+        [--residual]
 
 Each --config replaces the columns after "auto" with a configuration of its own (LANES 1 or 2,
 WAVES the resident waves of walking blocks, 0 a block a row; LANES:WAVES:0 keeps a walking grid
@@ -51,8 +52,12 @@ def rows(torch, m: int, k: int, residual: bool, roofs):
     chunks = m * k // 16
     grid = (-(-chunks // ROOFLINE_THREADS), 1, 1)
 
+    # the roof writes x ^ residual (Inf and NaN in most groups) into a residual of its own;
+    # until session 23 it wrote into rs, so the residual paths timed after it read NaNs
+    roof_rs = [r.clone() for r in rs]
+
     def roofline(i):
-        x, r, (q, _) = xs[i % buffers], rs[i % buffers], outs[i % buffers]
+        x, r, (q, _) = xs[i % buffers], roof_rs[i % buffers], outs[i % buffers]
         if residual:
             name = "residual"
             args = (np.uint64(x.data_ptr()), np.uint64(r.data_ptr()), np.uint64(q.data_ptr()),
@@ -91,7 +96,7 @@ def time_configs(torch, m: int, residual: bool, roofs) -> dict:
     return times
 
 
-def main(m_values) -> None:
+def main(m_values, residuals=(False, True)) -> None:
     import cupy
     import torch
 
@@ -104,7 +109,7 @@ def main(m_values) -> None:
           "/ with PDL")  # fmt: skip
     print(f"{'M':>6} {'residual':>8} {'roof':>7} " + " ".join(f"{n:>24}" for n in CONFIGS))
     for m in m_values:
-        for residual in (False, True):
+        for residual in residuals:
             t = time_configs(torch, m, residual, roofs)
             cells = " ".join(
                 f"{t[n, False]:>8.2f} ({t[n, False] / t['roof']:.2f}) / {t[n, True]:>6.2f}"
@@ -113,12 +118,15 @@ def main(m_values) -> None:
             print(f"{m:>6} {'yes' if residual else 'no':>8} {t['roof']:>7.2f} {cells}", flush=True)
 
 
-def parse(argv: list[str]) -> list[int]:
-    """The M values of ``argv``; its --config options replace CONFIGS' columns after "auto"."""
-    m_values, configs = [], {}
+def parse(argv: list[str]) -> tuple[list[int], tuple[bool, ...]]:
+    """The M values of ``argv`` and the residual cases (--residual: only with it); its --config
+    options replace CONFIGS' columns after "auto"."""
+    m_values, configs, residuals = [], {}, (False, True)
     args = iter(argv)
     for arg in args:
-        if arg == "--config":
+        if arg == "--residual":
+            residuals = (True,)
+        elif arg == "--config":
             name, _, setting = next(args).rpartition("=")
             lanes, waves, *stash = setting.split(":")
             configs[name] = (int(lanes), float(waves), stash != ["0"])
@@ -127,8 +135,8 @@ def parse(argv: list[str]) -> list[int]:
     if configs:
         CONFIGS.clear()
         CONFIGS.update({"auto": (None, None, True), **configs})
-    return m_values or [512, 1024, 2048, 4096]
+    return m_values or [512, 1024, 2048, 4096], residuals
 
 
 if __name__ == "__main__":
-    main(parse(sys.argv[1:]))
+    main(*parse(sys.argv[1:]))

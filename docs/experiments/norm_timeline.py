@@ -339,8 +339,12 @@ def child_times(m_values) -> dict:
             chunks = m * K // 16
             grid = (-(-chunks // bench.ROOFLINE_THREADS), 1, 1)
             calls = max(len(xs), 32)
+            # the roof writes x ^ residual (Inf and NaN in most groups) into residuals of its
+            # own; until session 23 it shared rs, and the fused calls replayed in turn read NaNs
+            roof_rs = [r.copy() for r in rs] if residual else rs
 
-            def roofline(i, xs=xs, rs=rs, outs=outs, residual=residual, grid=grid, chunks=chunks):
+            def roofline(i, xs=xs, rs=roof_rs, outs=outs, residual=residual, grid=grid,
+                         chunks=chunks):  # fmt: skip
                 x, r, q = xs[i % len(xs)], rs[i % len(xs)], outs[i % len(xs)][0]
                 args = (x, r, q, np.int64(chunks)) if residual else (x, q, np.int64(chunks))
                 return lambda: roofs[residual](grid, (bench.ROOFLINE_THREADS, 1, 1), args)

@@ -270,8 +270,12 @@ def _norm_row(torch, kernel, roofs, m: int, k: int, residual: bool) -> None:
     }
     chunks = m * k // 16
 
+    # the roof writes x ^ residual (Inf and NaN in most groups) into a residual of its own
+    # (session 23: sharing them, as run 3-4 of session 22 did, timed the paths after it on NaNs)
+    roof_rs = [r.clone() for r in rs]
+
     def roofline(i):
-        x, r, q = xs[i % buffers], rs[i % buffers], vq[i % buffers]
+        x, r, q = xs[i % buffers], roof_rs[i % buffers], vq[i % buffers]
         pointers = (x, r, q) if residual else (x, q)
         args = (*(np.uint64(t.data_ptr()) for t in pointers), np.int64(chunks))
         grid = (-(-chunks // ROOFLINE_THREADS), 1, 1)
