@@ -393,13 +393,13 @@ def norm_blocks(rows: int, residual: bool, per_sm: int, sms: int, lanes: int = 2
     walking wave (the weight-stashing kernel, norm_stashes) ran 7.87 us at M = 640 (1.2 rows a
     block) against 8.55 with a block a row, 8.65 against 9.57 at 768, 10.20 against 11.01 at
     1024 (with PDL the same order); before step 19 it lost at 768 with PDL and won by 3-5%
-    from 1024. With the residual (the general kernel) it was slower at every M from 640
-    (8192: 144.6 against 129.8), but one lane a thread walking (264 blocks) beat a block a row
-    of two lanes between 1.5 and two one-lane waves (session 14, run 7: 10.40-10.47 against
-    10.82-10.84 us at 480, 10.70 against 11.09-11.17 at 512; with PDL 9.96 / 10.24-10.30 and
-    the same), not past it (576: 12.36-12.54 against 11.94-11.95). So the walking blocks take
-    rows without a residual past one resident wave, and rows with it where norm_lanes gives
-    them one lane a thread past one wave of its grid."""
+    from 1024. With the residual (the general kernel; session 23, on real residuals) two lanes
+    walking were 1-6% slower than a block a row from 640 rows (8192: 108.0 against 102.1 us),
+    but one lane a thread walking (264 blocks) 0-9% faster than two lanes a block a row
+    between 1.7 and 6.8 one-lane waves (640: 12.02 against 12.68 us, 1024: 16.42 against
+    17.13) and slower from 9.7 (2560: 36.16 against 35.83); norm_lanes' window. So the walking
+    blocks take rows without a residual past one resident wave, and rows with it where
+    norm_lanes gives them one lane a thread past one wave of its grid."""
     resident = per_sm * sms
     if NORM_WAVES is not None:
         waves = NORM_WAVES
@@ -430,7 +430,8 @@ def norm_lanes(rows: int, per_sm: int, sms: int, residual: bool = False) -> int:
     one-lane grid holds 264 blocks a wave, without PDL; with it the same order), two lanes
     against one: 0.4-0.7 us slower at M = 1-256 (RMSNorm and add-RMSNorm), faster from 384
     (RMSNorm 6.44 against 7.14 us, 512 7.12 against 7.71, 1024 11.04 against 13.00;
-    add-RMSNorm 9.54 / 9.62 at 384, 11.39 / 11.29 at 512, 64.2 against 74.0 at 4096)."""
+    add-RMSNorm 9.54 / 9.62 at 384, 11.39 / 11.29 at 512, 64.2 against 74.0 at 4096; those
+    add-RMSNorm figures were taken on residuals holding the roof's NaNs, see norm_blocks)."""
     if NORM_LANES is not None:
         return NORM_LANES
     wave = per_sm * sms
@@ -443,9 +444,13 @@ def norm_lanes(rows: int, per_sm: int, sms: int, residual: bool = False) -> int:
 # resident waves of one-lane blocks beyond which the RMSNorm kernel takes two lanes a thread
 # (norm_lanes): 256 rows (0.97 waves at K = 7168) ran faster with one, 384 (1.45) with two
 NORM_TWO_LANE_WAVES = 1.0
-# waves of one-lane blocks between which the add-RMSNorm takes one lane a thread, walking (at
-# K = 7168: 448-512 rows faster, 384 (1.45) slower without PDL, 576 (2.2) slower)
-NORM_RESIDUAL_ONE_LANE = (1.5, 2.0)
+# waves of one-lane blocks between which the add-RMSNorm takes one lane a thread, walking.
+# Measured on the H200 at K = 7168 (264 blocks a wave; docs/perf.md, session 23, on real
+# residuals): against two lanes a block a row, 384 rows (1.45 waves) 0.2 us slower, 448-1792
+# (1.7-6.8) 0-9% faster without PDL (640: 12.02 against 12.68 us, 1024 16.42 against 17.13,
+# 1536 23.27 against 23.58), 2048 (7.8) level, 2560-8192 1-4% slower. (Session 14 had put the
+# upper end at two waves from measurements whose residuals held the roof's NaNs.)
+NORM_RESIDUAL_ONE_LANE = (1.5, 6.5)
 
 
 def norm_stashes(input_dtype: str, per_thread: int, residual: bool) -> bool:

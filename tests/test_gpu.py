@@ -1276,6 +1276,37 @@ def test_norm_walking_blocks_keep_the_weight_in_shared_memory(
     check_norm(x, weight, 1e-6, None, "cupy", group_size, dtype, scale, layout)
 
 
+def test_norm_with_the_residual_walks_one_lane_a_thread_by_default(monkeypatch):
+    # the launch policy as shipped (norm_lanes' residual window): 1200 rows of 7168 with the
+    # residual are past 1.5 waves of the one-lane kernel on every GPU with at most 400 SMs and
+    # within 6.5 on every GPU with at least 70, so one lane a thread and a grid of walking
+    # blocks, each taking several rows; the residual written back, every byte checked
+    from fp8_group_quant import _jit, api
+
+    names, grids = [], []
+    get_function, launch_type = _jit.get_function, _launch.Launch
+
+    def spy(source, expression, device):
+        names.append(expression)
+        return get_function(source, expression, device)
+
+    class Recorded(launch_type):
+        def __init__(self, handle, grid, block, *args, **kwargs):
+            grids.append(grid)
+            super().__init__(handle, grid, block, *args, **kwargs)
+
+    monkeypatch.setattr(_jit, "get_function", spy)
+    monkeypatch.setattr(_launch, "Launch", Recorded)
+    monkeypatch.setattr(api, "_PLANS", api.PlanCache(api.MAX_PLANS))
+    rng = np.random.default_rng(23)
+    x = activations(rng, (1200, 7168), "bfloat16", specials=True)
+    weight = activations(rng, (7168,), "bfloat16")
+    residual = activations(rng, (1200, 7168), "bfloat16")
+    check_norm(x, weight, 1e-6, residual, "torch", 128, "e4m3", "ue8m0", "packed")
+    assert names and names[-1].endswith(", 1, false>"), names
+    assert grids and grids[-1][0] < 1200, grids  # fewer blocks than rows: they walk
+
+
 @pytest.mark.parametrize("lib", ["cupy", "torch"])
 def test_norm_rows_inside_wider_buffers_many_rows_and_odd_widths(lib):
     rng = np.random.default_rng(12)

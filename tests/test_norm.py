@@ -287,20 +287,20 @@ def test_the_kernel_block_holds_a_row_of_the_defined_lanes():
 
 
 @pytest.mark.parametrize("rows, knob, lanes", [
-    (1, None, 1), (264, None, 1), (265, None, 2), (16384, None, 2),
+    (1, None, 1), (264, None, 1), (265, None, 2), (1000, None, 2), (16384, None, 2),
     (16384, 1, 1), (1, 2, 2),
 ])  # fmt: skip
 def test_the_norm_takes_two_lanes_a_thread_on_many_rows(monkeypatch, rows, knob, lanes):
     # two 448-thread blocks an SM of one lane, 132 SMs: 264 a wave; with the residual, one
-    # lane again between 1.5 and 2 waves (397-528 rows), where its blocks walk
+    # lane again between 1.5 and 6.5 waves (397-1716 rows), where its blocks walk
     from fp8_group_quant import _launch
 
     monkeypatch.setattr(_launch, "NORM_LANES", knob)
     assert _launch.norm_lanes(rows, 2, 132) == lanes
-    window = knob is None and 396 < rows <= 528
+    window = knob is None and 396 < rows <= 1716
     assert _launch.norm_lanes(rows, 2, 132, residual=True) == (1 if window else lanes)
     if knob is None:
-        assert [_launch.norm_lanes(n, 2, 132, True) for n in (396, 397, 528, 529)] == [2, 1, 1, 2]
+        assert [_launch.norm_lanes(n, 2, 132, True) for n in (396, 397, 1716, 1717)] == [2, 1, 1, 2]
 
 
 @pytest.mark.parametrize("rows, residual, lanes, grid, stash", [
@@ -310,8 +310,9 @@ def test_the_norm_takes_two_lanes_a_thread_on_many_rows(monkeypatch, rows, knob,
     (529, False, 2, 528, True),  # past it: a wave of walking blocks, the weight stashed
     (396, True, 2, 396, False),  # the residual up to 1.5 one-lane waves: two lanes, a row each
     (397, True, 1, 264, False),  # past it: one lane, a wave of walking blocks (no stash)
-    (528, True, 1, 264, False),  # up to two one-lane waves
-    (529, True, 2, 529, False),  # past them: two lanes, a row each again
+    (528, True, 1, 264, False),
+    (1716, True, 1, 264, False),  # up to 6.5 one-lane waves
+    (1717, True, 2, 1717, False),  # past them: two lanes, a row each again
     (4096, True, 2, 4096, False),
 ])  # fmt: skip
 def test_the_norm_launch_picks_lanes_then_grid(monkeypatch, rows, residual, lanes, grid, stash):
