@@ -14,7 +14,6 @@ Run from the repository root: PYTHONPATH=$PWD python3 docs/experiments/code_size
 [M ...]
 """
 
-import ctypes
 import sys
 
 import cupy
@@ -63,27 +62,8 @@ def main() -> None:
     for k in (7168, 2048):
         for m in (1, 4, 16, 64, 256, 512) if len(sys.argv) < 3 else map(int, sys.argv[2:]):
             inputs, outputs, expected = small_m_params.setup(m, k)
-            chunks = m * k * 2 // 32
-            lists = {
-                name: small_m_params.call_list(
-                    [
-                        small_m_params.launcher(
-                            function,
-                            (-(-chunks // 256), 1, 1),
-                            (256, 1, 1),
-                            [
-                                ctypes.c_void_p(x.data.ptr),
-                                ctypes.c_void_p(q.data.ptr),
-                                ctypes.c_longlong(chunks),
-                            ],
-                        )
-                        for x, (q, _) in zip(inputs, outputs)
-                    ]
-                )
-                for name, function in roofs.items()
-            }
-            others = small_m_params.kernels(m, k, {}, sglang, {}, inputs, outputs)
-            lists.update({name: small_m_params.call_list(c) for name, c in others.items()})
+            launches = small_m_params.kernels(m, k, roofs, sglang, {}, inputs, outputs)
+            lists = {name: small_m_params.call_list(c) for name, c in launches.items()}
             for name in ("sgl", "ours"):
                 small_m_params.check(name, lists[name], outputs, expected, m, k)
             times = bench.interleaved_graph_times_us(cupy, list(lists.values()), 11)
