@@ -314,6 +314,18 @@ __global__ void __launch_bounds__(kMaxThreads,
     const u32 slot_in_grid = blockIdx.x * (blockDim.x / kLanes) + threadIdx.x / kLanes;
     const bool in_grid = slot_in_grid < p.slots;
     const u32 slot = min(slot_in_grid, p.slots - 1u);
+    u32 words[kLaneWords];
+    u32 up[kLaneWords];
+    // NOTES: PDL: nothing global is read or written before the producer of x is done (the
+    // previous kernel may also still read q and the scales), but kSiluMul's table, constant
+    // data copied before the loads (SiluBandTable); once our loads are issued the next kernel
+    // may start its prologue
+    table.start(p.table_by_threads != 0u);
+    wait_for_producer();
+    // NOTES: rows of one batch one after another, K apart (flat_slots): the load's address is
+    // linear in the slot and the divisions below wait until it is issued
+    const Storage* x = static_cast<const Storage*>(p.x);
+    if (p.flat_slots != 0u) load_inputs<kIn, kVec16, kAct>(p, x + static_cast<i64>(slot) * kGroup + lane * kValues, words, up);
     const u32 tile = divide_u31(slot, p.tile_slots_magic, p.tile_slots_shift);
     const u32 within = slot - tile * p.tile_slots;
     const int group = static_cast<int>(within >> tile_rows_log2);
@@ -324,18 +336,12 @@ __global__ void __launch_bounds__(kMaxThreads,
     const u32 read_row = min(row, p.rows - 1u);
     const i64 value0 = static_cast<i64>(group) * kGroup + lane * kValues;
     const i64 k = static_cast<i64>(p.groups_per_row) * kGroup;
-    u32 words[kLaneWords];
-    // NOTES: PDL: nothing global is read or written before the producer of x is done (the
-    // previous kernel may also still read q and the scales), but kSiluMul's table, constant
-    // data copied before the loads (SiluBandTable); once our loads are issued the next kernel
-    // may start its prologue
-    table.start(p.table_by_threads != 0u);
-    wait_for_producer();
-    u32 up[kLaneWords];
-    load_inputs<kIn, kVec16, kAct>(
-        p, static_cast<const Storage*>(p.x) + static_cast<i64>(batch) * p.x_batch_stride32 +
-               static_cast<i64>(static_cast<int>(read_row)) * p.x_row_stride32 + value0, words,
-        up);
+    if (p.flat_slots == 0u) {
+      load_inputs<kIn, kVec16, kAct>(
+          p, x + static_cast<i64>(batch) * p.x_batch_stride32 +
+                 static_cast<i64>(static_cast<int>(read_row)) * p.x_row_stride32 + value0, words,
+          up);
+    }
     signal_dependents();
     table.wait(p.table_by_threads != 0u);
     apply_activation<kIn, kAct>(words, up, table);

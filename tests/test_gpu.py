@@ -521,6 +521,33 @@ def test_more_batches_than_grid_z_holds(layout, kernel_path):
     check(x, to_device(x, "cupy"), "cupy", 128, "e4m3", "ue8m0", layout)
 
 
+@pytest.mark.parametrize("layout", ["packed", "row"])
+@pytest.mark.parametrize("lib", ["cupy", "torch"])
+def test_the_linear_slot_load_only_where_rows_are_contiguous(lib, layout, kernel_path):
+    # the one-pass kernel loads slot s at x + s * G where rows are K apart and batches rows * K
+    # (make_params' flat_slots, docs/perf.md step 25); every other arrangement of the same
+    # values reads through the strides, and each writes what NumPy does
+    from fp8_group_quant._arrays import describe
+    from fp8_group_quant._request import make_request
+
+    rng = np.random.default_rng(25)
+    args = (lib, 128, "e4m3", "ue8m0", layout)
+    x = activations(rng, (3, 5, 2048), "bfloat16", specials=True)
+    cases = [
+        (x, to_device(x, lib), 1),  # contiguous batches
+        (x[:, :4], to_device(x, lib)[:, :4], 0),  # batches 5 rows apart, 4 real
+        (x[1], wider_rows(x[1], 256, lib, 128), 0),  # rows inside wider rows
+        (x[1, 2:3], wider_rows(x[1], 256, lib, 128)[2:3], 1),  # one row of a wider buffer
+        (x[:, 1:2], to_device(x, lib)[:, 1:2], 0),  # batches of one row, 5 rows apart
+    ]
+    if lib == "cupy":  # rows in reverse (torch has no negative strides)
+        cases.append((x[0, ::-1], to_device(x, lib)[0, ::-1], 0))
+    for host, device, flat in cases:
+        request = make_request(describe(device, "x"), *args[1:], 1e-10, False)
+        assert _launch.make_params(request).flat_slots == flat, host.shape
+        check(np.ascontiguousarray(host), device, *args)
+
+
 def test_negative_row_strides_take_64_bit_offsets():
     import cupy
 

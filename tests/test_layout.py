@@ -376,11 +376,45 @@ def test_the_one_pass_prologue_reads_one_constant_line():
     params = _launch.params_type()
     prologue = ("x", "x_row_stride32", "x_batch_stride32", "slots", "tile_slots",
                 "tile_slots_magic", "batch_tiles", "batch_tiles_magic", "rows", "tile_slots_shift",
-                "batch_tiles_shift", "tile_rows_log2")  # fmt: skip
+                "batch_tiles_shift", "tile_rows_log2", "flat_slots")  # fmt: skip
     for name in prologue:
         field = getattr(params, name)
         assert field.offset + field.size <= 48, name
     assert ctypes.sizeof(params) % 8 == 0
+
+
+def _flat_slots(x, layout="packed", activation=None):
+    from fp8_group_quant import _launch
+    from fp8_group_quant._arrays import describe
+    from fp8_group_quant._request import make_request
+
+    request = make_request(
+        describe(x, "x"), 128, "e4m3", "ue8m0", layout, 1e-10, False, activation=activation
+    )
+    tile = _launch.tile_rows(request.output.layout, request.kernel_key().lanes_per_group)
+    return _launch.make_params(request).flat_slots, _launch.flat_slots(request, tile)
+
+
+def test_the_one_pass_load_is_linear_in_the_slot_only_for_contiguous_rows():
+    # flat_slots: slot s's values at x + s * G, so the load waits for no division (docs/perf.md
+    # step 25); only where every slot's place over (batch, row, group) is that address
+    import ml_dtypes
+
+    def x(shape):
+        return np.zeros(shape, ml_dtypes.bfloat16)
+
+    assert _flat_slots(x((1, 7168))) == (1, True)
+    assert _flat_slots(x((5, 3, 2048))) == (1, True)  # batches rows * K apart
+    assert _flat_slots(x((70000, 1, 256)), "row") == (1, True)
+    assert _flat_slots(x((3, 5, 2048))[:, :4]) == (0, False)  # batches 5 rows apart, 4 real
+    assert _flat_slots(x((4, 2304))[:, :2048]) == (0, False)  # rows inside wider rows
+    assert _flat_slots(x((4, 2304))[2:3, :2048]) == (1, True)  # one row: its stride unused
+    assert _flat_slots(x((3, 1, 2304))[:, :, :2048]) == (0, False)  # batches of one such row
+    assert _flat_slots(x((6, 2048))[::2]) == (0, False)  # every other row
+    assert _flat_slots(x((6, 2048))[::-1]) == (0, False)  # rows in reverse
+    assert _flat_slots(x((1, 2, 2048))[:, ::-1]) == (0, False)  # one batch, reversed rows
+    assert _flat_slots(x((64, 2048)), "col_tma") == (0, False)  # tiles of 4 rows
+    assert _flat_slots(x((4, 4096)), activation="silu_mul") == (0, False)  # gate, then up
 
 
 @pytest.mark.parametrize("rows, residual, knob, blocks", [

@@ -20,7 +20,11 @@ Columns, us per call by CUDA-graph replay over rotating buffers (graphs replayed
 - sgl: SGLang's kernel as shipped (its loads compile to the read-only path, LDG.CONSTANT, as
   the AOT kernel's `ld.global.nc`); the codes and scales of its real rows are compared with
   ours and the differing bytes counted;
-- with --variants=NAME[,NAME...], text edits of ours: scale1st, finite, nopad (of the kernel of
+- with --variants=NAME[,NAME...] (and --m=M,M,... for the rows), text edits of ours (session 24,
+  today's kernel): flat (the load's address linear in the group slot, as SGLang's, valid for
+  one batch of contiguous rows), finite_now (no Inf/NaN vote), nopad_now (no padding rows,
+  not the contract), lean_nopad (the three), t64 (ours in blocks of 64 threads); and older
+  ones: scale1st, finite, nopad (of the kernel of
   commit 9017005, which run 1 of session 9 measured): the scale stored before the codes are
   computed, no Inf/NaN paths (valid on this finite data), no padding rows (not the contract);
   regs32 (run 13, after step 22): the lean one-pass kernel at eight resident blocks;
@@ -35,7 +39,7 @@ Columns, us per call by CUDA-graph replay over rotating buffers (graphs replayed
   built with kUsePDL = false, without the attribute, as its host launches it elsewhere. "sgl"
   stays the kUsePDL kernel without the attribute, as runs 1-20 of session 9 timed it.
 Run from the repository root: PYTHONPATH=$PWD python3 docs/experiments/sglang_same_run.py PATH
-[--variants=NAMES] [K ...]
+[--variants=NAMES] [--m=M,...] [K ...]
 """
 
 import ctypes
@@ -158,7 +162,34 @@ NO_GRIDDEPCONTROL = [
     ('asm volatile("griddepcontrol.wait;" ::: "memory");', 'asm volatile("" ::: "memory");'),
     ('asm volatile("griddepcontrol.launch_dependents;" :::);', 'asm volatile("" :::);'),
 ]
+# session 24, on today's kernel (step 22's tail, fused step 30): the load's address linear in
+# the group slot, as SGLang's (valid for one batch of contiguous rows and one-row tiles, as
+# measured here), the divisions then needed by the stores only; no Inf/NaN vote (valid on
+# this finite data); no padding rows (not the contract: the rows below M keep their poison);
+# and the three together
+FLAT = [
+    (
+        "        p, static_cast<const Storage*>(p.x) + static_cast<i64>(batch) *"
+        " p.x_batch_stride32 +\n"
+        "               static_cast<i64>(static_cast<int>(read_row)) * p.x_row_stride32 + value0,"
+        " words,\n        up);",
+        "        p, static_cast<const Storage*>(p.x) + static_cast<i64>(slot) * kGroup +"
+        " lane * kValues, words, up);",
+    )
+]
+FINITE_NOW = [
+    (
+        "const bool nonfinite = magnitude >= L::kInf;  // uniform",
+        "const bool nonfinite = false;  //",
+    )
+]
+NO_PAD_NOW = [("if (active && row == p.rows - 1u) {", "if (false) {")]
 VARIANTS = {
+    "flat": FLAT,
+    "finite_now": FINITE_NOW,
+    "nopad_now": NO_PAD_NOW,
+    "lean_nopad": FLAT + FINITE_NOW + NO_PAD_NOW,
+    "t64": SAME,  # ours in blocks of 64 threads (VARIANT_THREADS), as SGLang's at M = 1
     "same": SAME,
     "nogdc": NO_GRIDDEPCONTROL,
     "signal_end": SIGNAL_AT_END,
@@ -168,6 +199,10 @@ VARIANTS = {
     "nopad": flat_one_pass.NO_PAD,
     "regs32": REGISTERS_32,
 }
+
+
+VARIANT_THREADS = {"t64": 64}  # threads a block of a variant's one-pass grid, else 128
+ALL_M = (1, 4, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 
 
 def sglang_config(m: int, k: int) -> tuple[int, int]:
@@ -194,10 +229,11 @@ def measure(m: int, k: int, roofline, sglang: dict, binaries: dict, modes: bool)
         launches["ours_pdl"] = _launch.prepare(request, device)
         _launch.PDL = False
     for name, function in binaries.items():
-        launches[name] = flat_one_pass.ours(m, k, inputs[0], 128, True, function)
+        threads = VARIANT_THREADS.get(name, 128)
+        launches[name] = flat_one_pass.ours(m, k, inputs[0], threads, True, function)
     expected = flat_one_pass.reference(m, k, x_host)
     for name, launch in launches.items():
-        if name != "nopad":
+        if "nopad" not in name:
             flat_one_pass.check_ours(launch, expected, inputs[0])
 
     blocks, threads = sglang_config(m, k)
@@ -254,6 +290,8 @@ def main() -> None:
     chosen = [a.split("=", 1)[1] for a in sys.argv[2:] if a.startswith("--variants=")]
     variants = {n: VARIANTS[n] for n in chosen[0].split(",")} if chosen else {}
     ks = [int(a) for a in sys.argv[2:] if not a.startswith("--")] or [7168, 2048, 2688]
+    chosen_m = [a.split("=", 1)[1] for a in sys.argv[2:] if a.startswith("--m=")]
+    m_values = [int(v) for v in chosen_m[0].split(",")] if chosen_m else ALL_M
     roofline = harness.roofline_function()
     modes = "--modes" in sys.argv
     sglang = {"sgl": sglang_function(path)}
@@ -263,7 +301,7 @@ def main() -> None:
     print("registers:", {n: f.num_regs for n, f in {**sglang, **binaries}.items()}, flush=True)
     header = None
     for k in ks:
-        for m in (1, 4, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384):
+        for m in m_values:
             times, differ = measure(m, k, roofline, sglang, binaries, modes)
             if header is None:
                 header = list(times)
