@@ -127,6 +127,7 @@ class KernelKey:
     norm_lanes: int = 1  # the RMSNorm kernel's 32-byte lanes a thread (1 or 2; norm_lanes())
     norm_stash: bool = False  # the walking RMSNorm kernel with the weight in shared memory
     blocks_per_sm: int = 0  # quantize_groups' kBlocks: 256-thread blocks it fits an SM, 0: its rule
+    flat: bool = False  # one pass, plain input, contiguous rows: slot s at x + s * G (flat_slots)
 
     @property
     def lanes_per_group(self) -> int:
@@ -154,7 +155,8 @@ class KernelKey:
             f"{SCALE_FORMATS[self.scale].kernel_trait}, {self.layout_trait}, "
             f"{'true' if self.vec16 else 'false'}, {'true' if self.one_pass else 'false'}, "
             f"{INPUT_MODES[self.activation].kernel_trait}"
-            f"{f', {self.blocks_per_sm}' if self.blocks_per_sm else ''}>"
+            f"{f', {self.blocks_per_sm}' if self.blocks_per_sm or self.flat else ''}"
+            f"{', true' if self.flat else ''}>"
         )
 
 
@@ -184,9 +186,11 @@ def all_kernel_keys() -> list[KernelKey]:
         for one_pass in ((True, False) if activation is None and not masked else (True,))
     ]
     six = [dataclasses.replace(k, blocks_per_sm=SILU_SIX_BLOCKS) for k in keys if has_six_blocks(k)]
+    flat = [dataclasses.replace(k, flat=True) for k in keys if has_flat(k)]
     return (
         keys
         + six
+        + flat
         + [
             KernelKey(*combination, True, True, norm=True, norm_lanes=lanes, norm_stash=stash)
             for combination in combinations
@@ -226,6 +230,20 @@ def has_six_blocks(key: KernelKey) -> bool:
     )
 
 
+def has_flat(key: KernelKey) -> bool:
+    """Whether ``key`` has the instantiation whose load is linear in the group slot (flat_slots):
+    the one-pass kernels of plain, 16-byte aligned input."""
+    return (
+        key.one_pass
+        and key.vec16
+        and key.activation is None
+        and not key.masked
+        and not key.norm
+        and key.blocks_per_sm == 0
+        and not key.flat
+    )
+
+
 def nvfp4_names(input_dtype: str) -> tuple[str, str]:
     """The NVFP4 kernels of one input type: (quantize_nvfp4, nvfp4_amax) (fp8_group_quant.nvfp4)."""
     trait = INPUT_TYPES[input_dtype].kernel_trait
@@ -238,8 +256,16 @@ def all_name_expressions() -> list[str]:
     return names + [name for input_dtype in INPUT_TYPES for name in nvfp4_names(input_dtype)]
 
 
-DEFAULT_KEY = KernelKey("bfloat16", 128, "e4m3", "ue8m0", "fgq::kPackedExponents", True, True)
-DEFAULT_KEYS = (DEFAULT_KEY, dataclasses.replace(DEFAULT_KEY, one_pass=False))  # both paths
+# the default kernel as a contiguous input takes it (flat), and its other two paths: one pass
+# through x's strides, the row loop
+DEFAULT_KEY = KernelKey(
+    "bfloat16", 128, "e4m3", "ue8m0", "fgq::kPackedExponents", True, True, flat=True
+)
+DEFAULT_KEYS = (
+    DEFAULT_KEY,
+    dataclasses.replace(DEFAULT_KEY, flat=False),
+    dataclasses.replace(DEFAULT_KEY, flat=False, one_pass=False),
+)
 
 
 # grid and block ---------------------------------------------------------------------------------
@@ -721,16 +747,18 @@ def strides_fit_i32(request) -> bool:
 
 
 def flat_slots(request, tile: int) -> bool:
-    """Whether the one-pass kernel may load group slot s at x + s * G: plain input (no
-    activation), one-row tiles, x's rows K elements apart and its batches rows * K apart (a
-    contiguous 2-D or 3-D input, or one row of a wider buffer).
+    """Whether the one-pass kernel may load group slot s at x + s * G (its kFlat
+    instantiation, has_flat): plain input (no activation), 16-byte aligned, one-row tiles, x's
+    rows K elements apart and its batches rows * K apart (a contiguous 2-D or 3-D input, or one
+    row of a wider buffer).
 
     NOTES: its load's address then waits for no division; measured on the H200 (docs/perf.md
-    step 25) 0.01-0.05 us faster at M = 1-1024, K = 7168 and 2048, without PDL."""
+    step 25)."""
     geometry = request.output
     k = geometry.k
     return (
         request.mode.width_factor == 1
+        and request.x_aligned
         and tile == 1
         and (geometry.rows == 1 or request.x_row_stride == k)
         and (geometry.batches == 1 or request.x_batch_stride == geometry.rows * k)
@@ -755,7 +783,6 @@ def make_params(request, **pointers) -> ctypes.Structure:
         tile_slots_shift=tile_shift,
         batch_tiles_shift=batch_shift,
         tile_rows_log2=rows.bit_length() - 1,
-        flat_slots=1 if flat_slots(request, rows) else 0,
         x_batch_stride=request.x_batch_stride,
         x_row_stride=request.x_row_stride,
         x_batch_stride32=request.x_batch_stride if strides_fit_i32(request) else 0,
@@ -806,10 +833,12 @@ def prepare(request, device: int) -> Launch:
     threads, blocks_per_row = block_shape(geometry.groups, lanes, rows)
     tiles = -(-geometry.batches * geometry.grid_rows // rows)  # row tiles over all batches
 
+    flat = flat_slots(request, rows)
+
     def loaded(one_pass: bool, threads: int, blocks_per_sm: int = 0) -> tuple[int, int, int]:
         """(function handle, resident blocks per SM, SMs) of the path's instantiation."""
         expression = dataclasses.replace(
-            key, one_pass=one_pass, blocks_per_sm=blocks_per_sm
+            key, one_pass=one_pass, blocks_per_sm=blocks_per_sm, flat=one_pass and flat
         ).name_expression
         function = _jit.get_function(SOURCE, expression, device)
         with _jit.current_device(device):  # RawKernel.kernel is the current device's function

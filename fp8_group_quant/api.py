@@ -779,8 +779,9 @@ def warmup(device: int | None = None, variants=None) -> list[str]:
     """Compile (or read from the disk cache) and load kernels on ``device`` before serving.
 
     ``device``: a CUDA ordinal (default: the current device). ``variants``: None for the default
-    kernel (bfloat16, G = 128, e4m3, packed UE8M0 scales; both its paths, the one-pass kernel and
-    the row loop), ``"all"`` for every instantiation (NVFP4's included), or
+    kernel (bfloat16, G = 128, e4m3, packed UE8M0 scales; all its paths: the one-pass kernel for
+    contiguous rows and through x's strides, and the row loop), ``"all"`` for every instantiation
+    (NVFP4's included), or
     an iterable of dicts of ``quantize`` options plus ``input_dtype`` (default ``"bfloat16"``),
     e.g. ``[{"input_dtype": "float16", "scale": "ue8m0", "layout": "col_tma"}]``. Kernels for
     16-byte aligned inputs are loaded; the unaligned fallback loads on first use. Returns the
@@ -825,7 +826,12 @@ def _warmup_keys(options: dict) -> list[_launch.KernelKey]:
     )
     if mode.name is not None:  # the fused modes have the one-pass kernel only
         return [dataclasses.replace(key, one_pass=True)]
-    return [dataclasses.replace(key, one_pass=one_pass) for one_pass in (True, False)]  # both paths
+    # every path: one pass for contiguous rows (the load linear in the slot) and through x's
+    # strides, and the row loop
+    return [
+        dataclasses.replace(key, one_pass=True, flat=True),
+        *(dataclasses.replace(key, one_pass=one_pass) for one_pass in (True, False)),
+    ]
 
 
 def _host_strided(array: np.ndarray, shape, strides) -> np.ndarray:

@@ -29,8 +29,6 @@ struct Params {
   u8 tile_slots_shift;  //   tile_slots_magic's shift
   u8 batch_tiles_shift; //   batch_tiles_magic's shift
   u8 tile_rows_log2;    // a row tile holds 2^tile_rows_log2 consecutive rows
-  u8 flat_slots;        // one pass: 1 when slot s's values start at x + s * G (one-row tiles,
-                        //   rows K apart, batches rows * K apart)
   int groups_per_row;   // K / G
   i64 x_batch_stride;   // input elements between batches
   i64 x_row_stride;     // input elements between rows

@@ -17,12 +17,14 @@ def test_every_instantiation_compiles(arch):
     # SiLU-and-multiply (aligned, one pass), the masked kernel for both (aligned) and the
     # RMSNorm kernel (aligned, residual at run time, one or two lanes a thread, and for 16-bit
     # input the two-lane walking kernel with the weight in shared memory); bfloat16 SiLU of
-    # UE8M0 scales (float words and packed, four formats) at six blocks an SM too; then
+    # UE8M0 scales (float words and packed, four formats) at six blocks an SM too; the one-pass
+    # kernel of plain aligned input with the load linear in the slot (contiguous rows); then
     # NVFP4's two kernels per input type
     combinations = 4 * (4 * 3 + 2)
     six_blocks = 4 * 4 * 2
+    flat = 3 * combinations
     assert len(keys) == (
-        3 * combinations * (2 * 2 + 1 + 2 + 2) + 2 * combinations + six_blocks + 3 * 2
+        3 * combinations * (2 * 2 + 1 + 2 + 2) + 2 * combinations + six_blocks + flat + 3 * 2
     )
     report = []
     lowered = _jit.compile_offline(_launch.SOURCE, keys, arch, report)

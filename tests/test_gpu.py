@@ -1,5 +1,6 @@
 """CUDA kernels against the NumPy backend, bit for bit, with poisoned outputs (cupy and torch)."""
 
+import dataclasses
 import itertools
 import math
 import os
@@ -525,8 +526,10 @@ def test_more_batches_than_grid_z_holds(layout, kernel_path):
 @pytest.mark.parametrize("lib", ["cupy", "torch"])
 def test_the_linear_slot_load_only_where_rows_are_contiguous(lib, layout, kernel_path):
     # the one-pass kernel loads slot s at x + s * G where rows are K apart and batches rows * K
-    # (make_params' flat_slots, docs/perf.md step 25); every other arrangement of the same
-    # values reads through the strides, and each writes what NumPy does
+    # (its kFlat instantiation, _launch.flat_slots; docs/perf.md step 25); every other
+    # arrangement of the same values reads through the strides, and each writes what NumPy does
+    import cupy
+
     from fp8_group_quant._arrays import describe
     from fp8_group_quant._request import make_request
 
@@ -542,9 +545,15 @@ def test_the_linear_slot_load_only_where_rows_are_contiguous(lib, layout, kernel
     ]
     if lib == "cupy":  # rows in reverse (torch has no negative strides)
         cases.append((x[0, ::-1], to_device(x, lib)[0, ::-1], 0))
+    ordinal = cupy.cuda.runtime.getDevice()
     for host, device, flat in cases:
         request = make_request(describe(device, "x"), *args[1:], 1e-10, False)
-        assert _launch.make_params(request).flat_slots == flat, host.shape
+        key = request.kernel_key()
+        assert _launch.flat_slots(request, _launch.tile_rows(layout, key.lanes_per_group)) == flat
+        if kernel_path == "one pass":  # the launch takes that instantiation
+            expression = dataclasses.replace(key, one_pass=True, flat=bool(flat)).name_expression
+            function = _jit.get_function(_launch.SOURCE, expression, ordinal)
+            assert _launch.prepare(request, ordinal).handle == function.kernel.ptr, host.shape
         check(np.ascontiguousarray(host), device, *args)
 
 

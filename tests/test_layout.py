@@ -264,7 +264,13 @@ def test_the_launch_picks_its_path_and_grid(
         _launch, "Launch", lambda handle, grid, block, params, pdl: (handle, grid, block, params)
     )
     handle, got_grid, block, params = _launch.prepare(request, 0)
-    assert loaded[-1].endswith(f"{'true' if one_pass else 'false'}, fgq::kIdentity>")
+    assert f"{'true' if one_pass else 'false'}, fgq::kIdentity" in loaded[-1]
+    # contiguous rows take the one-pass kernel whose load is linear in the slot
+    tile = _launch.tile_rows(layout, request.kernel_key().lanes_per_group)
+    flat = one_pass and _launch.flat_slots(request, tile)
+    assert loaded[-1].endswith(", fgq::kIdentity, 0, true>" if flat else ", fgq::kIdentity>")
+    contiguous = ((64, 7168), (70000, 1, 256), (16384, 7168), (2048, 7168))
+    assert flat == (one_pass and shape in contiguous)
     assert got_grid == grid and handle == 0x1234 and block[0] % 32 == 0
     assert params.rows == request.output.rows and params.batches == request.output.batches
     if one_pass:  # the flat grid covers every slot, with less than one block to spare
@@ -376,7 +382,7 @@ def test_the_one_pass_prologue_reads_one_constant_line():
     params = _launch.params_type()
     prologue = ("x", "x_row_stride32", "x_batch_stride32", "slots", "tile_slots",
                 "tile_slots_magic", "batch_tiles", "batch_tiles_magic", "rows", "tile_slots_shift",
-                "batch_tiles_shift", "tile_rows_log2", "flat_slots")  # fmt: skip
+                "batch_tiles_shift", "tile_rows_log2")  # fmt: skip
     for name in prologue:
         field = getattr(params, name)
         assert field.offset + field.size <= 48, name
@@ -392,29 +398,31 @@ def _flat_slots(x, layout="packed", activation=None):
         describe(x, "x"), 128, "e4m3", "ue8m0", layout, 1e-10, False, activation=activation
     )
     tile = _launch.tile_rows(request.output.layout, request.kernel_key().lanes_per_group)
-    return _launch.make_params(request).flat_slots, _launch.flat_slots(request, tile)
+    return _launch.flat_slots(request, tile)
 
 
 def test_the_one_pass_load_is_linear_in_the_slot_only_for_contiguous_rows():
     # flat_slots: slot s's values at x + s * G, so the load waits for no division (docs/perf.md
-    # step 25); only where every slot's place over (batch, row, group) is that address
+    # step 25); only where every slot's place over (batch, row, group) is that address, and the
+    # rows are 16-byte aligned (the kernel's vector loads)
     import ml_dtypes
 
     def x(shape):
         return np.zeros(shape, ml_dtypes.bfloat16)
 
-    assert _flat_slots(x((1, 7168))) == (1, True)
-    assert _flat_slots(x((5, 3, 2048))) == (1, True)  # batches rows * K apart
-    assert _flat_slots(x((70000, 1, 256)), "row") == (1, True)
-    assert _flat_slots(x((3, 5, 2048))[:, :4]) == (0, False)  # batches 5 rows apart, 4 real
-    assert _flat_slots(x((4, 2304))[:, :2048]) == (0, False)  # rows inside wider rows
-    assert _flat_slots(x((4, 2304))[2:3, :2048]) == (1, True)  # one row: its stride unused
-    assert _flat_slots(x((3, 1, 2304))[:, :, :2048]) == (0, False)  # batches of one such row
-    assert _flat_slots(x((6, 2048))[::2]) == (0, False)  # every other row
-    assert _flat_slots(x((6, 2048))[::-1]) == (0, False)  # rows in reverse
-    assert _flat_slots(x((1, 2, 2048))[:, ::-1]) == (0, False)  # one batch, reversed rows
-    assert _flat_slots(x((64, 2048)), "col_tma") == (0, False)  # tiles of 4 rows
-    assert _flat_slots(x((4, 4096)), activation="silu_mul") == (0, False)  # gate, then up
+    assert _flat_slots(x((1, 7168))) is True
+    assert _flat_slots(x((5, 3, 2048))) is True  # batches rows * K apart
+    assert _flat_slots(x((70000, 1, 256)), "row") is True
+    assert _flat_slots(x((3, 5, 2048))[:, :4]) is False  # batches 5 rows apart, 4 real
+    assert _flat_slots(x((4, 2304))[:, :2048]) is False  # rows inside wider rows
+    assert _flat_slots(x((4, 2304))[2:3, :2048]) is True  # one row: its stride unused
+    assert _flat_slots(x((3, 1, 2304))[:, :, :2048]) is False  # batches of one such row
+    assert _flat_slots(x((6, 2048))[::2]) is False  # every other row
+    assert _flat_slots(x((6, 2048))[::-1]) is False  # rows in reverse
+    assert _flat_slots(x((1, 2, 2048))[:, ::-1]) is False  # one batch, reversed rows
+    assert _flat_slots(x((64, 2048)), "col_tma") is False  # tiles of 4 rows
+    assert _flat_slots(x((4, 4096)), activation="silu_mul") is False  # gate, then up
+    assert _flat_slots(x(4 * 2048 + 1)[1:].reshape(4, 2048)) is False  # 2 bytes past alignment
 
 
 @pytest.mark.parametrize("rows, residual, knob, blocks", [

@@ -21,10 +21,11 @@ Columns, us per call by CUDA-graph replay over rotating buffers (graphs replayed
   the AOT kernel's `ld.global.nc`); the codes and scales of its real rows are compared with
   ours and the differing bytes counted;
 - with --variants=NAME[,NAME...] (and --m=M,M,... for the rows), text edits of ours (session 24,
-  today's kernel): flat (the load's address linear in the group slot, as SGLang's, valid for
-  one batch of contiguous rows), finite_now (no Inf/NaN vote), nopad_now (no padding rows,
-  not the contract), lean_nopad (the three), t64 (ours in blocks of 64 threads); and older
-  ones: scale1st, finite, nopad (of the kernel of
+  of the kernel of commit 4c0153f, before step 25 made "flat" an instantiation): flat (the
+  load's address linear in the group slot, as SGLang's, valid for one batch of contiguous
+  rows), finite_now (no Inf/NaN vote), nopad_now (no padding rows, not the contract),
+  lean_nopad (the three), t64 (ours in blocks of 64 threads); and older ones: scale1st,
+  finite, nopad (of the kernel of
   commit 9017005, which run 1 of session 9 measured): the scale stored before the codes are
   computed, no Inf/NaN paths (valid on this finite data), no padding rows (not the contract);
   regs32 (run 13, after step 22): the lean one-pass kernel at eight resident blocks;
@@ -162,9 +163,9 @@ NO_GRIDDEPCONTROL = [
     ('asm volatile("griddepcontrol.wait;" ::: "memory");', 'asm volatile("" ::: "memory");'),
     ('asm volatile("griddepcontrol.launch_dependents;" :::);', 'asm volatile("" :::);'),
 ]
-# session 24, on today's kernel (step 22's tail, fused step 30): the load's address linear in
-# the group slot, as SGLang's (valid for one batch of contiguous rows and one-row tiles, as
-# measured here), the divisions then needed by the stores only; no Inf/NaN vote (valid on
+# session 24, on commit 4c0153f's kernel (step 22's tail, fused step 30): the load's address
+# linear in the group slot, as SGLang's (valid for one batch of contiguous rows and one-row
+# tiles, as measured here), the divisions then needed by the stores only; no Inf/NaN vote (valid on
 # this finite data); no padding rows (not the contract: the rows below M keep their poison);
 # and the three together
 FLAT = [
