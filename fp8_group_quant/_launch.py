@@ -774,8 +774,11 @@ def make_params(request, **pointers) -> ctypes.Structure:
     batch_tiles = -(-geometry.rows // rows)
     tile_magic, tile_shift = divisor(geometry.groups * rows)
     batch_magic, batch_shift = divisor(max(1, batch_tiles))
+    lanes = request.kernel_key().lanes_per_group
+    slots = one_pass_slots(geometry, rows)
     return params_type()(
-        slots=min(one_pass_slots(geometry, rows), 2**32 - 1),
+        slots=min(slots, 2**32 - 1),
+        block_slots=one_pass_threads(slots, lanes) // lanes,
         tile_slots=geometry.groups * rows,
         tile_slots_magic=tile_magic,
         batch_tiles=batch_tiles,

@@ -826,12 +826,12 @@ def _warmup_keys(options: dict) -> list[_launch.KernelKey]:
     )
     if mode.name is not None:  # the fused modes have the one-pass kernel only
         return [dataclasses.replace(key, one_pass=True)]
-    # every path: one pass for contiguous rows (the load linear in the slot) and through x's
-    # strides, and the row loop
-    return [
-        dataclasses.replace(key, one_pass=True, flat=True),
-        *(dataclasses.replace(key, one_pass=one_pass) for one_pass in (True, False)),
-    ]
+    # every path: one pass for contiguous rows (the load linear in the slot, where the layout
+    # has one-row tiles) and through x's strides, and the row loop
+    keys = [dataclasses.replace(key, one_pass=one_pass) for one_pass in (True, False)]
+    if _launch.tile_rows(layout, key.lanes_per_group) == 1:
+        keys.insert(0, dataclasses.replace(key, one_pass=True, flat=True))
+    return keys
 
 
 def _host_strided(array: np.ndarray, shape, strides) -> np.ndarray:

@@ -13,7 +13,8 @@ struct Params {
   // constant cache) hold all that the one-pass kernel reads before its load; each further
   // line read there cost 0.03-0.07 us at small M, and the kernel read two (docs/perf.md step
   // 22). Hence the 32-bit copies of x's strides (the launch layer takes the row loop for wider
-  // ones) and the bytes for the shifts. Every field the plain kernel reads after the load ends
+  // ones), the bytes for the shifts, and block_slots, which spares the kernel blockDim.x, read
+  // from the driver's line of the bank (c[0x0][0x0], step 26). Every field the plain kernel reads after the load ends
   // before x_up_offset, in lines the prologue already touches: a field alone in its line
   // (floor_emax was, at 0x2dc) is first read after the group's shuffles, and its miss sits on
   // the dependent chain (step 18)
@@ -29,6 +30,7 @@ struct Params {
   u8 tile_slots_shift;  //   tile_slots_magic's shift
   u8 batch_tiles_shift; //   batch_tiles_magic's shift
   u8 tile_rows_log2;    // a row tile holds 2^tile_rows_log2 consecutive rows
+  u8 block_slots;       // one pass: group slots a block, its threads / lanes a group
   int groups_per_row;   // K / G
   i64 x_batch_stride;   // input elements between batches
   i64 x_row_stride;     // input elements between rows

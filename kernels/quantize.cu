@@ -292,7 +292,7 @@ __device__ __forceinline__ void one_pass_group(const Params& p, Table& table) {
   constexpr int kLanes = kGroup / kValues;
   const int lane = threadIdx.x % kLanes;
   const int tile_rows_log2 = p.tile_rows_log2;
-  const u32 slot_in_grid = blockIdx.x * (blockDim.x / kLanes) + threadIdx.x / kLanes;
+  const u32 slot_in_grid = blockIdx.x * p.block_slots + threadIdx.x / kLanes;
   const bool in_grid = slot_in_grid < p.slots;
   const u32 slot = min(slot_in_grid, p.slots - 1u);
   const Storage* x = static_cast<const Storage*>(p.x);

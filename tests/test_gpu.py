@@ -496,7 +496,14 @@ def test_warmup_loads_the_variants_asked_for():
         "fgq::quantize_groups<fgq::kF16, 128, fgq::kE4M3FNUZ, fgq::kFloat32Scale, "
         "fgq::kFloatWords, true, {}, fgq::kIdentity>"
     )
-    assert loaded == [expression.format("true"), expression.format("false")]  # both paths
+    # both paths (col's row tiles have no load linear in the slot)
+    assert loaded == [expression.format("true"), expression.format("false")]
+    loaded = fgq.warmup(device, [{"input_dtype": "float16", "dtype": "e4m3fnuz", "layout": "row"}])
+    assert loaded == [  # row's tiles of one row: the one-pass kernel of contiguous rows too
+        expression.format("true").replace(">", ", 0, true>"),
+        expression.format("true"),
+        expression.format("false"),
+    ]
     fused = fgq.warmup(device, [{"scale": "ue8m0", "layout": "packed", "activation": "silu_mul"}])
     assert fused == [  # the fused modes have the one-pass kernel only
         "fgq::quantize_groups<fgq::kBF16, 128, fgq::kE4M3, fgq::kUE8M0Scale, "

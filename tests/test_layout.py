@@ -274,8 +274,10 @@ def test_the_launch_picks_its_path_and_grid(
     assert got_grid == grid and handle == 0x1234 and block[0] % 32 == 0
     assert params.rows == request.output.rows and params.batches == request.output.batches
     if one_pass:  # the flat grid covers every slot, with less than one block to spare
-        threads = params.slots * request.kernel_key().lanes_per_group
+        lanes = request.kernel_key().lanes_per_group
+        threads = params.slots * lanes
         assert got_grid[0] * block[0] >= threads > (got_grid[0] - 1) * block[0]
+        assert params.block_slots * lanes == block[0]  # the kernel reads no blockDim.x
 
 
 @pytest.mark.parametrize(
@@ -382,7 +384,7 @@ def test_the_one_pass_prologue_reads_one_constant_line():
     params = _launch.params_type()
     prologue = ("x", "x_row_stride32", "x_batch_stride32", "slots", "tile_slots",
                 "tile_slots_magic", "batch_tiles", "batch_tiles_magic", "rows", "tile_slots_shift",
-                "batch_tiles_shift", "tile_rows_log2")  # fmt: skip
+                "batch_tiles_shift", "tile_rows_log2", "block_slots")  # fmt: skip
     for name in prologue:
         field = getattr(params, name)
         assert field.offset + field.size <= 48, name

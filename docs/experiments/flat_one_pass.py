@@ -109,6 +109,7 @@ def ours(m: int, k: int, x, threads: int | None, one_pass: bool, function=None):
         finally:
             _launch.ONE_PASS_MAX_WAVES = saved
     params = _launch.make_params(request)
+    params.block_slots = threads // request.kernel_key().lanes_per_group  # step 26's field
     if function is None:
         key = request.kernel_key()
         function = _jit.get_function(_launch.SOURCE, key.name_expression, device)
