@@ -776,9 +776,11 @@ def make_params(request, **pointers) -> ctypes.Structure:
     batch_magic, batch_shift = divisor(max(1, batch_tiles))
     lanes = request.kernel_key().lanes_per_group
     slots = one_pass_slots(geometry, rows)
+    block_slots = one_pass_threads(slots, lanes) // lanes
+    assert 0 < block_slots < 256, "Params.block_slots is one byte"
     return params_type()(
         slots=min(slots, 2**32 - 1),
-        block_slots=one_pass_threads(slots, lanes) // lanes,
+        block_slots=block_slots,
         tile_slots=geometry.groups * rows,
         tile_slots_magic=tile_magic,
         batch_tiles=batch_tiles,

@@ -206,6 +206,34 @@ def test_the_one_pass_block_size_knob_is_checked(monkeypatch, threads, ok):
             _launch.one_pass_threads(1000, 8)
 
 
+@pytest.mark.parametrize("threads", [0, 64, 96, 256])
+@pytest.mark.parametrize("group_size, input_dtype", [(128, "bfloat16"), (32, "bfloat16"),
+                                                     (256, "float32")])  # fmt: skip
+def test_the_one_pass_block_slots_follow_the_block_launched(
+    monkeypatch, threads, group_size, input_dtype
+):
+    # the one-pass kernel numbers its slots by Params.block_slots, not blockDim.x (docs/perf.md
+    # step 26): whatever the block size knob says, they agree
+    from fp8_group_quant import _jit, _launch
+    from fp8_group_quant._arrays import describe
+    from fp8_group_quant._request import make_request
+
+    monkeypatch.setattr(_launch, "ONE_PASS_THREADS", threads)
+    monkeypatch.setattr(_jit, "get_function", lambda source, expression, device: _FakeFunction)
+    monkeypatch.setattr(_jit, "current_device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(_launch, "resident_blocks", lambda *args: (6, 132))
+    monkeypatch.setattr(_launch, "pdl_supported", lambda device: False)
+    monkeypatch.setattr(
+        _launch, "Launch", lambda handle, grid, block, params, pdl: (handle, grid, block, params)
+    )
+    x = np.empty((37, 2048), NP_INPUT[input_dtype])
+    request = make_request(describe(x, "x"), group_size, "e4m3", "ue8m0", "row", 1e-10, False)
+    _, grid, block, params = _launch.prepare(request, 0)
+    lanes = request.kernel_key().lanes_per_group
+    assert grid[1] == 1 and params.block_slots * lanes == block[0] == (threads or 128)
+    assert grid[0] * params.block_slots >= params.slots > (grid[0] - 1) * params.block_slots
+
+
 class _FakeFunction:
     class kernel:  # noqa: N801 - mimics RawKernel.kernel.ptr
         ptr = 0x1234
