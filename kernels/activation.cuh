@@ -19,7 +19,11 @@ constexpr float kLn2Over64Lo = -0x1.bd0106p-19f;  // RN(ln 2 / 64 - kLn2Over64Hi
 constexpr float kOneSixth = 0x1.555556p-3f;  // RN(1 / 6)
 
 // 2^(j / 64) = hi + lo: RN(2^(j / 64)) and RN(2^(j / 64) - hi), interleaved
-__constant__ float kExpTable[128] = {
+// NOTES: in global memory, read once per block (ExpTable::fill), not in constant memory: a
+// variable in the constant space anywhere in the module cost every kernel launched from it
+// 0.10-0.23 us a launch, whether the kernel read it or not (docs/perf.md step 27);
+// tests/test_compile.py checks that the module declares none
+__device__ __align__(8) const float kExpTable[128] = {
     0x1p+0f, 0x0p+0f, 0x1.02c9a4p+0f, -0x1.887fap-28f,
     0x1.059b0ep+0f, -0x1.9d4f52p-25f, 0x1.087452p+0f, -0x1.e2990ep-26f,
     0x1.0b5586p+0f, 0x1.9f3122p-25f, 0x1.0e3ec4p+0f, -0x1.a585ccp-25f,
@@ -54,13 +58,13 @@ __constant__ float kExpTable[128] = {
     0x1.f50766p+0f, -0x1.246ebp-26f, 0x1.fa7c18p+0f, 0x1.9e90d8p-28f,
 };
 
-// the table in shared memory: the lanes of a warp index it at random, which the constant cache
-// would serialise; filled once per block before any return
+// the table in shared memory: the lanes of a warp index it at random; filled once per block
+// before any return
 struct ExpTable {
   float2 entries[64];
   __device__ __forceinline__ void fill() {
     if (threadIdx.x < 64) {
-      entries[threadIdx.x] = make_float2(kExpTable[2 * threadIdx.x], kExpTable[2 * threadIdx.x + 1]);
+      entries[threadIdx.x] = __ldg(reinterpret_cast<const float2*>(kExpTable) + threadIdx.x);
     }
     __syncthreads();
   }

@@ -42,6 +42,36 @@ def test_every_instantiation_compiles(arch):
     ), [line for line in spills if " 0 bytes spill stores" not in line]
 
 
+def _one_of_each_kernel() -> list[str]:
+    """A name expression of each kernel template and input mode of quantize.cu."""
+    names = _launch.all_name_expressions()
+    kinds = ("quantize_groups", "quantize_masked", "quantize_norm", "quantize_nvfp4", "nvfp4_amax")
+    picked = [next(n for n in names if f"fgq::{kind}<" in n) for kind in kinds]
+    # SiLU's two tables (bfloat16's band, the others' exponential) and the flat one-pass load
+    for input_type in ("fgq::kBF16", "fgq::kF16"):
+        prefix = f"fgq::quantize_groups<{input_type}"
+        picked.append(next(n for n in names if "kSiluMul" in n and n.startswith(prefix)))
+    picked.append(_launch.DEFAULT_KEY.name_expression)
+    return picked
+
+
+def test_no_module_declares_constant_memory():
+    # a __constant__ variable anywhere in a module cost every kernel launched from it 0.10-0.23
+    # us a launch on the H200, read or not (docs/perf.md step 27): the sources declare none, and
+    # the PTX of each kernel template (and of the benchmark's modules) has no .const variable
+    for path in _jit.kernel_dir().iterdir():
+        assert "__constant__" not in path.read_text(), path.name
+    modules = [(_launch.SOURCE, _one_of_each_kernel()), ("roofline.cu", ["fgq::roofline_copy"]),
+               ("chain.cu", ["fgq::produce_bf16", "fgq::consume"])]  # fmt: skip
+    for source, names in modules:
+        ptx, _, _ = _jit._nvrtc_compile(source, names, "compute_90")
+        text = ptx.decode() if isinstance(ptx, bytes) else ptx
+        assert ".global .align" in text or source != _launch.SOURCE  # the tables are global
+        assert not [line for line in text.splitlines() if line.lstrip().startswith(".const")], (
+            source
+        )
+
+
 def test_jit_layer_compiles_a_toy_kernel(tmp_path, monkeypatch):
     # _jit knows nothing about quantization: any directory of .cu files works through it
     (tmp_path / "toy.cu").write_text(

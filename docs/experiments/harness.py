@@ -91,3 +91,10 @@ def launch_calls(launch, inputs, outputs) -> list:
 def time_launch(launch, inputs, outputs) -> float:
     """Graph-replay us per call of a prepared launch over the inputs."""
     return bench.graph_time_us(cupy, launch_calls(launch, inputs, outputs), 9)
+
+
+def print_times(m: int, k: int, times: dict, header: bool) -> None:
+    """One row of us per call (``times``: column -> us), after a header line when ``header``."""
+    if header:
+        print(f"{'M':>6} {'K':>5} " + " ".join(f"{c:>10}" for c in times), flush=True)
+    print(f"{m:>6} {k:>5} " + " ".join(f"{t:>10.2f}" for t in times.values()), flush=True)

@@ -40,10 +40,12 @@ Columns, us per call by CUDA-graph replay over rotating buffers (graphs replayed
   built with kUsePDL = false, without the attribute, as its host launches it elsewhere. "sgl"
   stays the kUsePDL kernel without the attribute, as runs 1-20 of session 9 timed it.
 Run from the repository root: PYTHONPATH=$PWD python3 docs/experiments/sglang_same_run.py PATH
-[--variants=NAMES] [--m=M,...] [K ...]
+[--variants=NAMES] [--m=M,...] [--modes] [--json=PATH] [K ...]
+(--json writes every row, us per call of each column and SGLang's differing bytes, as it goes)
 """
 
 import ctypes
+import json
 import sys
 
 import cupy
@@ -113,11 +115,17 @@ def sglang_text(path: str) -> str:
     return PRELUDE + body + "\n}  // namespace sglang\n"
 
 
-def sglang_function(path: str, name: str = NAME):
-    """SGLang's kernel compiled by NVRTC with the CUDA headers (cuda_fp8.h, cuda_bf16.h)."""
+def sglang_function(path: str, name: str = NAME, edits=()):
+    """SGLang's kernel compiled by NVRTC with the CUDA headers (cuda_fp8.h, cuda_bf16.h), with
+    ``edits`` ((old, new) text pairs) applied."""
     cuda_path = cupy.cuda.get_cuda_path()
     options = (*_jit.nvrtc_options(), *([f"-I{cuda_path}/include"] if cuda_path else []))
-    module = cupy.RawModule(code=sglang_text(path), options=options, name_expressions=(name,))
+    text = sglang_text(path)
+    for old, new in edits:
+        if old not in text:
+            raise LookupError(f"edit target not in SGLang's source: {old}")
+        text = text.replace(old, new)
+    module = cupy.RawModule(code=text, options=options, name_expressions=(name,))
     return module.get_function(name)
 
 
@@ -185,10 +193,21 @@ FINITE_NOW = [
     )
 ]
 NO_PAD_NOW = [("if (active && row == p.rows - 1u) {", "if (false) {")]
+# session 25, on the kernel of commit 713cc82 (steps 25-26): the scale stored before the codes
+# are computed, as SGLang's kernel orders its stores
+SCALE_FIRST_NOW = [
+    (
+        "    encode_lane<kIn, kOut, kMultiply, kValues>(values, scale, inverse, codes);",
+        "    ScaleLayout<kLayout>::template store_at<kStraightTail>(scale_at, p, group, scale,"
+        " exponent, real_row, store_scale);\n    store_scale = false;\n"
+        "    encode_lane<kIn, kOut, kMultiply, kValues>(values, scale, inverse, codes);",
+    )
+]
 VARIANTS = {
     "flat": FLAT,
     "finite_now": FINITE_NOW,
     "nopad_now": NO_PAD_NOW,
+    "scale1st_now": SCALE_FIRST_NOW,
     "lean_nopad": FLAT + FINITE_NOW + NO_PAD_NOW,
     "t64": SAME,  # ours in blocks of 64 threads (VARIANT_THREADS), as SGLang's at M = 1
     "same": SAME,
@@ -202,6 +221,7 @@ VARIANTS = {
 }
 
 
+UNCHECKED: set[str] = set()  # kernels of other experiments that are not the contract
 VARIANT_THREADS = {"t64": 64}  # threads a block of a variant's one-pass grid, else 128
 ALL_M = (1, 4, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 
@@ -234,7 +254,7 @@ def measure(m: int, k: int, roofline, sglang: dict, binaries: dict, modes: bool)
         launches[name] = flat_one_pass.ours(m, k, inputs[0], threads, True, function)
     expected = flat_one_pass.reference(m, k, x_host)
     for name, launch in launches.items():
-        if "nopad" not in name:
+        if "nopad" not in name and name not in UNCHECKED:
             flat_one_pass.check_ours(launch, expected, inputs[0])
 
     blocks, threads = sglang_config(m, k)
@@ -285,7 +305,9 @@ def measure(m: int, k: int, roofline, sglang: dict, binaries: dict, modes: bool)
     return dict(zip(names, times)), differ
 
 
-def main() -> None:
+def main(extra: dict | None = None, sglang_edits: dict | None = None) -> None:
+    """``extra``: name -> kernels taking ours' Params, launched as the variants are;
+    ``sglang_edits``: name -> text edits of SGLang's kernel, launched as it is."""
     _launch.PDL = False  # as the roofline kernel and SGLang's: no overlap of back-to-back calls
     path = sys.argv[1]
     chosen = [a.split("=", 1)[1] for a in sys.argv[2:] if a.startswith("--variants=")]
@@ -298,12 +320,22 @@ def main() -> None:
     sglang = {"sgl": sglang_function(path)}
     if modes:
         sglang["sgl_nopdl"] = sglang_function(path, NAME_NO_PDL)
+    for name, edits in (sglang_edits or {}).items():
+        sglang[name] = sglang_function(path, NAME, edits)
     binaries = {name: flat_one_pass.variant(*edits) for name, edits in variants.items()}
-    print("registers:", {n: f.num_regs for n, f in {**sglang, **binaries}.items()}, flush=True)
+    binaries.update(extra or {})
+    registers = {n: f.num_regs for n, f in {**sglang, **binaries}.items()}
+    print("registers:", registers, flush=True)
+    chosen_json = [a.split("=", 1)[1] for a in sys.argv[2:] if a.startswith("--json=")]
+    rows = []
     header = None
     for k in ks:
         for m in m_values:
             times, differ = measure(m, k, roofline, sglang, binaries, modes)
+            rows.append({"m": m, "k": k, "us": times, "bytes_differing": differ})
+            if chosen_json:
+                with open(chosen_json[0], "w") as handle:
+                    json.dump({"registers": registers, "rows": rows}, handle, indent=1)
             if header is None:
                 header = list(times)
                 print(f"{'M':>6} {'K':>5} " + " ".join(f"{c:>9}" for c in header) + "   x roof: "

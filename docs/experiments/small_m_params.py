@@ -262,10 +262,8 @@ def main() -> None:
             for name in ("sgl_pad", "sgl_cold", "ours", *binaries):
                 check(name, lists[name], outputs, expected, m, k)
             times = bench.interleaved_graph_times_us(cupy, list(lists.values()), 11)
-            if header is None:
-                header = list(lists)
-                print(f"{'M':>6} {'K':>5} " + " ".join(f"{c:>10}" for c in header), flush=True)
-            print(f"{m:>6} {k:>5} " + " ".join(f"{t:>10.2f}" for t in times), flush=True)
+            harness.print_times(m, k, dict(zip(lists, times)), header is None)
+            header = True
 
 
 if __name__ == "__main__":
