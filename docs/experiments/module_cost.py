@@ -1,7 +1,7 @@
 """Experiment (issue 10, session 25): does a kernel pay for what else its module holds?
 
 small_m_bisect.py (run 2) timed the roofline kernel's body taking ours' Params, launched by the
-library's launch layer, 0.08-0.14 us slower than the roofline kernel at M <= 512; the
+library's launch layer, 0.04-0.17 us slower than the roofline kernel at M <= 512; the
 parameter's size and the driver call had been ruled out before (docs/perf.md step 22 and
 "The driver call that records a launch"). What is left is the module: ours is compiled from
 quantize.cu, whose text also defines a __constant__ table (kExpTable, 512 bytes, constant bank
@@ -51,11 +51,15 @@ def main() -> None:
     m_values = [int(v) for v in chosen[0].split(",")] if chosen else ALL_M
     ours_text = _jit.source_text("quantize.cu")
     dev_text = ours_text.replace(*NO_CONSTANT_BANK)
+    if dev_text == ours_text:
+        print(
+            "# kExpTable is already a __device__ array: ours_dev and roofp_dev equal ours and roofp"
+        )
     roof_text = _jit.source_text("roofline.cu")
     name = "fgq::roofline_copy"
     roofs = {
         "roof": harness.roofline_function(),
-        "roof_ours": harness.compile_function(ours_text + ROOF, name),
+        "roof_ours": harness.compile_function(ours_text + "\n" + ROOF, name),
         "roof_const": harness.compile_function(roof_text + CONSTANT, name),
         "roof_dev": harness.compile_function(roof_text + DEVICE, name),
     }
