@@ -323,14 +323,15 @@ def one_pass_threads(slots: int, lanes: int) -> int:
     NOTES: 128 measured best or within 1% of best at K = 2048, 2688 and 7168 and M = 1-16384
     (docs/perf.md step 17); 64 lost up to 1.7x at large M, 256 up to 2% there. The fused
     SiLU-and-multiply, whose blocks each copy a table into shared memory, measured the same
-    with 256 (within 1% at M >= 64, 0.15 us slower at M = 1: fused step 5). At least 64: the
-    float16 and float32 SiLU's blocks fill their 64-entry exponential table one entry a thread
-    (ExpTable::fill in kernels/activation.cuh), so a block of 32 would leave half of it unset."""
+    with 256 (within 1% at M >= 64, 0.15 us slower at M = 1: fused step 5). Any whole number
+    of warps works: the float16 and float32 SiLU's blocks fill their 64-entry exponential table
+    in a loop over the block's threads (ExpTable::fill in kernels/activation.cuh; a GPU test runs
+    blocks of 32, 64 and 96 threads on poisoned shared memory)."""
     if ONE_PASS_THREADS:
-        if ONE_PASS_THREADS % WARP or not 64 <= ONE_PASS_THREADS <= max_threads_per_block():
+        if ONE_PASS_THREADS % WARP or not WARP <= ONE_PASS_THREADS <= max_threads_per_block():
             raise ValueError(
                 f"FP8_GROUP_QUANT_ONE_PASS_THREADS={ONE_PASS_THREADS}: expected a multiple of "
-                f"{WARP} from 64 up to {max_threads_per_block()}"
+                f"{WARP} from {WARP} up to {max_threads_per_block()}"
             )
         return ONE_PASS_THREADS
     return 128

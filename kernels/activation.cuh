@@ -63,8 +63,10 @@ __device__ __align__(8) const float kExpTable[128] = {
 struct ExpTable {
   float2 entries[64];
   __device__ __forceinline__ void fill() {
-    if (threadIdx.x < 64) {
-      entries[threadIdx.x] = __ldg(reinterpret_cast<const float2*>(kExpTable) + threadIdx.x);
+    // NOTES: a loop, so that blocks of fewer than 64 threads (FP8_GROUP_QUANT_ONE_PASS_THREADS
+    // allows 32) fill every entry too
+    for (int i = threadIdx.x; i < 64; i += blockDim.x) {
+      entries[i] = __ldg(reinterpret_cast<const float2*>(kExpTable) + i);
     }
     __syncthreads();
   }

@@ -983,6 +983,44 @@ def test_silu_mul_every_16_bit_gate(monkeypatch, input_dtype, table_copy, blocks
         assert launch.handle == silu_kernel(128, "e4m3", "ue8m0", "packed", six)
 
 
+POISON_SHARED = r"""
+extern "C" __global__ void poison_shared(unsigned int word) {
+  extern __shared__ unsigned int shared[];
+  for (int i = threadIdx.x; i < 12288; i += blockDim.x) shared[i] = word;
+}
+"""
+
+
+def poison_shared_memory(word: int = 0x7FC00001) -> None:
+    """Fill 48 KB of shared memory on every SM with ``word`` (a NaN), so a kernel that reads
+    shared memory it never wrote reads that instead of a previous block's values."""
+    import cupy
+
+    kernel = cupy.RawKernel(POISON_SHARED, "poison_shared")
+    sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
+    kernel((sms * 8,), (256,), (np.uint32(word),), shared_mem=48 * 1024)
+    cupy.cuda.runtime.deviceSynchronize()
+
+
+@pytest.mark.parametrize("threads", [32, 64, 96])
+@pytest.mark.parametrize("input_dtype", ["float16", "float32", "bfloat16"])
+def test_silu_mul_in_blocks_of_few_threads(monkeypatch, input_dtype, threads):
+    # FP8_GROUP_QUANT_ONE_PASS_THREADS may ask for blocks of 32 threads: the float16 and
+    # float32 SiLU's exponential table (64 entries in shared memory) and bfloat16's band table
+    # must still be filled whole; shared memory is poisoned first, so an entry left unwritten
+    # reads a NaN rather than a previous block's copy
+    from fp8_group_quant import api
+
+    monkeypatch.setattr(_launch, "ONE_PASS_THREADS", threads)
+    monkeypatch.setattr(api, "_PLANS", api.PlanCache(api.MAX_PLANS))
+    rng = np.random.default_rng(threads)
+    x = gates_and_ups(rng, (96, 2 * 1024), input_dtype)
+    for scale, layout in (("ue8m0", "packed"), ("float32", "row")):
+        poison_shared_memory()
+        check_silu_mul(x, to_device(x, "cupy"), "cupy", 128, "e4m3", scale, layout)
+    assert silu_mul_launch(to_device(x, "cupy")).block == (threads, 1, 1)
+
+
 def silu_mul_launch(x, group_size=128, dtype="e4m3", scale="ue8m0", layout="packed"):
     """The launch layer's plan for a plain SiLU-and-multiply call on ``x``."""
     from fp8_group_quant._arrays import describe

@@ -194,8 +194,8 @@ def test_the_division_refuses_divisors_it_cannot_serve():
 
 
 @pytest.mark.parametrize("threads, ok", [(0, True), (64, True), (256, True), (96, True),
-                                         (48, False), (512, False), (-32, False),
-                                         (32, False)])  # fmt: skip
+                                         (32, True), (48, False), (512, False), (-32, False),
+                                         (16, False)])  # fmt: skip
 def test_the_one_pass_block_size_knob_is_checked(monkeypatch, threads, ok):
     from fp8_group_quant import _launch
 

@@ -88,9 +88,9 @@ EDITS = [
         " FGQ_WAIT()\n  load_row(",
     ),
     (
-        "    __syncthreads();\n    // r = 1 / sqrt(mean + eps)",
+        "    __syncthreads();\n    if constexpr (kStash) {\n      // NOTES: the next row's x",
         "    __syncthreads();\n    FGQ_STAMP(1, __float_as_uint(lane_sums[0]))\n"
-        "    // r = 1 / sqrt(mean + eps)",
+        "    if constexpr (kStash) {\n      // NOTES: the next row's x",
     ),
     (
         "    u8* q_batch = p.q + batch * p.q_batch_stride;\n",
