@@ -207,7 +207,7 @@ def test_the_one_pass_block_size_knob_is_checked(monkeypatch, threads, ok):
             _launch.one_pass_threads(1000, 8)
 
 
-@pytest.mark.parametrize("threads", [0, 64, 96, 256])
+@pytest.mark.parametrize("threads", [0, 32, 64, 96, 256])
 @pytest.mark.parametrize("group_size, input_dtype", [(128, "bfloat16"), (32, "bfloat16"),
                                                      (256, "float32")])  # fmt: skip
 def test_the_one_pass_block_slots_follow_the_block_launched(
