@@ -1,5 +1,6 @@
 """CUDA kernels against the NumPy backend, bit for bit, with poisoned outputs (cupy and torch)."""
 
+import contextlib
 import dataclasses
 import itertools
 import math
@@ -17,6 +18,9 @@ from helpers import (
     reference_storage,
     sums_at_rounding_hazards,
 )
+from hypothesis import given as drawn
+from hypothesis import settings
+from hypothesis import strategies as st
 
 import fp8_group_quant as fgq
 from fp8_group_quant import _jit, _launch
@@ -1012,13 +1016,70 @@ def test_silu_mul_in_blocks_of_few_threads(monkeypatch, input_dtype, threads):
     from fp8_group_quant import api
 
     monkeypatch.setattr(_launch, "ONE_PASS_THREADS", threads)
-    monkeypatch.setattr(api, "_PLANS", api.PlanCache(api.MAX_PLANS))
     rng = np.random.default_rng(threads)
     x = gates_and_ups(rng, (96, 2 * 1024), input_dtype)
-    for scale, layout in (("ue8m0", "packed"), ("float32", "row")):
-        poison_shared_memory()
-        check_silu_mul(x, to_device(x, "cupy"), "cupy", 128, "e4m3", scale, layout)
-    assert silu_mul_launch(to_device(x, "cupy")).block == (threads, 1, 1)
+    # bfloat16's band table both ways: this small grid takes the bulk copy, and with
+    # TABLE_BY_THREADS_WAVES at 0 every thread's cp.async (as test_shared_tables_are_filled_...)
+    for by_threads in (False, True):
+        monkeypatch.setattr(_launch, "TABLE_BY_THREADS_WAVES", 0.0 if by_threads else 1e9)
+        monkeypatch.setattr(api, "_PLANS", api.PlanCache(api.MAX_PLANS))
+        for scale, layout in (("ue8m0", "packed"), ("float32", "row")):
+            poison_shared_memory()
+            check_silu_mul(x, to_device(x, "cupy"), "cupy", 128, "e4m3", scale, layout)
+        launch = silu_mul_launch(to_device(x, "cupy"))
+        assert launch.block == (threads, 1, 1)
+        assert launch.params.table_by_threads == by_threads
+
+
+TABLE_PROBE = r"""
+// each block poisons its table, fills it as the kernels do, and writes it out
+extern "C" __global__ void exp_table_probe(unsigned int* out, unsigned int poison) {
+  __shared__ fgq::ExpTable table;
+  unsigned int* words = reinterpret_cast<unsigned int*>(table.entries);
+  for (int i = threadIdx.x; i < 128; i += blockDim.x) words[i] = poison;
+  __syncthreads();
+  table.fill();
+  for (int i = threadIdx.x; i < 128; i += blockDim.x) out[blockIdx.x * 128 + i] = words[i];
+}
+extern "C" __global__ void band_table_probe(unsigned int* out, unsigned int poison, bool threads) {
+  __shared__ fgq::SiluBandTable table;
+  unsigned int* words = reinterpret_cast<unsigned int*>(table.vectors);
+  for (int i = threadIdx.x; i < fgq::kSiluBandWords; i += blockDim.x) words[i] = poison;
+  __syncthreads();
+  table.start(threads);  // each thread's cp.async, else one bulk copy
+  table.wait(threads);
+  for (int i = threadIdx.x; i < fgq::kSiluBandWords; i += blockDim.x) {
+    out[blockIdx.x * fgq::kSiluBandWords + i] = words[i];
+  }
+}
+"""
+
+
+@pytest.mark.parametrize("threads", [32, 64, 96, 128, 256])
+def test_shared_tables_are_filled_by_blocks_of_any_size(threads):
+    # the SiLU's shared-memory tables as a block of `threads` threads fills them: the float16 /
+    # float32 exponential table (ExpTable::fill) and the bfloat16 band table by its bulk copy
+    # and by every thread's cp.async (SiluBandTable::start / wait), over poisoned words, for
+    # blocks of every replica; deterministic, unlike a quantize call on stale shared memory
+    import cupy
+
+    from fp8_group_quant import activation
+
+    module = cupy.RawModule(code=_jit.source_text("activation.cuh") + TABLE_PROBE,
+                            options=_jit.nvrtc_options())  # fmt: skip
+    poison = np.uint32(0x7FC00001)
+    blocks = 2 * 8  # every replica of the band table twice
+    out = cupy.zeros(blocks * 128, cupy.uint32)
+    module.get_function("exp_table_probe")((blocks,), (threads,), (out, poison))
+    expected = np.frombuffer(activation.EXP_TABLE.astype(np.float32).tobytes(), np.uint32)
+    np.testing.assert_array_equal(out.get().reshape(blocks, 128), np.tile(expected, (blocks, 1)))
+    band = np.frombuffer(activation.silu_band_entries().tobytes(), np.uint32)
+    for by_threads in (False, True):
+        out = cupy.zeros(blocks * band.size, cupy.uint32)
+        probe = module.get_function("band_table_probe")
+        probe((blocks,), (threads,), (out, poison, np.bool_(by_threads)))
+        np.testing.assert_array_equal(out.get().reshape(blocks, -1), np.tile(band, (blocks, 1)),
+                                      err_msg=f"by_threads={by_threads}")  # fmt: skip
 
 
 def silu_mul_launch(x, group_size=128, dtype="e4m3", scale="ue8m0", layout="packed"):
@@ -1725,3 +1786,118 @@ def test_nvfp4_subnormal_edges_on_the_gpu(lib):
         got = nvfp4_call(to_device(x, lib), given)
         for name, a, b in zip(("q", "scales", "global"), got, want):
             assert_same_bytes(to_host_bytes(a), b, f"{name} ({lib} {input_dtype} {values[0, 0]})")
+
+
+# the fused inputs on drawn shapes, views and options ----------------------------------------------
+
+
+@st.composite
+def fused_cases(draw):
+    """A fused call: its mode, input type, format, scale, layout, group size, shape (rows drawn
+    around the launch layer's grid choices), the view x is read through, and its options."""
+    mode = draw(st.sampled_from(["silu_mul", "norm", "add_norm", "masked", "masked_silu_mul"]))
+    input_dtype = draw(st.sampled_from(sorted(INPUT_TYPES)))
+    fmt, scale, layout = draw(st.sampled_from(supported_combinations()))
+    group = draw(st.sampled_from(GROUP_SIZES))
+    itemsize = NP_INPUT[input_dtype].itemsize
+    silu = mode in ("silu_mul", "masked_silu_mul")
+    longest = 16384 // itemsize if mode in ("norm", "add_norm") else 16384  # norm: a block a row
+    groups = draw(st.one_of(st.integers(1, 12), st.sampled_from([56, longest // group])))
+    groups = max(1, min(groups, longest // group))
+    k = group * groups * (2 if silu else 1)
+    most = 1_000_000 // k  # rows, for the NumPy reference's time
+    if mode.startswith("masked"):
+        experts = draw(st.integers(1, 40))
+        lead = (experts, max(1, min(draw(st.integers(1, 48)), most // experts)))
+    else:
+        rows = draw(st.one_of(st.integers(1, 20), st.sampled_from([129, 264, 265, 529, 1100])))
+        rows = max(1, min(rows, most))
+        lead = draw(st.sampled_from([(rows,), (1, rows), (2, -(-rows // 2))]))
+    # x inside a wider device buffer: rows `extra` elements apart beyond K, starting `offset`
+    # elements in, both keeping the 16-byte alignment the fused kernels ask; rows reversed
+    floors = scale == "ue8m0" and OUTPUT_FORMATS[fmt].emax_elem is not None  # scale_rule="floor"
+    vector = 16 // itemsize
+    extra = vector * draw(st.sampled_from([0, 0, 1, 3]))
+    return dict(
+        mode=mode, input_dtype=input_dtype, fmt=fmt, scale=scale, layout=layout, group=group,
+        shape=(*lead, k), extra=extra, offset=vector * draw(st.integers(0, extra // vector)),
+        reverse=draw(st.booleans()), pad_rows=draw(st.booleans()),
+        eps=draw(st.sampled_from([1e-10, 1e-4])),
+        scale_rule=draw(st.sampled_from(["rceil", "floor"])) if floors else "rceil",
+        specials=draw(st.booleans()), eps_norm=draw(st.sampled_from([1e-6, 1e-5, 0.5])),
+        norm_path=draw(st.sampled_from(["as planned", "one lane, a block a row",
+                                        "two lanes, one walking block"])),
+        seed=draw(st.integers(0, 2**32 - 1)),
+    )  # fmt: skip
+
+
+def carved(x: np.ndarray, extra: int, offset: int, reverse: bool):
+    """``x`` on the device as a view into a buffer ``extra`` elements wider a row, ``offset``
+    elements in, rows in reverse order if ``reverse`` (the view's rows read x's rows)."""
+    import cupy
+
+    rows = x[..., ::-1, :] if reverse else x
+    wide = np.zeros(x.shape[:-1] + (x.shape[-1] + extra,), x.dtype)
+    wide[..., offset : offset + x.shape[-1]] = rows
+    view = cupy.asarray(wide)[..., offset : offset + x.shape[-1]]
+    return view[..., ::-1, :] if reverse else view
+
+
+@contextlib.contextmanager
+def norm_path(path: str):
+    """The RMSNorm grid as norm_kernel forces it (or as planned), with a fresh plan cache."""
+    from fp8_group_quant import api
+
+    saved = _launch.NORM_LANES, _launch.NORM_WAVES, api._PLANS
+    if path != "as planned":
+        walking = path.startswith("two")
+        _launch.NORM_LANES, _launch.NORM_WAVES = (2, 1e-9) if walking else (1, 0.0)
+        api._PLANS = api.PlanCache(api.MAX_PLANS)
+    try:
+        yield
+    finally:
+        _launch.NORM_LANES, _launch.NORM_WAVES, api._PLANS = saved
+
+
+@settings(max_examples=200, deadline=None)
+@drawn(case=fused_cases())
+def test_fused_kernels_match_the_numpy_backend_on_drawn_calls(case):
+    # any fused mode, input type, format, layout, group size, rule and view: every byte of the
+    # poisoned device storage (and the residual written back) as the NumPy backend writes it
+    import cupy
+
+    rng = np.random.default_rng(case["seed"])
+    shape, dtype, mode = case["shape"], case["input_dtype"], case["mode"]
+    x = activations(rng, shape, dtype, specials=case["specials"])
+    options = {name: case[name] for name in ("eps", "pad_rows", "scale_rule", "scale", "layout")}
+    options["dtype"] = case["fmt"]
+    host, device = {}, {}
+    if mode in ("silu_mul", "masked_silu_mul"):
+        host["activation"] = device["activation"] = "silu_mul"
+    if mode.startswith("masked"):
+        counts = rng.integers(-2, shape[1] + 3, shape[0]).astype(rng.choice([np.int32, np.int64]))
+        host["masked_m"], device["masked_m"] = counts, cupy.asarray(counts)
+    residual = None
+    if mode in ("norm", "add_norm"):
+        weight = activations(rng, shape[-1:], dtype)
+        host["norm"] = (weight, case["eps_norm"])
+        device["norm"] = (cupy.asarray(weight), case["eps_norm"])
+        if mode == "add_norm":
+            residual = activations(rng, shape, dtype)
+            host["residual"] = residual.copy()
+            device["residual"] = carved(residual, case["extra"], case["offset"], False)
+    n = shape[-1] // (2 if "activation" in host else 1)
+    geometry = Geometry((*shape[:-1], n), case["group"], case["layout"], case["pad_rows"])
+    q, s, q_buf, s_buf = poisoned_outputs(geometry, "cupy", case["fmt"])
+    x_device = carved(x, case["extra"], case["offset"], case["reverse"])
+    with norm_path(case["norm_path"]):
+        q_got, s_got = fgq.quantize(x_device, case["group"], **options, **device, out=q,
+                                    scale_out=s)  # fmt: skip
+    assert q_got is q and s_got is s
+    hq, hs, hq_buf, hs_buf = host_poisoned(geometry, case["fmt"])  # the device side's poison
+    fgq.quantize(x, case["group"], **options, **host, out=hq, scale_out=hs)
+    what = " ".join(f"{k}={v}" for k, v in case.items() if k != "seed")
+    assert_same_bytes(to_host_bytes(q_buf), hq_buf, f"q ({what})")
+    assert_same_bytes(to_host_bytes(s_buf), hs_buf, f"scales ({what})")
+    if residual is not None:
+        assert_same_bytes(to_host_bytes(device["residual"]), host["residual"], f"residual ({what})")
