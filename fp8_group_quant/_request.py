@@ -255,10 +255,11 @@ def _check_norm(info: ArrayInfo, weight: ArrayInfo, eps_norm, residual: ArrayInf
     batch_stride, row_stride = collapsed
     geometry = Geometry(tuple(info.shape), 32, scale_layout("row"), False)  # batches, rows
     # NOTES: the kernel writes the residual back, one block a row: rows that share bytes (a
-    # broadcast or overlapping view) would race, so each row and batch must own its bytes
+    # broadcast or overlapping view) would race, so each row and batch must own its bytes;
+    # rows or batches in reverse order (negative strides) own theirs as well
     rows, batches = geometry.rows, geometry.batches
-    if (rows > 1 and row_stride < k) or (
-        batches > 1 and batch_stride < (rows - 1) * row_stride + k
+    if (rows > 1 and abs(row_stride) < k) or (
+        batches > 1 and abs(batch_stride) < (rows - 1) * abs(row_stride) + k
     ):
         raise ValueError(
             f"residual: its rows overlap (strides {tuple(residual.strides)} for shape "

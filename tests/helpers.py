@@ -105,11 +105,13 @@ def assert_same_bytes(got: np.ndarray, expected: np.ndarray, what: str, inputs=N
 Q_POISON, SCALE_POISON = 0xFF, 0x7F
 
 
-def host_poisoned(geometry: Geometry, fmt: str, q_poison: int = Q_POISON):
+def host_poisoned(
+    geometry: Geometry, fmt: str, q_poison: int = Q_POISON, s_poison: int = SCALE_POISON
+):
     """(q view, scale view, q storage bytes, scale storage bytes): numpy views in the layout
     over poisoned storage, as test_gpu.poisoned_outputs poisons the device's."""
     q_buf = np.full(geometry.q_storage, q_poison, np.uint8)
-    s_buf = np.full(geometry.scale_storage_bytes, SCALE_POISON, np.uint8)
+    s_buf = np.full(geometry.scale_storage_bytes, s_poison, np.uint8)
     q = np.lib.stride_tricks.as_strided(q_buf, geometry.shape, geometry.q_strides)
     words = s_buf.view(geometry.layout.dtype)
     s = np.lib.stride_tricks.as_strided(

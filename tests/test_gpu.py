@@ -71,14 +71,16 @@ def wider_rows(x: np.ndarray, extra: int, lib: str, offset: int):
     return to_device(wide, lib)[..., offset : offset + x.shape[-1]]
 
 
-def poisoned_outputs(geometry: Geometry, lib: str, fmt: str):
+def poisoned_outputs(
+    geometry: Geometry, lib: str, fmt: str, q_poison=Q_POISON, s_poison=SCALE_POISON
+):
     """(q view, scale view, q storage, scale storage): views in the layout over poisoned storage."""
     fmt = OUTPUT_FORMATS[fmt]
     if lib == "cupy":
         import cupy
 
-        q_buf = cupy.full(geometry.q_storage, Q_POISON, cupy.uint8)
-        s_buf = cupy.full(geometry.scale_storage_bytes, SCALE_POISON, cupy.uint8)
+        q_buf = cupy.full(geometry.q_storage, q_poison, cupy.uint8)
+        s_buf = cupy.full(geometry.scale_storage_bytes, s_poison, cupy.uint8)
         s_buf = s_buf.view(geometry.layout.dtype)
         q_view = q_buf.view(fmt.container)
 
@@ -90,9 +92,9 @@ def poisoned_outputs(geometry: Geometry, lib: str, fmt: str):
     else:
         import torch
 
-        q_buf = torch.full((geometry.q_storage,), Q_POISON, dtype=torch.uint8, device="cuda")
+        q_buf = torch.full((geometry.q_storage,), q_poison, dtype=torch.uint8, device="cuda")
         s_buf = torch.full(
-            (geometry.scale_storage_bytes,), SCALE_POISON, dtype=torch.uint8, device="cuda"
+            (geometry.scale_storage_bytes,), s_poison, dtype=torch.uint8, device="cuda"
         )
         s_buf = s_buf.view(getattr(torch, geometry.layout.dtype))
         q_view = q_buf.view(getattr(torch, fmt.dtype_name))
@@ -1019,8 +1021,9 @@ def test_silu_mul_in_blocks_of_few_threads(monkeypatch, input_dtype, threads):
     rng = np.random.default_rng(threads)
     x = gates_and_ups(rng, (96, 2 * 1024), input_dtype)
     # bfloat16's band table both ways: this small grid takes the bulk copy, and with
-    # TABLE_BY_THREADS_WAVES at 0 every thread's cp.async (as test_shared_tables_are_filled_...)
-    for by_threads in (False, True):
+    # TABLE_BY_THREADS_WAVES at 0 every thread's cp.async (as test_shared_tables_are_filled_...);
+    # the float16 and float32 exponential table is filled one way
+    for by_threads in (False, True) if input_dtype == "bfloat16" else (False,):
         monkeypatch.setattr(_launch, "TABLE_BY_THREADS_WAVES", 0.0 if by_threads else 1e9)
         monkeypatch.setattr(api, "_PLANS", api.PlanCache(api.MAX_PLANS))
         for scale, layout in (("ue8m0", "packed"), ("float32", "row")):
@@ -1041,13 +1044,17 @@ extern "C" __global__ void exp_table_probe(unsigned int* out, unsigned int poiso
   table.fill();
   for (int i = threadIdx.x; i < 128; i += blockDim.x) out[blockIdx.x * 128 + i] = words[i];
 }
-extern "C" __global__ void band_table_probe(unsigned int* out, unsigned int poison, bool threads) {
+extern "C" __global__ void band_table_probe(unsigned int* out, unsigned int poison, int how) {
   __shared__ fgq::SiluBandTable table;
   unsigned int* words = reinterpret_cast<unsigned int*>(table.vectors);
   for (int i = threadIdx.x; i < fgq::kSiluBandWords; i += blockDim.x) words[i] = poison;
   __syncthreads();
-  table.start(threads);  // each thread's cp.async, else one bulk copy
-  table.wait(threads);
+  if (how == 2) {
+    table.fill();  // the walking grids' copy
+  } else {
+    table.start(how == 1);  // each thread's cp.async, else one bulk copy
+    table.wait(how == 1);
+  }
   for (int i = threadIdx.x; i < fgq::kSiluBandWords; i += blockDim.x) {
     out[blockIdx.x * fgq::kSiluBandWords + i] = words[i];
   }
@@ -1059,8 +1066,9 @@ extern "C" __global__ void band_table_probe(unsigned int* out, unsigned int pois
 def test_shared_tables_are_filled_by_blocks_of_any_size(threads):
     # the SiLU's shared-memory tables as a block of `threads` threads fills them: the float16 /
     # float32 exponential table (ExpTable::fill) and the bfloat16 band table by its bulk copy
-    # and by every thread's cp.async (SiluBandTable::start / wait), over poisoned words, for
-    # blocks of every replica; deterministic, unlike a quantize call on stale shared memory
+    # and by every thread's cp.async (SiluBandTable::start / wait, every replica) and by the
+    # walking grids' fill(), over poisoned words; deterministic, unlike a quantize call on
+    # stale shared memory
     import cupy
 
     from fp8_group_quant import activation
@@ -1074,12 +1082,12 @@ def test_shared_tables_are_filled_by_blocks_of_any_size(threads):
     expected = np.frombuffer(activation.EXP_TABLE.astype(np.float32).tobytes(), np.uint32)
     np.testing.assert_array_equal(out.get().reshape(blocks, 128), np.tile(expected, (blocks, 1)))
     band = np.frombuffer(activation.silu_band_entries().tobytes(), np.uint32)
-    for by_threads in (False, True):
+    for how, name in enumerate(("one bulk copy", "every thread's cp.async", "fill()")):
         out = cupy.zeros(blocks * band.size, cupy.uint32)
         probe = module.get_function("band_table_probe")
-        probe((blocks,), (threads,), (out, poison, np.bool_(by_threads)))
+        probe((blocks,), (threads,), (out, poison, np.int32(how)))
         np.testing.assert_array_equal(out.get().reshape(blocks, -1), np.tile(band, (blocks, 1)),
-                                      err_msg=f"by_threads={by_threads}")  # fmt: skip
+                                      err_msg=name)  # fmt: skip
 
 
 def silu_mul_launch(x, group_size=128, dtype="e4m3", scale="ue8m0", layout="packed"):
@@ -1790,18 +1798,53 @@ def test_nvfp4_subnormal_edges_on_the_gpu(lib):
 
 # the fused inputs on drawn shapes, views and options ----------------------------------------------
 
+# each fused path's kernels and grids, forced through the launch layer's knobs (_launch globals)
+SILU_PATHS = {
+    "as planned": {},
+    "one pass, the table copied by every thread": {"TABLE_BY_THREADS_WAVES": 0.0},
+    "one pass, six blocks an SM": {"SILU_SIX_BLOCKS_WAVES": 0.0},
+    "persistent": {"PERSISTENT_FUSED_WAVES": 0.0},
+}
+NORM_PATHS = {
+    "as planned": {},
+    "one lane, a block a row": {"NORM_LANES": 1, "NORM_WAVES": 0.0},
+    "two lanes, a block a row": {"NORM_LANES": 2, "NORM_WAVES": 0.0},
+    "one lane, walking blocks": {"NORM_LANES": 1, "NORM_WAVES": 0.004},  # one or two blocks
+    "two lanes, walking blocks": {"NORM_LANES": 2, "NORM_WAVES": 0.004},
+}
+# (q, scale) poisons: a store the kernel misses shows unless its right value is the poison
+POISONS = [(Q_POISON, SCALE_POISON), (0x00, 0xAB), (0x5A, 0x00)]
+
+
+def wide_view(lib_array, shape, extra: int, offset: int, reverse: bool):
+    """A view of ``shape`` into ``lib_array`` (rows ``extra`` elements wider), ``offset``
+    elements in, its rows in reverse order if ``reverse``."""
+    view = lib_array[..., offset : offset + shape[-1]]
+    return view[..., ::-1, :] if reverse else view
+
+
+def widened(x: np.ndarray, extra: int, offset: int, reverse: bool, fill: float = 0.0):
+    """Host buffer whose view ``wide_view(buffer, x.shape, extra, offset, reverse)`` reads x;
+    the columns outside it hold ``fill``."""
+    wide = np.full(x.shape[:-1] + (x.shape[-1] + extra,), fill, x.dtype)
+    wide_view(wide, x.shape, extra, offset, reverse)[...] = x
+    return wide
+
 
 @st.composite
 def fused_cases(draw):
-    """A fused call: its mode, input type, format, scale, layout, group size, shape (rows drawn
-    around the launch layer's grid choices), the view x is read through, and its options."""
+    """A fused call: its mode, input type, format, scale, layout, group size, shape, the views x
+    (and the residual) are read through, the kernel path forced or planned, and its options.
+    Sizes stay small for the NumPy reference; the forced paths reach the grids large inputs
+    take."""
     mode = draw(st.sampled_from(["silu_mul", "norm", "add_norm", "masked", "masked_silu_mul"]))
     input_dtype = draw(st.sampled_from(sorted(INPUT_TYPES)))
     fmt, scale, layout = draw(st.sampled_from(supported_combinations()))
     group = draw(st.sampled_from(GROUP_SIZES))
     itemsize = NP_INPUT[input_dtype].itemsize
     silu = mode in ("silu_mul", "masked_silu_mul")
-    longest = 16384 // itemsize if mode in ("norm", "add_norm") else 16384  # norm: a block a row
+    norm = mode in ("norm", "add_norm")
+    longest = 32768 // itemsize if norm else 16384  # a norm row: at most 1024 lanes of 32 bytes
     groups = draw(st.one_of(st.integers(1, 12), st.sampled_from([56, longest // group])))
     groups = max(1, min(groups, longest // group))
     k = group * groups * (2 if silu else 1)
@@ -1813,57 +1856,50 @@ def fused_cases(draw):
         rows = draw(st.one_of(st.integers(1, 20), st.sampled_from([129, 264, 265, 529, 1100])))
         rows = max(1, min(rows, most))
         lead = draw(st.sampled_from([(rows,), (1, rows), (2, -(-rows // 2))]))
-    # x inside a wider device buffer: rows `extra` elements apart beyond K, starting `offset`
-    # elements in, both keeping the 16-byte alignment the fused kernels ask; rows reversed
     floors = scale == "ue8m0" and OUTPUT_FORMATS[fmt].emax_elem is not None  # scale_rule="floor"
-    vector = 16 // itemsize
-    extra = vector * draw(st.sampled_from([0, 0, 1, 3]))
+    vector = 16 // itemsize  # the fused kernels read 16-byte aligned rows
+
+    def view():  # rows `extra` elements wider than K, `offset` in, maybe reversed
+        extra = vector * draw(st.sampled_from([0, 0, 1, 3]))
+        offset = vector * draw(st.integers(0, extra // vector))
+        return dict(extra=extra, offset=offset, reverse=draw(st.booleans()))
+
+    paths = NORM_PATHS if norm else SILU_PATHS if mode == "silu_mul" else {"as planned": {}}
     return dict(
         mode=mode, input_dtype=input_dtype, fmt=fmt, scale=scale, layout=layout, group=group,
-        shape=(*lead, k), extra=extra, offset=vector * draw(st.integers(0, extra // vector)),
-        reverse=draw(st.booleans()), pad_rows=draw(st.booleans()),
+        shape=(*lead, k), x_view=view(), r_view=view(), pad_rows=draw(st.booleans()),
         eps=draw(st.sampled_from([1e-10, 1e-4])),
         scale_rule=draw(st.sampled_from(["rceil", "floor"])) if floors else "rceil",
         specials=draw(st.booleans()), eps_norm=draw(st.sampled_from([1e-6, 1e-5, 0.5])),
-        norm_path=draw(st.sampled_from(["as planned", "one lane, a block a row",
-                                        "two lanes, one walking block"])),
+        path=draw(st.sampled_from(sorted(paths))), poisons=draw(st.sampled_from(POISONS)),
         seed=draw(st.integers(0, 2**32 - 1)),
     )  # fmt: skip
 
 
-def carved(x: np.ndarray, extra: int, offset: int, reverse: bool):
-    """``x`` on the device as a view into a buffer ``extra`` elements wider a row, ``offset``
-    elements in, rows in reverse order if ``reverse`` (the view's rows read x's rows)."""
-    import cupy
-
-    rows = x[..., ::-1, :] if reverse else x
-    wide = np.zeros(x.shape[:-1] + (x.shape[-1] + extra,), x.dtype)
-    wide[..., offset : offset + x.shape[-1]] = rows
-    view = cupy.asarray(wide)[..., offset : offset + x.shape[-1]]
-    return view[..., ::-1, :] if reverse else view
-
-
 @contextlib.contextmanager
-def norm_path(path: str):
-    """The RMSNorm grid as norm_kernel forces it (or as planned), with a fresh plan cache."""
+def launch_path(knobs: dict):
+    """The launch layer's knobs set to ``knobs`` (none: as planned), with a fresh plan cache."""
     from fp8_group_quant import api
 
-    saved = _launch.NORM_LANES, _launch.NORM_WAVES, api._PLANS
-    if path != "as planned":
-        walking = path.startswith("two")
-        _launch.NORM_LANES, _launch.NORM_WAVES = (2, 1e-9) if walking else (1, 0.0)
+    saved = {name: getattr(_launch, name) for name in knobs}, api._PLANS
+    for name, value in knobs.items():
+        setattr(_launch, name, value)
+    if knobs:
         api._PLANS = api.PlanCache(api.MAX_PLANS)
     try:
         yield
     finally:
-        _launch.NORM_LANES, _launch.NORM_WAVES, api._PLANS = saved
+        for name, value in saved[0].items():
+            setattr(_launch, name, value)
+        api._PLANS = saved[1]
 
 
 @settings(max_examples=200, deadline=None)
 @drawn(case=fused_cases())
 def test_fused_kernels_match_the_numpy_backend_on_drawn_calls(case):
-    # any fused mode, input type, format, layout, group size, rule and view: every byte of the
-    # poisoned device storage (and the residual written back) as the NumPy backend writes it
+    # any fused mode, input type, format, layout, group size, rule, view and kernel path: every
+    # byte of the poisoned device storage, and of the residual's whole buffer, as the NumPy
+    # backend writes them
     import cupy
 
     rng = np.random.default_rng(case["seed"])
@@ -1877,27 +1913,32 @@ def test_fused_kernels_match_the_numpy_backend_on_drawn_calls(case):
     if mode.startswith("masked"):
         counts = rng.integers(-2, shape[1] + 3, shape[0]).astype(rng.choice([np.int32, np.int64]))
         host["masked_m"], device["masked_m"] = counts, cupy.asarray(counts)
-    residual = None
+    r_host = r_wide = None
     if mode in ("norm", "add_norm"):
         weight = activations(rng, shape[-1:], dtype)
         host["norm"] = (weight, case["eps_norm"])
         device["norm"] = (cupy.asarray(weight), case["eps_norm"])
-        if mode == "add_norm":
-            residual = activations(rng, shape, dtype)
-            host["residual"] = residual.copy()
-            device["residual"] = carved(residual, case["extra"], case["offset"], False)
+        if mode == "add_norm":  # in a buffer of its own view, its other columns NaN
+            r_host = activations(rng, shape, dtype)
+            r_wide = cupy.asarray(widened(r_host, **case["r_view"], fill=np.nan))
+            device["residual"] = wide_view(r_wide, shape, **case["r_view"])
+            host["residual"] = r_host
     n = shape[-1] // (2 if "activation" in host else 1)
     geometry = Geometry((*shape[:-1], n), case["group"], case["layout"], case["pad_rows"])
-    q, s, q_buf, s_buf = poisoned_outputs(geometry, "cupy", case["fmt"])
-    x_device = carved(x, case["extra"], case["offset"], case["reverse"])
-    with norm_path(case["norm_path"]):
+    poisons = case["poisons"]
+    q, s, q_buf, s_buf = poisoned_outputs(geometry, "cupy", case["fmt"], *poisons)
+    x_device = wide_view(cupy.asarray(widened(x, **case["x_view"])), shape, **case["x_view"])
+    paths = NORM_PATHS if "norm" in host else SILU_PATHS if mode == "silu_mul" else {}
+    with launch_path(paths.get(case["path"], {})):
         q_got, s_got = fgq.quantize(x_device, case["group"], **options, **device, out=q,
                                     scale_out=s)  # fmt: skip
     assert q_got is q and s_got is s
-    hq, hs, hq_buf, hs_buf = host_poisoned(geometry, case["fmt"])  # the device side's poison
+    hq, hs, hq_buf, hs_buf = host_poisoned(geometry, case["fmt"], *poisons)
     fgq.quantize(x, case["group"], **options, **host, out=hq, scale_out=hs)
     what = " ".join(f"{k}={v}" for k, v in case.items() if k != "seed")
     assert_same_bytes(to_host_bytes(q_buf), hq_buf, f"q ({what})")
     assert_same_bytes(to_host_bytes(s_buf), hs_buf, f"scales ({what})")
-    if residual is not None:
-        assert_same_bytes(to_host_bytes(device["residual"]), host["residual"], f"residual ({what})")
+    if r_host is not None:
+        expected = widened(host["residual"], **case["r_view"], fill=np.nan)
+        assert_same_bytes(to_host_bytes(r_wide), expected.view(np.uint8).ravel(),
+                          f"residual's buffer ({what})")  # fmt: skip

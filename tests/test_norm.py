@@ -432,6 +432,19 @@ def test_norm_arguments_the_review_found_unchecked():
     batched = device((2, 3, 4096), (4096, 4096, 1), 1 << 28)  # batch 1 starts inside batch 0
     with pytest.raises(ValueError, match="residual: its rows overlap"):
         _request.make_request(x_info, *options, norm=(w_info, 1e-6, batched))
+    # rows and batches in reverse order own their bytes: accepted, with their negative strides;
+    # reversed rows a few elements apart still overlap
+    reversed_rows = device((2, 3, 4096), (3 * 4096, -4096, 1), 1 << 28)
+    request = _request.make_request(x_info, *options, norm=(w_info, 1e-6, reversed_rows))
+    assert (request.r_batch_stride, request.r_row_stride) == (3 * 4096, -4096)
+    reversed_batches = device((2, 3, 4096), (-3 * 4096, 4096, 1), 1 << 28)
+    request = _request.make_request(x_info, *options, norm=(w_info, 1e-6, reversed_batches))
+    assert (request.r_batch_stride, request.r_row_stride) == (-3 * 4096, 4096)
+    x_info = device((64, 4096), (4096, 1), 1 << 20)
+    with pytest.raises(ValueError, match="residual: its rows overlap"):
+        _request.make_request(
+            x_info, *options, norm=(w_info, 1e-6, device((64, 4096), (-8, 1), 1 << 28))
+        )
     # warmup names what it cannot compile
     with pytest.raises(ValueError, match="scale_rule: expected one of"):
         api._warmup_keys({"scale": "ue8m0", "scale_rule": "bogus"})
