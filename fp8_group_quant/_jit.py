@@ -26,6 +26,8 @@ import warnings
 from functools import cache
 from pathlib import Path
 
+from . import _settings
+
 __all__ = [
     "CompileError",
     "GpuUnavailableError",
@@ -42,13 +44,14 @@ __all__ = [
     "nvrtc_options",
     "precompile",
     "preload",
+    "register_header",
     "source_text",
 ]
 
 log = logging.getLogger("fp8_group_quant")
 
-KERNEL_DIR_ENV = "FP8_GROUP_QUANT_KERNEL_DIR"
-CACHE_DIR_ENV = "FP8_GROUP_QUANT_CACHE_DIR"
+KERNEL_DIR_ENV = _settings.KERNEL_DIR
+CACHE_DIR_ENV = _settings.CACHE_DIR
 KERNEL_SUFFIXES = (".cu", ".cuh")
 # Options CuPy's RawModule adds on its own (cupy/cuda/compiler.py); we pass them too, so the
 # binaries equal those CuPy compiled for earlier versions (and their measured speed).
@@ -71,7 +74,7 @@ def kernel_dir() -> Path:
     installed wheel; else ``kernels/`` beside the package in a source checkout or editable
     install.
     """
-    override = os.environ.get(KERNEL_DIR_ENV)
+    override = _settings.kernel_dir_override()
     if override:
         path = Path(override)
         if not path.is_dir():
@@ -94,8 +97,22 @@ def kernel_dir() -> Path:
 
 def _where(directory: Path) -> str:
     """How to name ``directory`` in an error: by the variable that chose it, if one did."""
-    override = os.environ.get(KERNEL_DIR_ENV)
+    override = _settings.kernel_dir_override()
     return f"{KERNEL_DIR_ENV}={override}" if override else str(directory)
+
+
+_generated: dict[str, str] = {}  # headers written by Python: name -> text
+
+
+def register_header(name: str, text: str) -> None:
+    """Serve ``text`` wherever a source includes ``"name"``, before ``kernels/`` is looked at.
+
+    NOTES: how facts defined in Python (constants, argument structs) reach the kernels without
+    Python ever reading C++; the text is part of the compiled source, so of the cache key.
+    """
+    if _generated.get(name, text) != text:
+        raise ValueError(f"{name}: a different header of that name is registered already")
+    _generated[name] = text
 
 
 @cache
@@ -135,6 +152,8 @@ def _inline_includes(directory: Path, filename: str, seen: set[str]) -> str:
     (once per file, as ``#pragma once`` would), numbered with ``#line`` marks; a quoted include
     missing from ``directory`` is an error."""
     lines = []
+    if filename in _generated:
+        return _generated[filename]
     path = directory / filename
     if not path.is_file():
         raise FileNotFoundError(f"{_where(directory)}: {filename} is missing")
@@ -169,35 +188,27 @@ _loading: dict[tuple[int, str, str], threading.Lock] = {}  # one lock per functi
 CUPY_CACHE_ENV = "CUPY_CACHE_DIR"
 
 
-def _usable_cupy_cache() -> None:
-    """Before CuPy's first import: a CUPY_CACHE_DIR that is a file or cannot be created makes
-    ``import cupy`` itself fail (CuPy creates it then); point it at a private temporary
-    directory instead, with one warning naming the variable."""
-    if "cupy" in sys.modules:
-        return
+def _check_cupy_cache() -> None:
+    """Before CuPy's first import: ``import cupy`` creates ``CUPY_CACHE_DIR`` and fails, half
+    imported, where that path runs through a file. Say so instead, and leave the user's
+    environment as it is (changing it would change it for the whole process)."""
     value = os.environ.get(CUPY_CACHE_ENV)
-    if not value:
+    if "cupy" in sys.modules or not value:
         return
-    try:
-        Path(value).mkdir(parents=True, exist_ok=True)
-        if os.access(value, os.W_OK | os.X_OK):
+    path = Path(value).absolute()
+    for part in (path, *path.parents):
+        if part.exists():
+            if not part.is_dir():
+                raise GpuUnavailableError(
+                    f"{CUPY_CACHE_ENV}={value}: {part} is a file, so CuPy cannot be imported; "
+                    f"point {CUPY_CACHE_ENV} at a directory or unset it"
+                )
             return
-        problem = "is not writable"
-    except OSError as error:
-        problem = f"cannot be created ({error.strerror or error})"
-    fallback = tempfile.mkdtemp(prefix="fp8_group_quant-cupy-")
-    os.environ[CUPY_CACHE_ENV] = fallback
-    warnings.warn(
-        f"fp8_group_quant: {CUPY_CACHE_ENV}={value} {problem}; CuPy's cache goes to {fallback} "
-        "for this process",
-        RuntimeWarning,
-        stacklevel=3,
-    )
 
 
 def cupy_module():
     """``cupy``, or GpuUnavailableError saying how to install it."""
-    _usable_cupy_cache()
+    _check_cupy_cache()
     try:
         import cupy
     except ImportError as error:  # pragma: no cover - depends on the machine
@@ -296,7 +307,7 @@ def driver_error(status: int) -> str:
 
 
 def _nvrtc():
-    _usable_cupy_cache()  # on some installs cupy_backends imports cupy, which needs its cache
+    _check_cupy_cache()  # on some installs cupy_backends imports cupy
     try:
         from cupy_backends.cuda.libs import nvrtc
     except ImportError as error:
@@ -356,11 +367,7 @@ def _nvrtc_compile(filename: str, name_expressions, target: str, extra=()):
 def cache_dir() -> Path:
     """``$FP8_GROUP_QUANT_CACHE_DIR``, else ``$XDG_CACHE_HOME/fp8_group_quant``, else
     ``~/.cache/fp8_group_quant``."""
-    override = os.environ.get(CACHE_DIR_ENV)
-    if override:
-        return Path(override)
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "fp8_group_quant"
+    return _settings.cache_dir()
 
 
 _compiling: dict[str, threading.Lock] = {}  # one lock per cache key: single-flight compiles

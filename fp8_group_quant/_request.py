@@ -13,9 +13,10 @@ from functools import cached_property
 
 import numpy as np
 
+from ._abi import LANE_BYTES, MAX_NORM_LANES
 from ._arrays import NUMPY, ArrayInfo
-from ._launch import KernelKey, grid_limits_error, max_experts
 from ._layout import Geometry, ScaleLayout, combination_error, row_strides, scale_layout
+from ._plan import KernelKey, grid_limits_error, max_experts
 from ._spec import (
     INPUT_TYPES,
     InputMode,
@@ -29,7 +30,6 @@ from ._spec import (
     output_format,
     scale_format,
 )
-from .activation import LANE_BYTES, MAX_NORM_LANES
 
 VECTOR_ALIGNMENT = 16  # bytes: the kernel's vector loads and q's 16-byte stores
 

@@ -32,6 +32,7 @@ import decimal
 
 import numpy as np
 
+from ._abi import LANE_BYTES
 from ._spec import INPUT_TYPES
 
 __all__ = [
@@ -225,9 +226,6 @@ def silu_bf16_by_table(gate_bits: np.ndarray, table: np.ndarray | None = None) -
 # sum of squares. Then mean = total / K, d = mean + eps_norm, r = 1 / sqrt(d) (sqrt and divide
 # each correctly rounded: r is within 1 ulp of the exact reciprocal square root), and
 # y = round(RN(x * r) * weight). NaN results are the canonical +NaN.
-
-LANE_BYTES = 32
-MAX_NORM_LANES = 1024  # a row of at most 32 warps of 32 lanes (K <= 16384 for 16-bit input)
 
 
 def _fold_in_half(a: np.ndarray, width: int) -> np.ndarray:

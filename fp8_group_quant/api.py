@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 import sys
 import threading
 from collections import OrderedDict
@@ -13,7 +12,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from . import _jit, _launch, nvfp4, reference
+from . import _jit, _plan, _settings, _tuning, nvfp4, reference
 from . import activation as _activation
 from ._arrays import (
     CUPY,
@@ -194,7 +193,7 @@ def quantize(
         return _quantize_masked(x, options, masked_m, expected_m, out, scale_out)
     signature = device_signature(x)
     if signature is not None:
-        plan = _PLANS.get((*signature[:-1], *options))
+        plan = _PLANS.get((*signature[:-1], *options, _tuning.active()[0]))
         if plan is not None:
             return plan.run(signature[-1], out, scale_out)
         return _quantize_new(x, options, out, scale_out)
@@ -246,7 +245,7 @@ def _quantize_new(x, options: tuple, out, scale_out):
     request = make_request(info, *options)
     if info.kind == NUMPY:
         return _quantize_host(x, info, request, out, scale_out)
-    plan = _plan(info, request, options)
+    plan = _make_plan(info, request, options)
     return plan.run(info.ptr, out, scale_out)
 
 
@@ -325,9 +324,9 @@ def _norm_plan(x, info, request, options, w_info, r_info, out, scale_out):
     _check_norm_writes([("x", info), ("norm", w_info)], writes)
     norm_options = (*options, "norm", request.eps_norm, request.residual, request.r_batch_stride,
                     request.r_row_stride)  # fmt: skip
-    plan = _PLANS.get((*device_signature(x)[:-1], *norm_options))
+    plan = _PLANS.get((*device_signature(x)[:-1], *norm_options, _tuning.active()[0]))
     if plan is None:
-        plan = _plan(info, request, norm_options)
+        plan = _make_plan(info, request, norm_options)
     return plan, (w_info.ptr, 0 if r_info is None else r_info.ptr)
 
 
@@ -363,10 +362,10 @@ def _quantize_masked(x, options: tuple, masked_m, expected_m, out, scale_out):
     if info.kind == NUMPY:
         return _quantize_host(x, info, request, out, scale_out, counts=np.asarray(masked_m))
     signature = device_signature(x)
-    key = (*signature[:-1], *options, masked_info.dtype, request.expected_m)
+    key = (*signature[:-1], *options, masked_info.dtype, request.expected_m, _tuning.active()[0])
     plan = _PLANS.get(key)
     if plan is None:
-        plan = _plan(info, request, (*options, masked_info.dtype, request.expected_m))
+        plan = _make_plan(info, request, (*options, masked_info.dtype, request.expected_m))
     return plan.run(info.ptr, out, scale_out, masked_info.ptr)
 
 
@@ -536,15 +535,17 @@ _PLANS = PlanCache(MAX_PLANS)
 _thread_state = threading.local()
 
 
-def _plan(info: ArrayInfo, request: Request, options: tuple) -> _Plan:
-    """The plan of a GPU call, remembered under the input's signature and ``options``."""
+def _make_plan(info: ArrayInfo, request: Request, options: tuple) -> _Plan:
+    """The plan of a GPU call, remembered under the input's signature, ``options`` and the
+    tuning table in force."""
     launch = None
     assert info.device is not None  # a GPU array
+    token, tuning = _tuning.active()
     if not request.output.empty:
-        launch = _launch.prepare(request, info.device)
+        launch = _plan.prepare(request, info.device, tuning)
     plan = _Plan(info, request, launch)
     signature = device_signature(info.obj)
-    _PLANS.put((*signature[:-1], *options), plan)
+    _PLANS.put((*signature[:-1], *options, token), plan)
     return plan
 
 
@@ -737,12 +738,12 @@ def prepare(
             raise ValueError("expected_m: a hint for the masked layout; pass masked_m too")
         masked_info = describe(masked_m, "masked_m")
         request = make_request(info, *options, masked_info, expected_m)
-        plan = _plan(info, request, (*options, masked_info.dtype, request.expected_m))
+        plan = _make_plan(info, request, (*options, masked_info.dtype, request.expected_m))
         q, scales = plan.run(info.ptr, out, scale_out, masked_info.ptr)
         return PreparedQuantize(plan, signature[:-1], q, scales, masked_ptr=masked_info.ptr,
                                 bound=(masked_m,))  # fmt: skip
     request = make_request(info, *options)
-    plan = _plan(info, request, options)
+    plan = _make_plan(info, request, options)
     q, scales = plan.run(info.ptr, out, scale_out)
     return PreparedQuantize(plan, signature[:-1], q, scales)
 
@@ -790,7 +791,7 @@ def warmup(device: int | None = None, variants=None) -> list[str]:
     if device is None:
         device = _jit.cupy_module().cuda.runtime.getDevice()
     if variants is None:
-        keys = list(_launch.DEFAULT_KEYS)
+        keys = list(_plan.DEFAULT_KEYS)
     elif isinstance(variants, str) and variants == "all":
         keys = []
     elif isinstance(variants, (str, dict)):
@@ -799,12 +800,12 @@ def warmup(device: int | None = None, variants=None) -> list[str]:
         keys = [key for v in variants for key in _warmup_keys(dict(v))]
     expressions = list(dict.fromkeys(k.name_expression for k in keys))
     if variants == "all":  # the same list, in the same chunks, as tools/precompile.py
-        expressions = _launch.all_name_expressions()
-    _jit.preload(_launch.SOURCE, expressions, int(device))
+        expressions = _plan.all_name_expressions()
+    _jit.preload(_plan.SOURCE, expressions, int(device))
     return expressions
 
 
-def _warmup_keys(options: dict) -> list[_launch.KernelKey]:
+def _warmup_keys(options: dict) -> list[_plan.KernelKey]:
     input_dtype = options.pop("input_dtype", "bfloat16")
     unknown = set(options) - {
         "group_size", "dtype", "scale", "layout", "eps", "pad_rows", "activation", "scale_rule"
@@ -821,7 +822,7 @@ def _warmup_keys(options: dict) -> list[_launch.KernelKey]:
         raise ValueError(f"variants: input_dtype must be one of {', '.join(INPUT_TYPES)}")
     check_scale_rule(options.get("scale_rule", "rceil"), fmt, scale)
     trait = layout.kernel_trait
-    key = _launch.KernelKey(
+    key = _plan.KernelKey(
         input_dtype, group_size, fmt.name, scale.name, trait, vec16=True, activation=mode.name
     )
     if mode.name is not None:  # the fused modes have the one-pass kernel only
@@ -829,7 +830,7 @@ def _warmup_keys(options: dict) -> list[_launch.KernelKey]:
     # every path: one pass for contiguous rows (the load linear in the slot, where the layout
     # has one-row tiles) and through x's strides, and the row loop
     keys = [dataclasses.replace(key, one_pass=one_pass) for one_pass in (True, False)]
-    if _launch.tile_rows(layout, key.lanes_per_group) == 1:
+    if _plan.tile_rows(layout, key.lanes_per_group) == 1:
         keys.insert(0, dataclasses.replace(key, one_pass=True, flat=True))
     return keys
 
@@ -1076,9 +1077,9 @@ def _namespace(info: ArrayInfo):
 def _compile_on_import() -> None:
     """NVRTC into the disk cache for the visible devices' architectures; no CUDA context is
     created and no device selected (modules load at first use, or through ``warmup``)."""
-    if os.environ.get("FP8_GROUP_QUANT_COMPILE_ON_IMPORT", "1") == "0":
+    if not _settings.compile_on_import():
         return
-    _jit.precompile(_launch.SOURCE, [key.name_expression for key in _launch.DEFAULT_KEYS])
+    _jit.precompile(_plan.SOURCE, [key.name_expression for key in _plan.DEFAULT_KEYS])
 
 
 _compile_on_import()

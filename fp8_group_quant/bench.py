@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _jit, _launch, api
+from . import _jit, _launch, _plan, _tuning, api
 from ._layout import LAYOUTS, SCALE_LAYOUTS, Geometry, combination_error, supported_combinations
 from ._spec import (
     GROUP_SIZES,
@@ -216,8 +216,8 @@ def run_matrix(args) -> list[dict]:
     from .__main__ import activation
 
     # every instantiation in one NVRTC call (or one disk-cache read), not one compile per variant
-    expressions = [key.name_expression for key in _launch.all_kernel_keys()]
-    _jit.preload(_launch.SOURCE, expressions, cupy.cuda.runtime.getDevice())
+    expressions = [key.name_expression for key in _plan.all_kernel_keys()]
+    _jit.preload(_plan.SOURCE, expressions, cupy.cuda.runtime.getDevice())
     m, k = args.m[0], args.k[0]
     host_dtypes = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16, "float32": np.float32}
     combos = [
@@ -491,7 +491,7 @@ def run_parsed(args, parser: argparse.ArgumentParser) -> int:
     # (run 13 of session 7 had 0.92x the roof at M = 1). Until session 10 --fused and --matrix
     # kept PDL on (docs/perf.md, fused step 10). --chain measures PDL, between a producer, the
     # quantizer and a consumer.
-    with pdl_launches(args.chain and _launch.PDL):
+    with pdl_launches(args.chain and _tuning.active()[1].pdl):
         if args.fused:
             from .bench_fused import run_fused
 
@@ -516,15 +516,10 @@ def run_parsed(args, parser: argparse.ArgumentParser) -> int:
 
 @contextlib.contextmanager
 def pdl_launches(on: bool):
-    """Inside the block the library prepares its launches with PDL ``on`` (or off), with a
-    plan cache of its own, so that no plan prepared the other way is reused; the setting and
-    the cache are restored after."""
-    saved = _launch.PDL, api._PLANS
-    _launch.PDL, api._PLANS = on, api.PlanCache(api.MAX_PLANS)
-    try:
+    """Inside the block the library prepares its launches with PDL ``on`` (or off); plans made
+    under the override are its own, so none prepared the other way is reused."""
+    with _tuning.override(pdl=on):
         yield
-    finally:
-        _launch.PDL, api._PLANS = saved
 
 
 CHAIN_M = (1, 4, 16, 64, 128, 256, 512)
@@ -546,7 +541,7 @@ def run_chain(args) -> list[dict]:
     import ml_dtypes
 
     device = cupy.cuda.runtime.getDevice()
-    if not _launch.pdl_supported(device):
+    if not _launch.pdl_supported(device, _tuning.active()[1].pdl):
         raise SystemExit("--chain: PDL needs an SM90+ device and FP8_GROUP_QUANT_PDL not 0")
     produce = _jit.get_function("chain.cu", "fgq::produce_bf16", device)
     consume = _jit.get_function("chain.cu", "fgq::consume", device)

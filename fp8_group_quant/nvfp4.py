@@ -15,7 +15,8 @@ import numbers
 import ml_dtypes
 import numpy as np
 
-from . import _jit, _launch, reference
+from . import _jit, _launch, _plan, _tuning, reference
+from ._abi import LANE_BYTES, params_type
 from ._arrays import (
     NUMPY,
     TORCH,
@@ -154,10 +155,10 @@ def _device_global(global_scale, info: ArrayInfo):
 def _params(strides: tuple[int, int], geometry: Geometry, lanes: int, for_amax: bool, **fields):
     batch_stride, row_stride = strides
     per_row = geometry.groups * (lanes if for_amax else 1)
-    magic, shift = _launch.divisor(per_row)
-    rows_magic, rows_shift = _launch.divisor(max(1, geometry.rows))
+    magic, shift = _plan.divisor(per_row)
+    rows_magic, rows_shift = _plan.divisor(max(1, geometry.rows))
     s_batch, s_row, s_word = geometry.scale_byte_strides
-    return _launch.params_type()(
+    return params_type()(
         x_batch_stride=batch_stride,
         x_row_stride=row_stride,
         q_batch_stride=geometry.rows * geometry.k // 2,
@@ -243,9 +244,9 @@ def launches(info, geometry, strides, mode: int, value: float, q_ptr, s_ptr, g_p
     """The kernel launches of one NVFP4 call, to be called with a stream: with a computed
     global scale (mode 2), nvfp4_amax into the zeroed scratch at g_ptr, then quantize_nvfp4."""
     device = info.device
-    lanes = GROUP * info.itemsize // _launch.lane_bytes()
-    pdl = _launch.pdl_supported(device)
-    quantize_name, amax_name = _launch.nvfp4_names(info.dtype)
+    lanes = GROUP * info.itemsize // LANE_BYTES
+    pdl = _launch.pdl_supported(device, _tuning.active()[1].pdl)
+    quantize_name, amax_name = _plan.nvfp4_names(info.dtype)
     result = []
     if mode == 2:
         params = _params(strides, geometry, lanes, True, x=info.ptr, global_ptr=g_ptr)
@@ -276,7 +277,7 @@ def _global_view(scratch, info: ArrayInfo):
 
 
 def _kernel_launch(name: str, device: int, blocks: int, threads: int, params, pdl: bool):
-    function = _jit.get_function(_launch.SOURCE, name, device)
+    function = _jit.get_function(_plan.SOURCE, name, device)
     handle = function.kernel.ptr
     return _launch.KernelLaunch(handle, (blocks, 1, 1), (threads, 1, 1), [params], pdl)
 

@@ -7,6 +7,8 @@
 // magnitudes are compared as integers, so the kernels match the IEEE reference whatever flag the
 // driver or CuPy passes.
 #pragma once
+// abi.cuh (the constants and Params) is written by fp8_group_quant/_abi.py
+#include "abi.cuh"
 
 namespace fgq {
 
@@ -19,8 +21,6 @@ typedef long long i64;
 enum InputType : int { kBF16 = 0, kF16 = 1, kF32 = 2 };
 enum OutputType : int { kE4M3 = 0, kE5M2 = 1, kInt8 = 2, kE4M3FNUZ = 3 };
 enum ScaleFormat : int { kFloat32Scale = 0, kUE8M0Scale = 1 };
-
-constexpr int kLaneWords = 8;  // 32 bytes of input per lane
 
 // exact float32 arithmetic ---------------------------------------------------------------------
 

@@ -10,7 +10,7 @@
 // the stores, which made 4-8 bytes spill in kernels that keep more live (the row loop's next
 // row, RMSNorm's row): those branch.
 #pragma once
-#include "params.cuh"
+#include "common.cuh"
 
 namespace fgq {
 

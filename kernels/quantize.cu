@@ -28,11 +28,9 @@
 #include "activation.cuh"
 #include "common.cuh"
 #include "layouts.cuh"
-#include "params.cuh"
 
 namespace fgq {
 
-constexpr int kMaxThreads = 256;  // _launch.py reads this line
 // NOTES: six resident blocks of 256 threads cap a kernel at 40 registers, five at 48. The lean
 // instantiations (16-bit input to float8 with power-of-two scales, vector loads) fit 40 with no
 // spill and keep six blocks, in both paths. So does the one-pass path of every vector-load
@@ -463,12 +461,8 @@ __global__ void __launch_bounds__(kMaxThreads,
 // pointer) every batch has p.rows rows: the plain fused SiLU-and-multiply path's grid for
 // large inputs without padding rows, one table copy per resident block instead of one per
 // 16 groups (_launch.fused_takes_persistent; docs/perf.md, fused step 12).
-constexpr int kMaxExperts = 1024;  // _launch.py reads this line
-constexpr int kMaskedThreads = 128;  // _launch.py reads this line
 // slots per thread and iteration, their loads issued together: three of x alone, two of gate
 // and up (64 bytes each), which fit the 64 registers of eight resident blocks without a spill
-constexpr int kMaskedUnroll = 3;      // _launch.py reads this line
-constexpr int kMaskedUnrollSilu = 2;  // _launch.py reads this line
 template <int kAct>
 constexpr int masked_unroll() {
   return kAct == kIdentity ? kMaskedUnroll : kMaskedUnrollSilu;
@@ -656,7 +650,6 @@ __global__ void __launch_bounds__(kMaskedThreads, 8) quantize_masked(const __gri
 // copy of that lane, add +0 to the sums and store nothing, so the group shuffles name the
 // whole warp. The last real row of each batch zeroes the padding rows below it. A walking grid
 // of 16-bit input without a residual takes the kStash instantiation (quantize_norm).
-constexpr int kMaxNormLanes = 1024;  // _launch.py reads this line
 
 // whether a lane's normalised values reach the quantizer as float32 (FloatLane) rather than
 // packed in the input type

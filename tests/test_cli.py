@@ -88,16 +88,16 @@ def test_bench_without_a_gpu_says_so_and_exits_1():
 
 @pytest.mark.parametrize("on", [False, True])
 def test_bench_pdl_launches_sets_pdl_with_a_plan_cache_of_its_own_and_restores_both(on):
-    from fp8_group_quant import _launch, api, bench
+    from fp8_group_quant import _tuning, bench
 
-    before = (_launch.PDL, api._PLANS)
+    before = _tuning.active()
     with bench.pdl_launches(on):
-        assert _launch.PDL is on
-        assert api._PLANS is not before[1]  # no plan prepared the other way is reused
-    assert (_launch.PDL, api._PLANS) == before
+        assert _tuning.active()[1].pdl is on
+        assert _tuning.active()[0] != before[0]  # no plan prepared the other way is reused
+    assert _tuning.active() == before
     with pytest.raises(KeyError), bench.pdl_launches(on):
         raise KeyError("a failing benchmark")
-    assert _launch.PDL is before[0] and api._PLANS is before[1]
+    assert _tuning.active() == before
 
 
 @pytest.mark.parametrize("paths, expected", [

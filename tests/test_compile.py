@@ -1,8 +1,10 @@
 """Every kernel instantiation compiles with NVRTC for sm_90, sm_100 and sm_120, without a GPU."""
 
+from pathlib import Path
+
 import pytest
 
-from fp8_group_quant import _jit, _launch
+from fp8_group_quant import _abi, _jit, _launch, _plan
 
 ARCHS = ["sm_90", "sm_100", "sm_120"]  # Hopper, datacenter Blackwell, consumer Blackwell
 
@@ -11,7 +13,7 @@ nvrtc = pytest.importorskip("cupy_backends.cuda.libs.nvrtc", reason="CuPy is not
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_every_instantiation_compiles(arch):
-    keys = _launch.all_name_expressions()
+    keys = _plan.all_name_expressions()
     # inputs x group sizes x (formats x (float scales, ue8m0 in float words, packed) and the
     # blocked layout of e4m3 and e5m2), each with plain input (x alignment x the two paths),
     # SiLU-and-multiply (aligned, one pass), the masked kernel for both (aligned) and the
@@ -27,7 +29,7 @@ def test_every_instantiation_compiles(arch):
         3 * combinations * (2 * 2 + 1 + 2 + 2) + 2 * combinations + six_blocks + flat + 3 * 2
     )
     report = []
-    lowered = _jit.compile_offline(_launch.SOURCE, keys, arch, report)
+    lowered = _jit.compile_offline(_plan.SOURCE, keys, arch, report)
     assert len(set(lowered.values())) == len(keys)  # one distinct kernel per key
     kernels = ("_ZN3fgq15quantize_groups", "_ZN3fgq15quantize_masked", "_ZN3fgq13quantize_norm",
                "_ZN3fgq14quantize_nvfp4", "_ZN3fgq10nvfp4_amax")  # fmt: skip
@@ -44,14 +46,14 @@ def test_every_instantiation_compiles(arch):
 
 def _one_of_each_kernel() -> list[str]:
     """A name expression of each kernel template and input mode of quantize.cu."""
-    names = _launch.all_name_expressions()
+    names = _plan.all_name_expressions()
     kinds = ("quantize_groups", "quantize_masked", "quantize_norm", "quantize_nvfp4", "nvfp4_amax")
     picked = [next(n for n in names if f"fgq::{kind}<" in n) for kind in kinds]
     # SiLU's two tables (bfloat16's band, the others' exponential) and the flat one-pass load
     for input_type in ("fgq::kBF16", "fgq::kF16"):
         prefix = f"fgq::quantize_groups<{input_type}"
         picked.append(next(n for n in names if "kSiluMul" in n and n.startswith(prefix)))
-    picked.append(_launch.DEFAULT_KEY.name_expression)
+    picked.append(_plan.DEFAULT_KEY.name_expression)
     return picked
 
 
@@ -61,12 +63,12 @@ def test_no_module_declares_constant_memory():
     # the PTX of each kernel template (and of the benchmark's modules) has no .const variable
     for path in _jit.kernel_dir().iterdir():
         assert "__constant__" not in path.read_text(), path.name
-    modules = [(_launch.SOURCE, _one_of_each_kernel()), ("roofline.cu", ["fgq::roofline_copy"]),
+    modules = [(_plan.SOURCE, _one_of_each_kernel()), ("roofline.cu", ["fgq::roofline_copy"]),
                ("chain.cu", ["fgq::produce_bf16", "fgq::consume"])]  # fmt: skip
     for source, names in modules:
         ptx, _, _ = _jit._nvrtc_compile(source, names, "compute_90")
         text = ptx.decode() if isinstance(ptx, bytes) else ptx
-        assert ".global .align" in text or source != _launch.SOURCE  # the tables are global
+        assert ".global .align" in text or source != _plan.SOURCE  # the tables are global
         assert not [line for line in text.splitlines() if line.lstrip().startswith(".const")], (
             source
         )
@@ -109,9 +111,9 @@ def test_a_header_in_the_working_directory_cannot_replace_ours(tmp_path, monkeyp
     # NVRTC resolves a quoted include beside the program, i.e. in the working directory, first
     (tmp_path / "common.cuh").write_text('#error "the working directory\'s common.cuh"\n')
     monkeypatch.chdir(tmp_path)
-    source = _jit.source_text(_launch.SOURCE)
+    source = _jit.source_text(_plan.SOURCE)
     assert "#include" not in source  # self-contained: nothing left for NVRTC to look up
-    _jit.compile_offline(_launch.SOURCE, [_launch.DEFAULT_KEY.name_expression], "sm_90")
+    _jit.compile_offline(_plan.SOURCE, [_plan.DEFAULT_KEY.name_expression], "sm_90")
 
 
 def test_compile_errors_name_the_header_and_line(tmp_path, monkeypatch):
@@ -140,7 +142,7 @@ def test_the_jit_layer_does_not_import_quantization_code():
         for alias in node.names
     }
     modules = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
-    assert not ({"_launch", "api", "reference", "_spec", "_layout"} & (imported | modules))
+    assert not ({"_plan", "api", "reference", "_spec", "_layout"} & (imported | modules))
 
 
 def test_missing_cupy_or_nvrtc_gives_an_install_hint(monkeypatch):
@@ -149,7 +151,7 @@ def test_missing_cupy_or_nvrtc_gives_an_install_hint(monkeypatch):
     monkeypatch.setitem(sys.modules, "cupy", None)  # import cupy now raises ImportError
     with pytest.raises(_jit.GpuUnavailableError, match=r"pip install 'fp8_group_quant\[cuda12\]'"):
         # a device no earlier test compiled for, so the memo cannot answer first
-        _jit.get_function(_launch.SOURCE, _launch.DEFAULT_KEY.name_expression, 4321)
+        _jit.get_function(_plan.SOURCE, _plan.DEFAULT_KEY.name_expression, 4321)
     with pytest.raises(_jit.GpuUnavailableError, match="NVRTC was not found"):
         _jit._raise_if_nvrtc_missing(OSError("CuPy failed to load libnvrtc.so.12"))
     _jit._raise_if_nvrtc_missing(OSError("some other failure"))  # unrelated errors pass through
@@ -174,14 +176,14 @@ def _params_layout(tmp_path, monkeypatch, size: int) -> dict[str, int]:
     tmp_path.mkdir()
     for path in sources.iterdir():
         shutil.copy(path, tmp_path / path.name)
-    fields = [name for name, _ in _launch.params_type()._fields_]
+    fields = [name for name, _ in _abi.params_type()._fields_]
     probes = [
         f'extern "C" __global__ void probe_{name}(const __grid_constant__ fgq::Params p, '
         f"decltype(p.{name})* out) {{ *out = p.{name}; }}"
         for name in fields
     ]
     (tmp_path / "probe.cu").write_text(
-        '#include "params.cuh"\n'
+        '#include "common.cuh"\n'
         f'static_assert(sizeof(fgq::Params) == {size}, "the size of Params");\n'
         + "\n".join(probes)
         + "\n"
@@ -206,7 +208,7 @@ def _params_layout(tmp_path, monkeypatch, size: int) -> dict[str, int]:
 def test_params_mirror_matches_the_struct(tmp_path, monkeypatch):
     import ctypes
 
-    mirror = _launch.params_type()
+    mirror = _abi.params_type()
     fields = [name for name, _ in mirror._fields_]
     assert {"x", "q", "scales", "nonfinite_codes"} <= set(fields)
     expected = {name: getattr(mirror, name).offset for name in fields}
@@ -216,10 +218,19 @@ def test_params_mirror_matches_the_struct(tmp_path, monkeypatch):
         _params_layout(tmp_path, monkeypatch, ctypes.sizeof(mirror) + 8)
 
 
-def test_facts_of_the_kernel_are_read_from_its_sources():
-    assert _launch.lane_bytes() == 32 and _launch.max_threads_per_block() == 256
-    with pytest.raises(LookupError, match="kNoSuchConstant"):
-        _launch.cpp_constant("kNoSuchConstant")
+def test_the_kernels_facts_have_one_definition_in_python():
+    # the constants and Params reach the kernels as the text of abi.cuh, which _abi writes:
+    # no file under kernels/ defines them again, and no Python reads them back from C++
+    assert _plan.lane_bytes() == 32 and _plan.max_threads_per_block() == 256
+    text = _jit.source_text(_plan.SOURCE)
+    for name, value in _abi.CONSTANTS.items():
+        assert f"constexpr int {name} = {value};" in text
+        for path in _jit.kernel_dir().iterdir():
+            assert f"constexpr int {name} " not in path.read_text(), (path, name)
+    assert "struct Params {" in text and not (_jit.kernel_dir() / "abi.cuh").exists()
+    package = Path(_plan.__file__).parent
+    for module in package.rglob("*.py"):
+        assert "cpp_constant" not in module.read_text(), module
 
 
 # the disk cache and the compile at import -------------------------------------------------------
@@ -227,8 +238,8 @@ def test_facts_of_the_kernel_are_read_from_its_sources():
 
 def test_compiled_binaries_are_cached_on_disk(tmp_path, monkeypatch):
     monkeypatch.setenv(_jit.CACHE_DIR_ENV, str(tmp_path))
-    expression = _launch.DEFAULT_KEY.name_expression
-    path, lowered = _jit.compile_cached(_launch.SOURCE, [expression], "sm_90")
+    expression = _plan.DEFAULT_KEY.name_expression
+    path, lowered = _jit.compile_cached(_plan.SOURCE, [expression], "sm_90")
     assert path.parent == tmp_path and path.suffix == ".cubin" and path.stat().st_size > 0
     assert lowered[expression].startswith("_ZN3fgq15quantize_groups")
 
@@ -236,23 +247,23 @@ def test_compiled_binaries_are_cached_on_disk(tmp_path, monkeypatch):
         raise AssertionError("a cached binary was compiled again")
 
     monkeypatch.setattr(_jit, "_nvrtc_compile", no_compile)
-    assert _jit.compile_cached(_launch.SOURCE, [expression], "sm_90") == (path, lowered)
+    assert _jit.compile_cached(_plan.SOURCE, [expression], "sm_90") == (path, lowered)
     with pytest.raises(AssertionError, match="compiled again"):  # another target is a new key
-        _jit.compile_cached(_launch.SOURCE, [expression], "sm_100")
+        _jit.compile_cached(_plan.SOURCE, [expression], "sm_100")
     assert not list(tmp_path.glob("*.tmp"))  # written through a temporary name and renamed
 
 
 def test_precompile_needs_no_device_and_logs_failures(tmp_path, monkeypatch, caplog):
     monkeypatch.setenv(_jit.CACHE_DIR_ENV, str(tmp_path))
-    expression = _launch.DEFAULT_KEY.name_expression
+    expression = _plan.DEFAULT_KEY.name_expression
     monkeypatch.setattr(_jit, "device_count", lambda: 0)
-    assert _jit.precompile(_launch.SOURCE, [expression]) == {}
+    assert _jit.precompile(_plan.SOURCE, [expression]) == {}
     assert not list(tmp_path.iterdir())  # no device, nothing compiled
 
     # one Hopper device, seen through the context-free query only
     monkeypatch.setattr(_jit, "device_count", lambda: 1)
     monkeypatch.setattr(_jit, "compute_capability", lambda device: (9, 0))
-    assert _jit.precompile(_launch.SOURCE, [expression]) == {}
+    assert _jit.precompile(_plan.SOURCE, [expression]) == {}
     assert len(list(tmp_path.glob("quantize-sm_90-*.cubin"))) == 1
 
     def broken(*args, **kwargs):
@@ -260,7 +271,7 @@ def test_precompile_needs_no_device_and_logs_failures(tmp_path, monkeypatch, cap
 
     monkeypatch.setattr(_jit, "compile_cached", broken)
     with caplog.at_level("WARNING", logger="fp8_group_quant"):
-        failures = _jit.precompile(_launch.SOURCE, [expression])
+        failures = _jit.precompile(_plan.SOURCE, [expression])
     assert list(failures) == ["sm_90"] and "the log says why" in caplog.text
 
 
@@ -381,7 +392,7 @@ def test_a_bad_kernel_directory_is_named_not_replaced(tmp_path, monkeypatch, pro
         with pytest.raises(FileNotFoundError, match=_jit.KERNEL_DIR_ENV):
             _jit.kernel_dir()
         with pytest.raises(FileNotFoundError, match=_jit.KERNEL_DIR_ENV):
-            _jit.source_text(_launch.SOURCE)
+            _jit.source_text(_plan.SOURCE)
     finally:
         _jit.source_text.cache_clear()
 
@@ -402,7 +413,7 @@ def test_a_kernel_directory_missing_a_file_is_named(tmp_path, monkeypatch, missi
         with pytest.raises(
             FileNotFoundError, match=f"{_jit.KERNEL_DIR_ENV}=.*{missing} is missing"
         ):
-            _jit.compile_offline(_launch.SOURCE, [_launch.DEFAULT_KEY.name_expression], "sm_90")
+            _jit.compile_offline(_plan.SOURCE, [_plan.DEFAULT_KEY.name_expression], "sm_90")
     finally:
         _jit.source_text.cache_clear()
         _jit._fingerprint.cache_clear()
@@ -428,31 +439,40 @@ def test_an_unusable_cache_directory_warns_once_and_compiles(toy_kernels, monkey
     assert _jit.compile_cached("toy.cu", ["k<1>"], "sm_90") == (path, lowered)  # found again
 
 
-def test_a_cupy_cache_path_that_is_a_file_warns_instead_of_failing_the_import(tmp_path):
-    # item 9: CuPy creates CUPY_CACHE_DIR when imported, so a file there breaks `import cupy`;
-    # imported through the package, CuPy gets a private directory and the caller one warning
+def test_a_cupy_cache_path_through_a_file_is_named_and_left_as_it_is(tmp_path):
+    # CuPy creates CUPY_CACHE_DIR when imported, so a file on that path breaks `import cupy`,
+    # half importing it. The package neither changes the user's variable (that would change it
+    # for the whole process) nor half-imports CuPy: in a fresh process that imports the package
+    # first, the NumPy backend works and every GPU call names the variable, the same each time
     import subprocess
     import sys
 
     pytest.importorskip("cupy")
     blocker = tmp_path / "blocker"
     blocker.write_text("not a directory")
-    env = dict(__import__("os").environ, CUPY_CACHE_DIR=str(blocker))
-    plain = subprocess.run([sys.executable, "-c", "import cupy"], env=env, capture_output=True)
-    assert plain.returncode != 0  # CuPy alone fails: the case is real
-    script = (
-        "import warnings\n"
-        "with warnings.catch_warnings(record=True) as caught:\n"
-        "    warnings.simplefilter('always')\n"
-        "    from fp8_group_quant import _jit\n"
-        "    cupy = _jit.cupy_module()\n"
-        "    _jit.cupy_module()\n"
-        "import os\n"
-        "print([str(w.message) for w in caught], os.environ['CUPY_CACHE_DIR'])\n"
-    )
-    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.count("CUPY_CACHE_DIR=") == 1 and str(blocker) not in done.stdout.split()[-1]
+    for value in (blocker, blocker / "under"):
+        env = dict(__import__("os").environ, CUPY_CACHE_DIR=str(value))
+        plain = subprocess.run([sys.executable, "-c", "import cupy"], env=env, capture_output=True)
+        assert plain.returncode != 0  # CuPy alone fails: the case is real
+        script = (
+            "import os, sys, numpy as np\n"
+            "import fp8_group_quant as fgq\n"
+            "from fp8_group_quant import _jit\n"
+            "q, s = fgq.quantize(np.ones((2, 128), np.float32))\n"
+            "for _ in range(2):\n"
+            "    try:\n"
+            "        _jit.cupy_module()\n"
+            "    except fgq.GpuUnavailableError as error:\n"
+            "        print('error:', error)\n"
+            "print('cupy' in sys.modules, os.environ['CUPY_CACHE_DIR'])\n"
+        )
+        done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                              text=True)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+        errors = [line for line in done.stdout.splitlines() if line.startswith("error:")]
+        assert len(errors) == 2 and errors[0] == errors[1], done.stdout
+        assert "CUPY_CACHE_DIR=" in errors[0] and "is a file" in errors[0]
+        assert done.stdout.splitlines()[-1] == f"False {value}"
 
 
 def test_compiles_are_logged(toy_kernels, caplog):  # issue 12: JIT compiles through logging
@@ -468,7 +488,7 @@ def test_compiles_are_logged(toy_kernels, caplog):  # issue 12: JIT compiles thr
 def test_preload_chunks_are_fixed_runs_of_the_request():
     # the disk cache keys on each chunk's expressions: a process that has loaded some kernels
     # already must ask for the same chunks as a fresh one (tools/precompile.py fills them)
-    keys = [key.name_expression for key in _launch.all_kernel_keys()]
+    keys = [key.name_expression for key in _plan.all_kernel_keys()]
     chunks = _jit.preload_chunks(keys + keys[:5])  # duplicates dropped, order kept
     assert [e for chunk in chunks for e in chunk] == keys
     assert all(len(chunk) == _jit.PRELOAD_CHUNK for chunk in chunks[:-1])

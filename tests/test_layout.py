@@ -10,6 +10,7 @@ from helpers import NP_INPUT, activations
 import fp8_group_quant as fgq
 from fp8_group_quant import reference
 from fp8_group_quant._layout import Geometry
+from fp8_group_quant._tuning import Tuning
 
 # the issue's shapes: one row, odd rows, K that is and is not a multiple of 4 groups, TMA padding
 SHAPES = [
@@ -142,28 +143,28 @@ def test_dequantize_and_unpack_round_trip(layout):
 @pytest.mark.parametrize("layout", ["row", "col", "col_tma", "packed", "packed_row"])
 @pytest.mark.parametrize("lanes", [2, 4, 8, 16, 32])
 def test_block_shape_covers_every_group_with_whole_warps(layout, lanes):
-    from fp8_group_quant import _launch
+    from fp8_group_quant import _plan
 
-    rows = _launch.tile_rows(layout, lanes)
-    assert rows & (rows - 1) == 0 and 1 <= rows <= _launch.MAX_TILE_ROWS
-    assert lanes * rows <= _launch.WARP  # a warp never spans two group columns' rows
+    rows = _plan.tile_rows(layout, lanes)
+    assert rows & (rows - 1) == 0 and 1 <= rows <= _plan.MAX_TILE_ROWS
+    assert lanes * rows <= _plan.WARP  # a warp never spans two group columns' rows
     if layout in ("col", "col_tma"):
-        assert rows * 4 >= min(32, _launch.WARP // lanes * 4)  # a warp's scales are one run
+        assert rows * 4 >= min(32, _plan.WARP // lanes * 4)  # a warp's scales are one run
     for groups in [1, 2, 3, 5, 7, 21, 56, 64, 100, 224, 1000, 4097]:
-        threads, blocks = _launch.block_shape(groups, lanes, rows)
+        threads, blocks = _plan.block_shape(groups, lanes, rows)
         per_block = threads // (lanes * rows)
-        assert threads <= _launch.max_threads_per_block() and threads % _launch.WARP == 0
+        assert threads <= _plan.max_threads_per_block() and threads % _plan.WARP == 0
         assert per_block * blocks >= groups  # every group has a slot
         assert per_block * (blocks - 1) < groups  # and no block is empty
 
 
 def test_grid_limit_names_k_for_huge_rows():
-    from fp8_group_quant import _launch
+    from fp8_group_quant import _plan
 
-    assert _launch.grid_limits_error(Geometry((4, 128 * 2**20), 128, "row", False), 2) is None
+    assert _plan.grid_limits_error(Geometry((4, 128 * 2**20), 128, "row", False), 2) is None
     too_wide = Geometry((4, 32 * 2**24), 32, "col", False)
-    assert "K=" in _launch.grid_limits_error(too_wide, 2)
-    assert "rows" in _launch.grid_limits_error(Geometry((2**31, 128), 128, "row", False), 2)
+    assert "K=" in _plan.grid_limits_error(too_wide, 2)
+    assert "rows" in _plan.grid_limits_error(Geometry((2**31, 128), 128, "row", False), 2)
 
 
 @pytest.mark.parametrize(
@@ -171,7 +172,7 @@ def test_grid_limit_names_k_for_huge_rows():
 )
 def test_the_kernels_multiplicative_division_is_exact(d):
     # the kernel's divide_u31: (n * magic) >> shift in 64 bits, for every n below 2**31
-    from fp8_group_quant._launch import divisor
+    from fp8_group_quant._plan import divisor
 
     magic, shift = divisor(d)
     assert 0 < magic < 2**32 and shift < 64
@@ -186,28 +187,29 @@ def test_the_kernels_multiplicative_division_is_exact(d):
 
 
 def test_the_division_refuses_divisors_it_cannot_serve():
-    from fp8_group_quant._launch import divisor
+    from fp8_group_quant._plan import divisor
 
     for d in (0, -1, 2**31):
         with pytest.raises(ValueError, match="divisor"):
             divisor(d)
 
 
-@pytest.mark.parametrize("threads, ok", [(0, True), (64, True), (256, True), (96, True),
+@pytest.mark.parametrize("threads, ok", [(None, True), (64, True), (256, True), (96, True),
                                          (32, True), (48, False), (512, False), (-32, False),
-                                         (16, False)])  # fmt: skip
-def test_the_one_pass_block_size_knob_is_checked(monkeypatch, threads, ok):
-    from fp8_group_quant import _launch
+                                         (16, False), (0, False)])  # fmt: skip
+def test_the_one_pass_block_size_is_checked(threads, ok):
+    from fp8_group_quant import _plan
+    from fp8_group_quant._tuning import Tuning
 
-    monkeypatch.setattr(_launch, "ONE_PASS_THREADS", threads)
     if ok:
-        assert _launch.one_pass_threads(1000, 8) == (threads or 128)
+        tuning = Tuning() if threads is None else Tuning(one_pass_threads=threads)
+        assert _plan.one_pass_threads(tuning) == (threads or 128)
     else:
-        with pytest.raises(ValueError, match="FP8_GROUP_QUANT_ONE_PASS_THREADS"):
-            _launch.one_pass_threads(1000, 8)
+        with pytest.raises(ValueError, match="one_pass_threads"):
+            Tuning(one_pass_threads=threads)
 
 
-@pytest.mark.parametrize("threads", [0, 32, 64, 96, 256])
+@pytest.mark.parametrize("threads", [None, 32, 64, 96, 256])
 @pytest.mark.parametrize("group_size, input_dtype", [(128, "bfloat16"), (32, "bfloat16"),
                                                      (256, "float32")])  # fmt: skip
 def test_the_one_pass_block_slots_follow_the_block_launched(
@@ -215,21 +217,21 @@ def test_the_one_pass_block_slots_follow_the_block_launched(
 ):
     # the one-pass kernel numbers its slots by Params.block_slots, not blockDim.x (docs/perf.md
     # step 26): whatever the block size knob says, they agree
-    from fp8_group_quant import _jit, _launch
+    from fp8_group_quant import _jit, _plan
     from fp8_group_quant._arrays import describe
     from fp8_group_quant._request import make_request
 
-    monkeypatch.setattr(_launch, "ONE_PASS_THREADS", threads)
+    tuning = Tuning() if threads is None else Tuning(one_pass_threads=threads)
     monkeypatch.setattr(_jit, "get_function", lambda source, expression, device: _FakeFunction)
     monkeypatch.setattr(_jit, "current_device", lambda device: contextlib.nullcontext())
-    monkeypatch.setattr(_launch, "resident_blocks", lambda *args: (6, 132))
-    monkeypatch.setattr(_launch, "pdl_supported", lambda device: False)
+    monkeypatch.setattr(_plan, "resident_blocks", lambda *args: (6, 132))
+    monkeypatch.setattr(_plan, "pdl_supported", lambda device, enabled=True: False)
     monkeypatch.setattr(
-        _launch, "Launch", lambda handle, grid, block, params, pdl: (handle, grid, block, params)
+        _plan, "Launch", lambda handle, grid, block, params, pdl: (handle, grid, block, params)
     )
     x = np.empty((37, 2048), NP_INPUT[input_dtype])
     request = make_request(describe(x, "x"), group_size, "e4m3", "ue8m0", "row", 1e-10, False)
-    _, grid, block, params = _launch.prepare(request, 0)
+    _, grid, block, params = _plan.prepare(request, 0, tuning)
     lanes = request.kernel_key().lanes_per_group
     assert grid[1] == 1 and params.block_slots * lanes == block[0] == (threads or 128)
     assert grid[0] * params.block_slots >= params.slots > (grid[0] - 1) * params.block_slots
@@ -263,7 +265,7 @@ def test_the_launch_picks_its_path_and_grid(
 ):
     import ml_dtypes
 
-    from fp8_group_quant import _jit, _launch
+    from fp8_group_quant import _jit, _plan
     from fp8_group_quant._arrays import describe
     from fp8_group_quant._request import make_request
 
@@ -275,10 +277,9 @@ def test_the_launch_picks_its_path_and_grid(
 
     monkeypatch.setattr(_jit, "get_function", get_function)
     monkeypatch.setattr(_jit, "current_device", lambda device: contextlib.nullcontext())
-    monkeypatch.setattr(_launch, "resident_blocks", lambda *args: (per_sm, 132))
-    monkeypatch.setattr(_launch, "WAVES", None)
-    monkeypatch.setattr(_launch, "ONE_PASS_MAX_WAVES", max_waves)
-    monkeypatch.setattr(_launch, "pdl_supported", lambda device: False)
+    monkeypatch.setattr(_plan, "resident_blocks", lambda *args: (per_sm, 132))
+    tuning = Tuning(one_pass_max_waves=max_waves)
+    monkeypatch.setattr(_plan, "pdl_supported", lambda device, enabled=True: False)
     if shape[0] == "reversed":  # a negative row stride
         x = np.empty(shape[1:], ml_dtypes.bfloat16)[::-1]
     elif shape[0] == "wide batches":  # batches 2**31 elements apart (never read here)
@@ -290,13 +291,13 @@ def test_the_launch_picks_its_path_and_grid(
         x = np.empty(shape, ml_dtypes.bfloat16)
     request = make_request(describe(x, "x"), 128, "e4m3", "ue8m0", layout, 1e-10, False)
     monkeypatch.setattr(  # no driver here: record the launch, do not make it
-        _launch, "Launch", lambda handle, grid, block, params, pdl: (handle, grid, block, params)
+        _plan, "Launch", lambda handle, grid, block, params, pdl: (handle, grid, block, params)
     )
-    handle, got_grid, block, params = _launch.prepare(request, 0)
+    handle, got_grid, block, params = _plan.prepare(request, 0, tuning)
     assert f"{'true' if one_pass else 'false'}, fgq::kIdentity" in loaded[-1]
     # contiguous rows take the one-pass kernel whose load is linear in the slot
-    tile = _launch.tile_rows(layout, request.kernel_key().lanes_per_group)
-    flat = one_pass and _launch.flat_slots(request, tile)
+    tile = _plan.tile_rows(layout, request.kernel_key().lanes_per_group)
+    flat = one_pass and _plan.flat_slots(request, tile)
     assert loaded[-1].endswith(", fgq::kIdentity, 0, true>" if flat else ", fgq::kIdentity>")
     contiguous = ((64, 7168), (70000, 1, 256), (16384, 7168), (2048, 7168))
     assert flat == (one_pass and shape in contiguous)
@@ -329,7 +330,6 @@ def test_the_launch_picks_its_path_and_grid(
     ],
 )  # a device of 132 SMs fitting 10 blocks of either kernel
 def test_large_fused_silu_inputs_take_the_persistent_grid(monkeypatch, shape, layout, persistent):
-    from fp8_group_quant import _launch
 
     launched, grid, block, params = prepare_silu_mul(monkeypatch, shape, layout)
     assert launched.startswith("fgq::quantize_masked<" if persistent else "fgq::quantize_groups<")
@@ -338,14 +338,16 @@ def test_large_fused_silu_inputs_take_the_persistent_grid(monkeypatch, shape, la
         assert grid == (10 * 132, 1, 1) and block == (128, 1, 1)
     else:  # the one-pass blocks copy the SiLU table with every thread past half a wave
         assert grid[0] * block[0] >= params.slots * 8
-        assert params.table_by_threads == (grid[0] > _launch.TABLE_BY_THREADS_WAVES * 10 * 132)
+        assert params.table_by_threads == (grid[0] > Tuning().silu_table_waves * 10 * 132)
         assert params.table_by_threads == (grid[0] > 660)  # the default, half a wave
 
 
-def prepare_silu_mul(monkeypatch, shape, layout, scale="ue8m0", input_dtype="bfloat16"):
+def prepare_silu_mul(
+    monkeypatch, shape, layout, scale="ue8m0", input_dtype="bfloat16", tuning=None
+):
     """(the instantiation launched, grid, block, Params) of a plain SiLU-and-multiply call on
     ``shape`` (N last), prepared for a device of 132 SMs fitting 10 blocks of every kernel."""
-    from fp8_group_quant import _jit, _launch
+    from fp8_group_quant import _jit, _plan
     from fp8_group_quant._arrays import describe
     from fp8_group_quant._request import make_request
 
@@ -357,16 +359,16 @@ def prepare_silu_mul(monkeypatch, shape, layout, scale="ue8m0", input_dtype="bfl
 
     monkeypatch.setattr(_jit, "get_function", get_function)
     monkeypatch.setattr(_jit, "current_device", lambda device: contextlib.nullcontext())
-    monkeypatch.setattr(_launch, "resident_blocks", lambda *args: (10, 132))
-    monkeypatch.setattr(_launch, "pdl_supported", lambda device: False)
+    monkeypatch.setattr(_plan, "resident_blocks", lambda *args: (10, 132))
+    monkeypatch.setattr(_plan, "pdl_supported", lambda device, enabled=True: False)
     monkeypatch.setattr(
-        _launch, "Launch", lambda handle, grid, block, params, pdl: (handle, grid, block, params)
+        _plan, "Launch", lambda handle, grid, block, params, pdl: (handle, grid, block, params)
     )
     x = np.empty((*shape[:-1], 2 * shape[-1]), NP_INPUT[input_dtype])
     request = make_request(
         describe(x, "x"), 128, "e4m3", scale, layout, 1e-10, False, activation="silu_mul"
     )
-    handle, grid, block, params = _launch.prepare(request, 0)
+    handle, grid, block, params = _plan.prepare(request, 0, tuning or Tuning())
     return loaded[handle], grid, block, params
 
 
@@ -390,15 +392,14 @@ def test_large_one_pass_silu_grids_take_the_six_block_kernel(
 ):
     # one-pass bfloat16 SiLU grids of more than SILU_SIX_BLOCKS_WAVES resident waves of the
     # five-block kernel (here 2.2 x 1320 = 2904 blocks) take its six-block instantiation
-    from fp8_group_quant import _launch
 
     launched, grid, _, params = prepare_silu_mul(monkeypatch, shape, layout, scale, input_dtype)
     assert launched.endswith(", fgq::kSiluMul, 6>" if six else ", fgq::kSiluMul>")
     assert grid[0] == -(-shape[0] * shape[1] // 128 // 16) or launched.startswith(
         "fgq::quantize_masked<"
     )
-    monkeypatch.setattr(_launch, "SILU_SIX_BLOCKS_WAVES", 0.0)  # the knob: every grid
-    launched, *_ = prepare_silu_mul(monkeypatch, (1, 7168), layout, scale, input_dtype)
+    every = Tuning(silu_six_blocks_waves=0.0)  # the table's entry at zero: every grid
+    launched, *_ = prepare_silu_mul(monkeypatch, (1, 7168), layout, scale, input_dtype, every)
     has = layout != "blocked" and scale == "ue8m0" and input_dtype == "bfloat16"
     assert launched.endswith(", fgq::kSiluMul, 6>" if has else ", fgq::kSiluMul>")
 
@@ -408,9 +409,9 @@ def test_the_one_pass_prologue_reads_one_constant_line():
     # 64-byte line of the constant cache on sm_90 (docs/perf.md step 22)
     import ctypes
 
-    from fp8_group_quant import _launch
+    from fp8_group_quant import _plan
 
-    params = _launch.params_type()
+    params = _plan.params_type()
     prologue = ("x", "x_row_stride32", "x_batch_stride32", "slots", "tile_slots",
                 "tile_slots_magic", "batch_tiles", "batch_tiles_magic", "rows", "tile_slots_shift",
                 "batch_tiles_shift", "tile_rows_log2", "block_slots")  # fmt: skip
@@ -421,15 +422,15 @@ def test_the_one_pass_prologue_reads_one_constant_line():
 
 
 def _flat_slots(x, layout="packed", activation=None):
-    from fp8_group_quant import _launch
+    from fp8_group_quant import _plan
     from fp8_group_quant._arrays import describe
     from fp8_group_quant._request import make_request
 
     request = make_request(
         describe(x, "x"), 128, "e4m3", "ue8m0", layout, 1e-10, False, activation=activation
     )
-    tile = _launch.tile_rows(request.output.layout, request.kernel_key().lanes_per_group)
-    return _launch.flat_slots(request, tile)
+    tile = _plan.tile_rows(request.output.layout, request.kernel_key().lanes_per_group)
+    return _plan.flat_slots(request, tile)
 
 
 def test_the_one_pass_load_is_linear_in_the_slot_only_for_contiguous_rows():
@@ -465,11 +466,11 @@ def test_the_one_pass_load_is_linear_in_the_slot_only_for_contiguous_rows():
     (1, False, None, 1), (0, False, None, 1),  # never an empty grid
 ])  # fmt: skip
 def test_norm_grid_policy(monkeypatch, rows, residual, knob, blocks):
-    from fp8_group_quant import _launch
+    from fp8_group_quant import _plan
 
-    monkeypatch.setattr(_launch, "NORM_WAVES", knob)
-    assert _launch.norm_blocks(rows, residual, per_sm=2, sms=132) == blocks
+    tuning = Tuning(norm_waves=knob)
+    assert _plan.norm_blocks(rows, residual, 2, 132, 2, tuning) == blocks
     # one lane a thread with the residual (norm_lanes' window): a wave of walking blocks
-    one_lane = _launch.norm_blocks(rows, residual, per_sm=2, sms=132, lanes=1)
+    one_lane = _plan.norm_blocks(rows, residual, 2, 132, 1, tuning)
     walks = knob is None and residual and rows > 264
     assert one_lane == (264 if walks else blocks)

@@ -7,7 +7,8 @@ import pytest
 from helpers import activations, sums_at_rounding_hazards
 
 import fp8_group_quant as fgq
-from fp8_group_quant import activation
+from fp8_group_quant import _abi, activation
+from fp8_group_quant._tuning import Tuning
 
 
 def scalar_sum_of_squares(row: np.ndarray, itemsize: int) -> np.float32:
@@ -274,16 +275,15 @@ def test_vllm_rms_norm_per_block_quant(shape, kwargs, layout, scale_shape):
 def test_the_kernel_block_holds_a_row_of_the_defined_lanes():
     # one thread block a row: the kernel's lane limit is the definition's, and its blocks hold
     # whole warps of lanes, one or two a thread, at most 32 warps of lanes
-    from fp8_group_quant import _launch
+    from fp8_group_quant import _plan
 
-    assert _launch.cpp_constant("kMaxNormLanes") == activation.MAX_NORM_LANES
-    assert _launch.lane_bytes() == activation.LANE_BYTES
+    assert _abi.MAX_NORM_LANES == 1024 and _plan.lane_bytes() == _abi.LANE_BYTES == 32
     lanes = (1, 32, 33, 64, 65, 448, 960, 1000, 1024)
-    assert [_launch.norm_threads(n, 1) for n in lanes] == [32, 32, 64, 64, 96, 448, 960, 1024, 1024]
-    assert [_launch.norm_threads(n, 2) for n in lanes] == [32, 32, 32, 32, 64, 224, 480, 512, 512]
+    assert [_plan.norm_threads(n, 1) for n in lanes] == [32, 32, 64, 64, 96, 448, 960, 1024, 1024]
+    assert [_plan.norm_threads(n, 2) for n in lanes] == [32, 32, 32, 32, 64, 224, 480, 512, 512]
     for bad in ((1025, 1), (0, 2), (64, 3)):
         with pytest.raises(AssertionError):
-            _launch.norm_threads(*bad)
+            _plan.norm_threads(*bad)
 
 
 @pytest.mark.parametrize("rows, knob, lanes", [
@@ -293,14 +293,19 @@ def test_the_kernel_block_holds_a_row_of_the_defined_lanes():
 def test_the_norm_takes_two_lanes_a_thread_on_many_rows(monkeypatch, rows, knob, lanes):
     # two 448-thread blocks an SM of one lane, 132 SMs: 264 a wave; with the residual, one
     # lane again between 1.5 and 6.5 waves (397-1716 rows), where its blocks walk
-    from fp8_group_quant import _launch
+    from fp8_group_quant import _plan
 
-    monkeypatch.setattr(_launch, "NORM_LANES", knob)
-    assert _launch.norm_lanes(rows, 2, 132) == lanes
+    tuning = Tuning(norm_lanes=knob)
+    assert _plan.norm_lanes(rows, 2, 132, False, tuning) == lanes
     window = knob is None and 396 < rows <= 1716
-    assert _launch.norm_lanes(rows, 2, 132, residual=True) == (1 if window else lanes)
+    assert _plan.norm_lanes(rows, 2, 132, True, tuning) == (1 if window else lanes)
     if knob is None:
-        assert [_launch.norm_lanes(n, 2, 132, True) for n in (396, 397, 1716, 1717)] == [2, 1, 1, 2]
+        assert [_plan.norm_lanes(n, 2, 132, True, tuning) for n in (396, 397, 1716, 1717)] == [
+            2,
+            1,
+            1,
+            2,
+        ]
 
 
 @pytest.mark.parametrize("rows, residual, lanes, grid, stash", [
@@ -322,7 +327,7 @@ def test_the_norm_launch_picks_lanes_then_grid(monkeypatch, rows, residual, lane
     import contextlib
     import types
 
-    from fp8_group_quant import _jit, _launch
+    from fp8_group_quant import _jit, _plan
     from fp8_group_quant._arrays import describe
     from fp8_group_quant._request import make_request
 
@@ -338,18 +343,16 @@ def test_the_norm_launch_picks_lanes_then_grid(monkeypatch, rows, residual, lane
 
     monkeypatch.setattr(_jit, "get_function", get_function)
     monkeypatch.setattr(_jit, "current_device", lambda device: contextlib.nullcontext())
-    monkeypatch.setattr(_launch, "resident_blocks", resident_blocks)
-    monkeypatch.setattr(_launch, "pdl_supported", lambda device: False)
-    monkeypatch.setattr(_launch, "NORM_LANES", None)
-    monkeypatch.setattr(_launch, "NORM_WAVES", None)
-    monkeypatch.setattr(_launch, "Launch", lambda *args: args)
-    monkeypatch.setattr(_launch, "allow_shared", lambda *args: pytest.fail("28 KB needs no opt-in"))
+    monkeypatch.setattr(_plan, "resident_blocks", resident_blocks)
+    monkeypatch.setattr(_plan, "pdl_supported", lambda device, enabled=True: False)
+    monkeypatch.setattr(_plan, "Launch", lambda *args: args)
+    monkeypatch.setattr(_plan, "allow_shared", lambda *args: pytest.fail("28 KB needs no opt-in"))
     x = np.empty((rows, 7168), ml_dtypes.bfloat16)
     weight = np.empty(7168, ml_dtypes.bfloat16)
     r = describe(np.empty_like(x), "residual") if residual else None
     request = make_request(describe(x, "x"), 128, "e4m3", "ue8m0", "packed", 1e-10, False,
                            norm=(describe(weight, "weight"), 1e-6, r))  # fmt: skip
-    handle, got_grid, block, params, pdl, shared = _launch.prepare(request, 0)
+    handle, got_grid, block, params, pdl, shared = _plan.prepare(request, 0, Tuning())
     assert names[handle - 1].endswith(f"fgq::kPackedExponents, {lanes}, {str(stash).lower()}>")
     assert got_grid == (grid, 1, 1) and block == ({1: 448, 2: 224}[lanes], 1, 1)
     assert shared == (224 * 2 * 16 * 4 if stash else 0)  # two lanes of 16 float32 a thread
@@ -357,16 +360,16 @@ def test_the_norm_launch_picks_lanes_then_grid(monkeypatch, rows, residual, lane
 
 
 def test_only_walking_grids_of_16_bit_input_without_a_residual_stash_the_weight():
-    from fp8_group_quant import _launch
+    from fp8_group_quant import _plan
 
-    assert _launch.norm_stashes("bfloat16", 2, residual=False)
-    assert _launch.norm_stashes("float16", 2, residual=False)
-    assert not _launch.norm_stashes("float32", 2, residual=False)  # nothing to unpack
-    assert not _launch.norm_stashes("bfloat16", 2, residual=True)
-    assert not _launch.norm_stashes("bfloat16", 1, residual=False)
+    assert _plan.norm_stashes("bfloat16", 2, residual=False)
+    assert _plan.norm_stashes("float16", 2, residual=False)
+    assert not _plan.norm_stashes("float32", 2, residual=False)  # nothing to unpack
+    assert not _plan.norm_stashes("bfloat16", 2, residual=True)
+    assert not _plan.norm_stashes("bfloat16", 1, residual=False)
     # 1024 lanes (K = 16384), two a thread: 64 KB, past the 48 KB a block takes unasked
-    assert _launch.norm_stash_bytes(512, 2) == 65536 > _launch.STATIC_SHARED_LIMIT
-    keys = [k for k in _launch.all_kernel_keys() if k.norm_stash]
+    assert _plan.norm_stash_bytes(512, 2) == 65536 > _plan.STATIC_SHARED_LIMIT
+    keys = [k for k in _plan.all_kernel_keys() if k.norm_stash]
     assert len(keys) == 2 * 56 and all(k.norm_lanes == 2 for k in keys)
     assert {k.input_dtype for k in keys} == {"bfloat16", "float16"}
 

@@ -727,10 +727,10 @@ def compiled_kernels():
     """All instantiations in one NVRTC call, as test_gpu.py does: much faster than one each."""
     import cupy
 
-    from fp8_group_quant import _jit, _launch
+    from fp8_group_quant import _jit, _plan
 
-    keys = [key.name_expression for key in _launch.all_kernel_keys()]
-    _jit.preload(_launch.SOURCE, keys, cupy.cuda.runtime.getDevice())
+    keys = [key.name_expression for key in _plan.all_kernel_keys()]
+    _jit.preload(_plan.SOURCE, keys, cupy.cuda.runtime.getDevice())
 
 
 KERNEL_PATHS = ("as planned", "one pass", "row loop")
@@ -741,16 +741,13 @@ def kernel_path(path: str):
     """Force a kernel path as test_gpu.py's ``kernel_path`` fixture does (an unbounded wave limit:
     every call one-pass; zero: the row loop), with a fresh plan cache; "as planned" keeps the
     library's choice and its plan cache, so repeated layouts reuse plans with new pointers."""
-    from fp8_group_quant import _launch, api
+    from fp8_group_quant import _tuning
 
-    saved = _launch.ONE_PASS_MAX_WAVES, api._PLANS
-    if path != "as planned":
-        _launch.ONE_PASS_MAX_WAVES = 2**62 if path == "one pass" else 0
-        api._PLANS = api.PlanCache(api.MAX_PLANS)
-    try:
+    if path == "as planned":
         yield
-    finally:
-        _launch.ONE_PASS_MAX_WAVES, api._PLANS = saved
+        return
+    with _tuning.override(one_pass_max_waves=2**62 if path == "one pass" else 0):
+        yield
 
 
 def device_outputs(storage: Storage, fmt: str):

@@ -12,14 +12,14 @@ import multiprocessing
 import sys
 import time
 
-from fp8_group_quant import _jit, _launch
+from fp8_group_quant import _jit, _plan
 
 
 def compile_chunks(part: int, parts: int) -> int:
-    keys = _launch.all_name_expressions()
+    keys = _plan.all_name_expressions()
     chunks = _jit.preload_chunks(keys)[part::parts]
     for chunk in chunks:
-        failures = _jit.precompile(_launch.SOURCE, chunk)
+        failures = _jit.precompile(_plan.SOURCE, chunk)
         if failures:
             raise SystemExit(f"precompile: {failures}")
     return len(chunks)

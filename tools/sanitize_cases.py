@@ -15,7 +15,7 @@ import cupy
 import numpy as np
 
 import fp8_group_quant as fgq
-from fp8_group_quant import _launch, api
+from fp8_group_quant import _tuning
 from fp8_group_quant._layout import Geometry, supported_combinations
 from fp8_group_quant._spec import GROUP_SIZES, INPUT_TYPES, OUTPUT_FORMATS
 
@@ -53,35 +53,34 @@ def main() -> int:
     combos = [(i, *c) for i in INPUT_TYPES for c in supported_combinations()]
     calls = failures = 0
     for path, limit in (("one pass", 2**62), ("row loop", 0)):
-        _launch.ONE_PASS_MAX_WAVES = limit
-        api._PLANS = api.PlanCache(api.MAX_PLANS)
-        for index, (input_dtype, fmt, scale, layout) in enumerate(combos):
-            group = GROUP_SIZES[index % len(GROUP_SIZES)]
-            shapes = SHAPES if FULL else [SHAPES[index % len(SHAPES)]]
-            for shape, pad_rows, unaligned in shapes:
-                if shape[-1] % group:  # K = 2688 holds no whole group of 256
-                    continue
-                x_host = values(rng, shape, input_dtype)
-                options = dict(dtype=fmt, scale=scale, layout=layout, pad_rows=pad_rows)
-                q, s = fgq.quantize(device_input(x_host, unaligned), group, **options)
-                q_ref, s_ref = fgq.quantize(x_host, group, **options)
-                geometry = Geometry(shape, group, layout, pad_rows)
-                # the whole padded storage of both outputs, copied back byte for byte (initcheck
-                # sees every byte) and compared with the NumPy backend's, padding included
-                same = True
-                for got, ref, size in ((q, q_ref, geometry.q_storage),
-                                       (s, s_ref, geometry.scale_storage)):  # fmt: skip
-                    storage = cupy.ndarray((size,), got.dtype, got.data).get().view(np.uint8)
-                    ref = np.asarray(ref)
-                    if ref.itemsize == 1:  # float8 codes: as_strided cannot carry ml_dtypes
-                        ref = ref.view(np.uint8)
-                    expected = np.lib.stride_tricks.as_strided(ref, (size,), (ref.itemsize,))
-                    same = same and np.array_equal(storage, expected.view(np.uint8))
-                calls += 1
-                failures += not same
-                print(f"{path:8} {input_dtype:8} G={group:<3} {fmt:8} {scale:7} {layout:10} "
-                      f"{shape} pad_rows={pad_rows} unaligned={unaligned} "
-                      f"{'ok' if same else 'MISMATCH'}")  # fmt: skip
+        with _tuning.override(one_pass_max_waves=limit):
+            for index, (input_dtype, fmt, scale, layout) in enumerate(combos):
+                group = GROUP_SIZES[index % len(GROUP_SIZES)]
+                shapes = SHAPES if FULL else [SHAPES[index % len(SHAPES)]]
+                for shape, pad_rows, unaligned in shapes:
+                    if shape[-1] % group:  # K = 2688 holds no whole group of 256
+                        continue
+                    x_host = values(rng, shape, input_dtype)
+                    options = dict(dtype=fmt, scale=scale, layout=layout, pad_rows=pad_rows)
+                    q, s = fgq.quantize(device_input(x_host, unaligned), group, **options)
+                    q_ref, s_ref = fgq.quantize(x_host, group, **options)
+                    geometry = Geometry(shape, group, layout, pad_rows)
+                    # the whole padded storage of both outputs, copied back byte for byte (initcheck
+                    # sees every byte) and compared with the NumPy backend's, padding included
+                    same = True
+                    for got, ref, size in ((q, q_ref, geometry.q_storage),
+                                           (s, s_ref, geometry.scale_storage)):  # fmt: skip
+                        storage = cupy.ndarray((size,), got.dtype, got.data).get().view(np.uint8)
+                        ref = np.asarray(ref)
+                        if ref.itemsize == 1:  # float8 codes: as_strided cannot carry ml_dtypes
+                            ref = ref.view(np.uint8)
+                        expected = np.lib.stride_tricks.as_strided(ref, (size,), (ref.itemsize,))
+                        same = same and np.array_equal(storage, expected.view(np.uint8))
+                    calls += 1
+                    failures += not same
+                    print(f"{path:8} {input_dtype:8} G={group:<3} {fmt:8} {scale:7} {layout:10} "
+                          f"{shape} pad_rows={pad_rows} unaligned={unaligned} "
+                          f"{'ok' if same else 'MISMATCH'}")  # fmt: skip
     fused_calls, fused_failures = fused_cases(combos, rng)
     calls, failures = calls + fused_calls, failures + fused_failures
     nvfp4_calls, nvfp4_failures = nvfp4_cases(rng)
@@ -130,14 +129,10 @@ def fused_cases(combos, rng) -> tuple[int, int]:
             extra = {"masked_m": counts} if masked else {}
             q, s, q_buf, s_buf = zeroed_outputs(geometry, fmt, cupy)
             device_extra = {"masked_m": cupy.asarray(counts)} if masked else {}
-            saved = _launch.PERSISTENT_FUSED_WAVES, api._PLANS
-            if persistent:
-                _launch.PERSISTENT_FUSED_WAVES, api._PLANS = 0.0, api.PlanCache(api.MAX_PLANS)
-            try:
+            waves = 0.0 if persistent else _tuning.active()[1].persistent_fused_waves
+            with _tuning.override(persistent_fused_waves=waves):
                 fgq.quantize(cupy.asarray(x_host), group, **options, out=q, scale_out=s,
                              **device_extra)  # fmt: skip
-            finally:
-                _launch.PERSISTENT_FUSED_WAVES, api._PLANS = saved
             hq, hs, hq_buf, hs_buf = zeroed_outputs(geometry, fmt, np)
             fgq.quantize(x_host, group, **options, out=hq, scale_out=hs, **extra)
             same = np.array_equal(q_buf.get(), hq_buf) and np.array_equal(
@@ -160,15 +155,11 @@ def fused_cases(combos, rng) -> tuple[int, int]:
         for lanes, residual in ((1, True), (2, True), (1, False), (2, False)):
             q, s, q_buf, s_buf = zeroed_outputs(geometry, fmt, cupy)
             r_device = cupy.asarray(r_host) if residual else None
-            saved = _launch.NORM_LANES, _launch.NORM_WAVES, api._PLANS
-            _launch.NORM_LANES, api._PLANS = lanes, api.PlanCache(api.MAX_PLANS)
-            _launch.NORM_WAVES = 1e-9 if lanes == 2 else None  # one block, or the default
-            try:
+            waves = 1e-9 if lanes == 2 else None  # one block, or the default
+            with _tuning.override(norm_lanes=lanes, norm_waves=waves):
                 fgq.quantize(cupy.asarray(x_host), group, **options,
                              norm=(cupy.asarray(weight), 1e-6), residual=r_device, out=q,
                              scale_out=s)  # fmt: skip
-            finally:
-                _launch.NORM_LANES, _launch.NORM_WAVES, api._PLANS = saved
             hq, hs, hq_buf, hs_buf = zeroed_outputs(geometry, fmt, np)
             r_expected = r_host.copy() if residual else None
             fgq.quantize(x_host, group, **options, norm=(weight, 1e-6), residual=r_expected,

@@ -1,0 +1,536 @@
+"""The plan of a call: kernel instantiation, grid, block and Params, from a Request.
+
+Pure decisions: each function here reads a validated request, the device's occupancy and the
+tuning table (``_tuning``), and returns numbers; ``_launch`` carries them out. The numbers the
+choices rest on are in docs/perf.md ("Lessons").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+from . import _jit
+from ._abi import (
+    LANE_BYTES,
+    MASKED_THREADS,
+    MAX_EXPERTS,
+    MAX_NORM_LANES,
+    MAX_THREADS,
+    WARP,
+    params_type,
+)
+from ._launch import STATIC_SHARED_LIMIT, Launch, allow_shared, pdl_supported, resident_blocks
+from ._layout import SCALE_LAYOUTS, Geometry, supported_combinations
+from ._spec import (
+    GROUP_SIZES,
+    INPUT_MODES,
+    INPUT_TYPES,
+    OUTPUT_FORMATS,
+    SCALE_FORMATS,
+    UE8M0_FLOOR,
+)
+from ._tuning import Tuning
+
+SOURCE = "quantize.cu"
+MAX_GRID_X = 2**31 - 1
+MAX_GRID_Y = 65535
+MAX_GRID_Z = 65535
+MAX_TILE_ROWS = 8  # eight float scales fill a 32-byte sector
+SILU_SIX_BLOCKS = 6  # the SiLU-mul kernel's second instantiation: six 256-thread blocks an SM
+NORM_LANE_CHOICES = (1, 2)  # the RMSNorm kernel's instantiations: 32-byte lanes a thread
+
+
+def lane_bytes() -> int:
+    """Input bytes one lane holds."""
+    return LANE_BYTES
+
+
+def max_threads_per_block() -> int:
+    return MAX_THREADS
+
+
+def max_experts() -> int:
+    """The most batches (experts) the masked layout takes: its kernel's shared scan."""
+    return MAX_EXPERTS
+
+
+# the kernel key ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KernelKey:
+    """Everything that changes the binary. Shapes are launch arguments, not part of the key."""
+
+    input_dtype: str  # a key of _spec.INPUT_TYPES
+    group_size: int
+    output: str  # a key of _spec.OUTPUT_FORMATS
+    scale: str  # a key of _spec.SCALE_FORMATS
+    layout_trait: str  # a ScaleLayout.kernel_trait: the address function
+    vec16: bool  # input base and strides 16-byte aligned: vector loads
+    one_pass: bool = False  # one tile per block, no loop (small grids)
+    activation: str | None = None  # a key of _spec.INPUT_MODES: how x becomes the values
+    masked: bool = False  # the masked MoE layout's persistent kernel (aligned, one pass)
+    norm: bool = False  # the fused (add-)RMSNorm kernel: one block a row (aligned)
+    norm_lanes: int = 1  # the RMSNorm kernel's 32-byte lanes a thread (1 or 2; norm_lanes())
+    norm_stash: bool = False  # the walking RMSNorm kernel with the weight in shared memory
+    blocks_per_sm: int = 0  # quantize_groups' kBlocks: 256-thread blocks it fits an SM, 0: its rule
+    flat: bool = False  # one pass, plain input, contiguous rows: slot s at x + s * G (flat_slots)
+
+    @property
+    def lanes_per_group(self) -> int:
+        return self.group_size * INPUT_TYPES[self.input_dtype].itemsize // lane_bytes()
+
+    @property
+    def name_expression(self) -> str:
+        if self.norm:
+            return (
+                f"fgq::quantize_norm<{INPUT_TYPES[self.input_dtype].kernel_trait}, "
+                f"{self.group_size}, {OUTPUT_FORMATS[self.output].kernel_trait}, "
+                f"{SCALE_FORMATS[self.scale].kernel_trait}, {self.layout_trait}, "
+                f"{self.norm_lanes}, {'true' if self.norm_stash else 'false'}>"
+            )
+        if self.masked:
+            return (
+                f"fgq::quantize_masked<{INPUT_TYPES[self.input_dtype].kernel_trait}, "
+                f"{self.group_size}, {OUTPUT_FORMATS[self.output].kernel_trait}, "
+                f"{SCALE_FORMATS[self.scale].kernel_trait}, {self.layout_trait}, "
+                f"{INPUT_MODES[self.activation].kernel_trait}>"
+            )
+        return (
+            f"fgq::quantize_groups<{INPUT_TYPES[self.input_dtype].kernel_trait}, "
+            f"{self.group_size}, {OUTPUT_FORMATS[self.output].kernel_trait}, "
+            f"{SCALE_FORMATS[self.scale].kernel_trait}, {self.layout_trait}, "
+            f"{'true' if self.vec16 else 'false'}, {'true' if self.one_pass else 'false'}, "
+            f"{INPUT_MODES[self.activation].kernel_trait}"
+            f"{f', {self.blocks_per_sm}' if self.blocks_per_sm or self.flat else ''}"
+            f"{', true' if self.flat else ''}>"
+        )
+
+
+def all_kernel_keys() -> list[KernelKey]:
+    """Every instantiation the library can launch."""
+    # NOTES: the fused modes need aligned input (make_request refuses the rest) and run one
+    # pass at every size (prepare), so they add one instantiation per combination, not four;
+    # the RMSNorm kernel takes the residual as a runtime pointer, so one instantiation serves
+    # the norm with and without it (two: one and two lanes a thread), and 16-bit input has a
+    # third, the walking kernel with the weight in shared memory (norm_stashes). The one-pass
+    # bfloat16 SiLU kernels of UE8M0 scales have a second, at six blocks an SM (has_six_blocks).
+    # Layouts that share an address function share a binary.
+    combinations = list(
+        dict.fromkeys(
+            (i, g, o, s, SCALE_LAYOUTS[layout].kernel_trait)
+            for i in INPUT_TYPES
+            for g in GROUP_SIZES
+            for o, s, layout in supported_combinations()
+        )
+    )
+    keys = [
+        KernelKey(*combination, v, one_pass, activation, masked)
+        for combination in combinations
+        for activation in INPUT_MODES
+        for masked in (False, True)
+        for v in ((True, False) if activation is None and not masked else (True,))
+        for one_pass in ((True, False) if activation is None and not masked else (True,))
+    ]
+    six = [dataclasses.replace(k, blocks_per_sm=SILU_SIX_BLOCKS) for k in keys if has_six_blocks(k)]
+    flat = [dataclasses.replace(k, flat=True) for k in keys if has_flat(k)]
+    return (
+        keys
+        + six
+        + flat
+        + [
+            KernelKey(*combination, True, True, norm=True, norm_lanes=lanes, norm_stash=stash)
+            for combination in combinations
+            for lanes in NORM_LANE_CHOICES
+            for stash in (False, True)
+            if not stash or norm_stashes(combination[0], lanes, residual=False)
+        ]
+    )
+
+
+def has_six_blocks(key: KernelKey) -> bool:
+    """Whether ``key`` has the six-block instantiation: the one-pass bfloat16 SiLU-and-multiply
+    kernels with UE8M0 scales, whose 40 registers spill nothing (sm_90, NVRTC 13), but of the
+    blocked layout (8 bytes spilled); float32 scales need 47 registers."""
+    return (
+        key.input_dtype == "bfloat16"
+        and key.activation == "silu_mul"
+        and key.vec16
+        and key.one_pass
+        and not key.masked
+        and not key.norm
+        and key.scale == "ue8m0"
+        and key.layout_trait != "fgq::kBlockedExponents"
+        and key.blocks_per_sm == 0
+    )
+
+
+def has_flat(key: KernelKey) -> bool:
+    """Whether ``key`` has the instantiation whose load is linear in the group slot (flat_slots):
+    the one-pass kernels of plain, 16-byte aligned input."""
+    return (
+        key.one_pass
+        and key.vec16
+        and key.activation is None
+        and not key.masked
+        and not key.norm
+        and key.blocks_per_sm == 0
+        and not key.flat
+    )
+
+
+def nvfp4_names(input_dtype: str) -> tuple[str, str]:
+    """The NVFP4 kernels of one input type: (quantize_nvfp4, nvfp4_amax) (fp8_group_quant.nvfp4)."""
+    trait = INPUT_TYPES[input_dtype].kernel_trait
+    return f"fgq::quantize_nvfp4<{trait}>", f"fgq::nvfp4_amax<{trait}>"
+
+
+def all_name_expressions() -> list[str]:
+    """Every instantiation of quantize.cu: the kernel keys', then NVFP4's."""
+    names = [key.name_expression for key in all_kernel_keys()]
+    return names + [name for input_dtype in INPUT_TYPES for name in nvfp4_names(input_dtype)]
+
+
+# the default kernel as a contiguous input takes it (flat), and its other two paths: one pass
+# through x's strides, the row loop
+DEFAULT_KEY = KernelKey(
+    "bfloat16", 128, "e4m3", "ue8m0", "fgq::kPackedExponents", True, True, flat=True
+)
+DEFAULT_KEYS = (
+    DEFAULT_KEY,
+    dataclasses.replace(DEFAULT_KEY, flat=False),
+    dataclasses.replace(DEFAULT_KEY, flat=False, one_pass=False),
+)
+
+
+# grid and block ---------------------------------------------------------------------------------
+
+
+def tile_rows(layout, lanes: int) -> int:
+    """Consecutive rows a block covers: one, or for the MN-major float layouts enough that a
+    warp stores a contiguous run of scales (eight: one 32-byte sector) rather than one
+    scattered word per group (G = 32 col scales ran 1.24-1.46x slower per byte without)."""
+    layout = SCALE_LAYOUTS[layout] if isinstance(layout, str) else layout
+    if not layout.mn_major or layout.scales_per_word > 1:
+        return 1
+    return max(1, min(MAX_TILE_ROWS, WARP // lanes))
+
+
+def block_shape(groups: int, lanes: int, rows: int = 1) -> tuple[int, int]:
+    """(threads per block, blocks per row tile) for tiles of ``rows`` rows of ``groups`` groups:
+    the fewest blocks of at most MAX_THREADS threads, groups spread evenly and rounded up to
+    whole warps (the kernel drops the last block's surplus groups by a bounds check)."""
+    blocks = -(-groups * lanes * rows // MAX_THREADS)
+    groups_per_block = -(-groups // blocks)
+    groups_per_warp = max(1, WARP // (lanes * rows))
+    groups_per_block = -(-groups_per_block // groups_per_warp) * groups_per_warp
+    return groups_per_block * lanes * rows, -(-groups // groups_per_block)
+
+
+def divisor(d: int) -> tuple[int, int]:
+    """(magic, shift) with which the kernel's divide_u31 computes n // d for every n < 2**31.
+
+    NOTES: magic = ceil(2**shift / d), shift = 31 + ceil(log2 d) (Granlund and Montgomery,
+    theorem 4.2 with N = 31): magic * d - 2**shift < d <= 2**ceil(log2 d), so the product's top
+    bits are the exact quotient; magic < 2**32 for every d >= 1.
+    """
+    if not 1 <= d < 2**31:
+        raise ValueError(f"divisor {d} outside [1, 2**31)")
+    shift = 31 + (d - 1).bit_length()
+    return -(-(1 << shift) // d), shift
+
+
+def one_pass_slots(geometry: Geometry, tile: int) -> int:
+    """Group slots of the one-pass grid: every group of every row tile of every batch."""
+    return geometry.batches * -(-geometry.rows // tile) * tile * geometry.groups
+
+
+def one_pass_threads(tuning: Tuning) -> int:
+    """Threads per block of the one-pass grid."""
+    return tuning.one_pass_threads
+
+
+def one_pass_wave_limit(blocks_per_sm: int, threads: int, tuning: Tuning) -> float:
+    """The most resident waves a one-pass grid may have before the row loop takes over:
+    unlimited for kernels that fit six 256-thread blocks an SM (one pass won at every size up
+    to 36 waves), 16 for the others (they hide latency worse without the loop's prefetch)."""
+    if tuning.one_pass_max_waves is not None:
+        return tuning.one_pass_max_waves
+    return math.inf if blocks_per_sm * threads >= 6 * MAX_THREADS else 16.0
+
+
+def row_loop_waves(blocks_per_sm: int, tuning: Tuning) -> float:
+    """Resident waves of blocks the row loop's grid holds: eight of short-lived blocks for
+    kernels of six blocks an SM, one for those of five."""
+    if tuning.row_loop_waves is not None:
+        return tuning.row_loop_waves
+    return 8.0 if blocks_per_sm >= 6 else 1.0
+
+
+def grid_limits_error(geometry: Geometry, itemsize: int, one_pass_only=None) -> str | None:
+    """Why ``geometry`` cannot be launched with ``itemsize``-byte input, or None.
+    ``one_pass_only`` names the option (an activation, masked_m) that has one-pass kernels
+    only, which number every group slot in 31 bits."""
+    lanes = geometry.group_size * itemsize // LANE_BYTES
+    rows = tile_rows(geometry.layout, lanes)
+    total_rows = geometry.batches * geometry.grid_rows
+    if one_pass_only is not None:
+        slots = one_pass_slots(geometry, rows)
+        if slots >= 2**31:
+            return f"x: {one_pass_only} takes at most 2**31 - 1 group slots, got {slots}"
+    if total_rows >= 2**31:
+        return f"x: {total_rows} rows (batches included) exceed the 2**31 - 1 the kernel indexes"
+    if geometry.batches > MAX_GRID_Z and total_rows > MAX_GRID_X:
+        return f"x: {geometry.batches} batches of {geometry.grid_rows} rows exceed the grid"
+    _, blocks_per_row = block_shape(geometry.groups, lanes, rows)
+    if blocks_per_row > MAX_GRID_Y:
+        return f"x: K={geometry.k} needs {blocks_per_row} blocks per row, over {MAX_GRID_Y}"
+    return None
+
+
+def strides_fit_i32(request) -> bool:
+    """Whether x's row and batch strides (elements) fit the one-pass kernel's 32-bit copies."""
+    return all(abs(stride) < 2**31 for stride in (request.x_row_stride, request.x_batch_stride))
+
+
+def flat_slots(request, tile: int) -> bool:
+    """Whether the one-pass kernel may load group slot s at x + s * G (its kFlat
+    instantiation): plain 16-byte aligned input, one-row tiles, rows K elements apart and
+    batches rows * K apart. Its load's address then waits for no division."""
+    geometry = request.output
+    k = geometry.k
+    return (
+        request.mode.width_factor == 1
+        and request.x_aligned
+        and tile == 1
+        and (geometry.rows == 1 or request.x_row_stride == k)
+        and (geometry.batches == 1 or request.x_batch_stride == geometry.rows * k)
+    )
+
+
+# the fused RMSNorm's grid ---------------------------------------------------------------------
+
+
+def norm_blocks(
+    rows: int, residual: bool, per_sm: int, sms: int, lanes: int, tuning: Tuning
+) -> int:
+    """Blocks of the RMSNorm grid for ``rows`` rows (all batches): a block a row, or one
+    resident wave of blocks that walk the rows. Without a residual the walk wins past one wave;
+    with it, only where norm_lanes gives one lane a thread."""
+    resident = per_sm * sms
+    if tuning.norm_waves is not None:
+        waves = tuning.norm_waves
+    elif residual:
+        waves = 1.0 if lanes == 1 and rows > resident else 0.0
+    else:
+        waves = 0.0 if rows < tuning.norm_walk_rows * resident else 1.0
+    return max(1, rows if waves <= 0 else min(rows, int(waves * resident)))
+
+
+def norm_lanes(rows: int, per_sm: int, sms: int, residual: bool, tuning: Tuning) -> int:
+    """32-byte lanes a thread of the RMSNorm kernel: two past one wave of the one-lane grid
+    (fewer instructions a value, four 224-thread blocks an SM), one below (twice the warps on
+    each row's chain), and one with a residual in the window where its walking grid wins."""
+    if tuning.norm_lanes is not None:
+        return tuning.norm_lanes
+    wave = per_sm * sms
+    low, high = tuning.norm_residual_one_lane
+    if residual and low * wave < rows <= high * wave:
+        return 1
+    return 2 if rows > tuning.norm_two_lane_waves * wave else 1
+
+
+def norm_stashes(input_dtype: str, per_thread: int, residual: bool) -> bool:
+    """Whether a walking RMSNorm grid may take the kernel that keeps each thread's weight
+    values as float32 in shared memory: 16-bit input, two lanes a thread, no residual."""
+    return INPUT_TYPES[input_dtype].itemsize == 2 and per_thread == 2 and not residual
+
+
+def norm_stash_bytes(threads: int, per_thread: int) -> int:
+    """Dynamic shared memory of the weight-stashing kernel: each thread's lanes as float32."""
+    return threads * per_thread * (LANE_BYTES // 2) * 4
+
+
+def norm_threads(lanes: int, per_thread: int) -> int:
+    """Threads of an RMSNorm block for rows of ``lanes`` 32-byte lanes, ``per_thread`` lanes a
+    thread: the row's warps of lanes divided among whole warps of threads."""
+    assert 0 < lanes <= MAX_NORM_LANES and per_thread in NORM_LANE_CHOICES
+    return -(-lanes // (WARP * per_thread)) * WARP
+
+
+def _loaded(expression: str, device: int, threads: int, shared: int = 0) -> tuple[int, int, int]:
+    """(function handle, resident blocks per SM, SMs) of an instantiation on ``device``."""
+    function = _jit.get_function(SOURCE, expression, device)
+    with _jit.current_device(device):  # RawKernel.kernel is the current device's function
+        handle = function.kernel.ptr
+        if shared > STATIC_SHARED_LIMIT:
+            allow_shared(handle, shared)
+        return (handle, *resident_blocks(handle, expression, threads, device, shared))
+
+
+def _prepare_norm(request, key: KernelKey, device: int, tuning: Tuning) -> Launch:
+    """The RMSNorm grid: norm_blocks() blocks of norm_threads(), walking the rows (all
+    batches) with a stride of the grid, one or two lanes a thread."""
+    geometry = request.output
+    lanes = geometry.groups * key.lanes_per_group
+    rows = geometry.batches * geometry.rows
+
+    def loaded(per_thread: int, shared: int = 0) -> tuple[int, int, int, int]:
+        expression = dataclasses.replace(
+            key, norm_lanes=per_thread, norm_stash=shared > 0
+        ).name_expression
+        threads = norm_threads(lanes, per_thread)
+        return (threads, *_loaded(expression, device, threads, shared))
+
+    one_lane = loaded(1)
+    per_thread = norm_lanes(rows, one_lane[2], one_lane[3], request.residual, tuning)
+    threads, handle, per_sm, sms = one_lane if per_thread == 1 else loaded(per_thread)
+    blocks = norm_blocks(rows, request.residual, per_sm, sms, per_thread, tuning)
+    shared = 0
+    stash = tuning.norm_stash and norm_stashes(key.input_dtype, per_thread, request.residual)
+    if blocks < rows and stash:
+        shared = norm_stash_bytes(threads, per_thread)
+        threads, handle, per_sm, sms = loaded(per_thread, shared)
+        blocks = norm_blocks(rows, request.residual, per_sm, sms, per_thread, tuning)
+    params = make_params(request, tuning)
+    return Launch(
+        handle, (blocks, 1, 1), (threads, 1, 1), params, pdl_supported(device, tuning.pdl), shared
+    )
+
+
+# the persistent (masked) grid -------------------------------------------------------------------
+
+
+def fused_takes_persistent(
+    geometry: Geometry, one_pass_blocks: int, per_sm: int, sms: int, tuning: Tuning
+) -> bool:
+    """Whether a plain SiLU-mul launch takes the persistent kernel (every row real) instead of
+    its one-pass grid: past a few waves, one table copy per resident block beats one per 16
+    groups. Only without padding rows (that kernel writes none) and within its scan's limit."""
+    if geometry.grid_rows != geometry.rows or geometry.batches > MAX_EXPERTS:
+        return False
+    return one_pass_blocks > tuning.persistent_fused_waves * per_sm * sms
+
+
+def _prepare_masked(request, key: KernelKey, device: int, tuning: Tuning) -> Launch:
+    """The persistent grid: as many blocks as the worst case (every row of every expert)
+    needs, at most one resident wave, or fewer for an ``expected_m`` hint. The grid is fixed
+    when the plan is made, so a CUDA graph replays it with any counts."""
+    geometry = request.output
+    handle, per_sm, sms = _loaded(key.name_expression, device, MASKED_THREADS)
+    rows = tile_rows(geometry.layout, key.lanes_per_group)
+    expected = geometry.rows if request.expected_m is None else request.expected_m
+    slots = geometry.batches * -(-max(1, expected) // rows) * rows * geometry.groups
+    blocks = max(1, min(-(-slots * key.lanes_per_group // MASKED_THREADS), per_sm * sms))
+    params = make_params(request, tuning)
+    return Launch(
+        handle, (blocks, 1, 1), (MASKED_THREADS, 1, 1), params, pdl_supported(device, tuning.pdl)
+    )
+
+
+# Params and the plan ----------------------------------------------------------------------------
+
+
+def make_params(request, tuning: Tuning, **pointers):
+    """The Params of ``request`` (a ``_request.Request``); pointers default to zero."""
+    geometry = request.output
+    fmt = request.fmt
+    s_batch, s_row, s_word = geometry.scale_byte_strides
+    lanes = request.kernel_key().lanes_per_group
+    rows = tile_rows(geometry.layout, lanes)
+    batch_tiles = -(-geometry.rows // rows)
+    tile_magic, tile_shift = divisor(geometry.groups * rows)
+    batch_magic, batch_shift = divisor(max(1, batch_tiles))
+    slots = one_pass_slots(geometry, rows)
+    block_slots = one_pass_threads(tuning) // lanes
+    assert 0 < block_slots < 256, "Params.block_slots is one byte"
+    narrow = strides_fit_i32(request)
+    return params_type()(
+        slots=min(slots, 2**32 - 1),
+        block_slots=block_slots,
+        tile_slots=geometry.groups * rows,
+        tile_slots_magic=tile_magic,
+        batch_tiles=batch_tiles,
+        batch_tiles_magic=batch_magic,
+        tile_slots_shift=tile_shift,
+        batch_tiles_shift=batch_shift,
+        tile_rows_log2=rows.bit_length() - 1,
+        x_batch_stride=request.x_batch_stride,
+        x_row_stride=request.x_row_stride,
+        x_batch_stride32=request.x_batch_stride if narrow else 0,
+        x_row_stride32=request.x_row_stride if narrow else 0,
+        q_batch_stride=geometry.q_rows * geometry.k,
+        s_batch_stride=s_batch,
+        s_row_stride=s_row,
+        s_word_stride=s_word,
+        rows=geometry.rows,
+        grid_rows=geometry.grid_rows,
+        q_rows=geometry.q_rows,
+        scale_rows=geometry.scale_rows,
+        batches=geometry.batches,
+        groups_per_row=geometry.groups,
+        eps=request.eps,
+        fmax=fmt.fmax,
+        inverse_fmax=fmt.inverse_fmax,
+        ue8m0_floor=UE8M0_FLOOR,
+        nonfinite_codes=fmt.nonfinite_word,
+        x_up_offset=request.x_up_offset,
+        masked_i64=1 if request.masked == "int64" else 0,
+        r_batch_stride=request.r_batch_stride,
+        r_row_stride=request.r_row_stride,
+        eps_norm=request.eps_norm,
+        floor_emax=request.fmt.emax_elem if request.scale_rule == "floor" else 0,
+        **pointers,
+    )
+
+
+def prepare(request, device: int, tuning: Tuning) -> Launch:
+    """The launch of ``request`` on ``device``; pointers are given per call.
+
+    Two paths for plain and SiLU-mul input. The one-pass kernel numbers the group slots of
+    every real row over a 1-D grid of ``one_pass_threads`` blocks; it takes every grid of the
+    instantiations that fit six blocks an SM and grids up to ``one_pass_wave_limit`` waves of
+    the others. Larger grids take the row loop, a few resident waves of blocks of whole row
+    tiles whose prefetch hides latency better. Large SiLU-mul grids take the persistent kernel.
+    """
+    key = request.kernel_key()
+    if key.masked:
+        return _prepare_masked(request, key, device, tuning)
+    if key.norm:
+        return _prepare_norm(request, key, device, tuning)
+    geometry = request.output
+    lanes = key.lanes_per_group
+    rows = tile_rows(geometry.layout, lanes)
+    slots = one_pass_slots(geometry, rows)
+    pdl = pdl_supported(device, tuning.pdl)
+    if slots < 2**31 and strides_fit_i32(request):
+        threads = one_pass_threads(tuning)
+        flat = flat_slots(request, rows)
+        one_pass = dataclasses.replace(key, one_pass=True, flat=flat)
+        handle, per_sm, sms = _loaded(one_pass.name_expression, device, threads)
+        blocks = -(-slots * lanes // threads)
+        fused = key.activation is not None
+        if fused and fused_takes_persistent(geometry, blocks, per_sm, sms, tuning):
+            persistent = dataclasses.replace(key, masked=True, one_pass=True)
+            return _prepare_masked(request, persistent, device, tuning)
+        limit = math.inf if fused else one_pass_wave_limit(per_sm, threads, tuning)
+        if blocks <= limit * per_sm * sms:
+            params = make_params(request, tuning)
+            params.table_by_threads = blocks > tuning.silu_table_waves * per_sm * sms
+            six = dataclasses.replace(one_pass, blocks_per_sm=SILU_SIX_BLOCKS)
+            if has_six_blocks(one_pass) and blocks > tuning.silu_six_blocks_waves * per_sm * sms:
+                handle = _loaded(six.name_expression, device, threads)[0]
+            return Launch(handle, (blocks, 1, 1), (threads, 1, 1), params, pdl)
+    assert key.activation is None, "make_request refuses fused grids past 31 bits"
+    threads, blocks_per_row = block_shape(geometry.groups, lanes, rows)
+    loop = dataclasses.replace(key, one_pass=False)
+    handle, per_sm, sms = _loaded(loop.name_expression, device, threads)
+    tiles = -(-geometry.batches * geometry.grid_rows // rows)  # row tiles over all batches
+    row_blocks = min(tiles, MAX_GRID_X)
+    waves = row_loop_waves(per_sm, tuning)
+    if waves > 0:
+        row_blocks = min(tiles, max(1, int(waves * per_sm * sms) // blocks_per_row))
+    grid = (row_blocks, blocks_per_row, 1)
+    return Launch(handle, grid, (threads, 1, 1), make_params(request, tuning), pdl)
