@@ -11,8 +11,6 @@ from __future__ import annotations
 import ctypes
 from functools import cache
 
-from . import _jit
-
 WARP = 32
 LANE_WORDS = 8  # 32-bit words of input a lane holds: 32 bytes
 LANE_BYTES = 4 * LANE_WORDS
@@ -120,6 +118,3 @@ def params_type() -> type[ctypes.Structure]:
     """The ctypes mirror of ``struct Params``."""
     fields = [(name, _C_TYPES[kind][1]) for kind, name, _ in PARAMS]
     return type("Params", (ctypes.Structure,), {"_fields_": fields})
-
-
-_jit.register_header("abi.cuh", header())

@@ -142,23 +142,12 @@ class Launch(KernelLaunch):
         super().__init__(handle, grid, block, [params], pdl, shared)
         self.params = params
 
-    def launch(self, x_ptr: int, q_ptr: int, scale_ptr: int, stream: int) -> None:
+    def launch(self, x_ptr: int, q_ptr: int, scale_ptr: int, stream: int, extra=()) -> None:
+        """Launch on ``stream`` with these pointers; ``extra``: (Params field, value) pairs of
+        the call's other arrays (masked_m, the norm's weight and residual, NVFP4's scratch)."""
         params = self.params
         with self._lock:  # the Params are shared: fill and launch atomically
             params.x, params.q, params.scales = x_ptr, q_ptr, scale_ptr
-            self._launch_locked(stream)
-
-    def launch_masked(self, x_ptr, q_ptr, scale_ptr, masked_ptr, stream: int) -> None:
-        """The masked layout's launch: the counts' address changes per call too."""
-        params = self.params
-        with self._lock:
-            params.x, params.q, params.scales, params.masked_m = x_ptr, q_ptr, scale_ptr, masked_ptr
-            self._launch_locked(stream)
-
-    def launch_norm(self, x_ptr, q_ptr, scale_ptr, weight_ptr, residual_ptr, stream: int) -> None:
-        """The fused RMSNorm's launch: the weight's and the residual's (or 0) addresses too."""
-        params = self.params
-        with self._lock:
-            params.x, params.q, params.scales = x_ptr, q_ptr, scale_ptr
-            params.weight, params.residual = weight_ptr, residual_ptr
+            for field, value in extra:
+                setattr(params, field, value)
             self._launch_locked(stream)

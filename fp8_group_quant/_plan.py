@@ -11,7 +11,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from . import _jit
+from . import _abi, _jit
 from ._abi import (
     LANE_BYTES,
     MASKED_THREADS,
@@ -34,6 +34,7 @@ from ._spec import (
 from ._tuning import Tuning
 
 SOURCE = "quantize.cu"
+_jit.register_header("abi.cuh", _abi.header())  # the constants and Params the kernels include
 MAX_GRID_X = 2**31 - 1
 MAX_GRID_Y = 65535
 MAX_GRID_Z = 65535
@@ -77,6 +78,7 @@ class KernelKey:
     norm_stash: bool = False  # the walking RMSNorm kernel with the weight in shared memory
     blocks_per_sm: int = 0  # quantize_groups' kBlocks: 256-thread blocks it fits an SM, 0: its rule
     flat: bool = False  # one pass, plain input, contiguous rows: slot s at x + s * G (flat_slots)
+    nvfp4: bool = False  # NVFP4: e2m1 codes, e4m3 block scales (only input_dtype matters)
 
     @property
     def lanes_per_group(self) -> int:
@@ -84,29 +86,29 @@ class KernelKey:
 
     @property
     def name_expression(self) -> str:
+        """The template instantiation in kernels/quantize.cu, as NVRTC names it."""
+        source = INPUT_TYPES[self.input_dtype].kernel_trait
+        if self.nvfp4:
+            return _template("quantize_nvfp4", source)
+        common = (source, self.group_size, OUTPUT_FORMATS[self.output].kernel_trait,
+                  SCALE_FORMATS[self.scale].kernel_trait, self.layout_trait)  # fmt: skip
+        mode = INPUT_MODES[self.activation].kernel_trait
         if self.norm:
-            return (
-                f"fgq::quantize_norm<{INPUT_TYPES[self.input_dtype].kernel_trait}, "
-                f"{self.group_size}, {OUTPUT_FORMATS[self.output].kernel_trait}, "
-                f"{SCALE_FORMATS[self.scale].kernel_trait}, {self.layout_trait}, "
-                f"{self.norm_lanes}, {'true' if self.norm_stash else 'false'}>"
-            )
+            return _template("quantize_norm", *common, self.norm_lanes, self.norm_stash)
         if self.masked:
-            return (
-                f"fgq::quantize_masked<{INPUT_TYPES[self.input_dtype].kernel_trait}, "
-                f"{self.group_size}, {OUTPUT_FORMATS[self.output].kernel_trait}, "
-                f"{SCALE_FORMATS[self.scale].kernel_trait}, {self.layout_trait}, "
-                f"{INPUT_MODES[self.activation].kernel_trait}>"
-            )
-        return (
-            f"fgq::quantize_groups<{INPUT_TYPES[self.input_dtype].kernel_trait}, "
-            f"{self.group_size}, {OUTPUT_FORMATS[self.output].kernel_trait}, "
-            f"{SCALE_FORMATS[self.scale].kernel_trait}, {self.layout_trait}, "
-            f"{'true' if self.vec16 else 'false'}, {'true' if self.one_pass else 'false'}, "
-            f"{INPUT_MODES[self.activation].kernel_trait}"
-            f"{f', {self.blocks_per_sm}' if self.blocks_per_sm or self.flat else ''}"
-            f"{', true' if self.flat else ''}>"
-        )
+            return _template("quantize_masked", *common, mode)
+        extra = (self.blocks_per_sm, True)[: 2 if self.flat else 1 if self.blocks_per_sm else 0]
+        return _template("quantize_groups", *common, self.vec16, self.one_pass, mode, *extra)
+
+
+def _template(kernel: str, *arguments) -> str:
+    spelled = [str(a).lower() if isinstance(a, bool) else str(a) for a in arguments]
+    return f"fgq::{kernel}<{', '.join(spelled)}>"
+
+
+def nvfp4_amax_name(input_dtype: str) -> str:
+    """NVFP4's global-amax kernel of one input type (a computed global scale runs it first)."""
+    return _template("nvfp4_amax", INPUT_TYPES[input_dtype].kernel_trait)
 
 
 def all_kernel_keys() -> list[KernelKey]:
@@ -181,16 +183,16 @@ def has_flat(key: KernelKey) -> bool:
     )
 
 
-def nvfp4_names(input_dtype: str) -> tuple[str, str]:
-    """The NVFP4 kernels of one input type: (quantize_nvfp4, nvfp4_amax) (fp8_group_quant.nvfp4)."""
-    trait = INPUT_TYPES[input_dtype].kernel_trait
-    return f"fgq::quantize_nvfp4<{trait}>", f"fgq::nvfp4_amax<{trait}>"
-
-
 def all_name_expressions() -> list[str]:
     """Every instantiation of quantize.cu: the kernel keys', then NVFP4's."""
     names = [key.name_expression for key in all_kernel_keys()]
-    return names + [name for input_dtype in INPUT_TYPES for name in nvfp4_names(input_dtype)]
+    for input_dtype in INPUT_TYPES:
+        names += [nvfp4_key(input_dtype).name_expression, nvfp4_amax_name(input_dtype)]
+    return names
+
+
+def nvfp4_key(input_dtype: str) -> KernelKey:
+    return KernelKey(input_dtype, 16, "e4m3", "ue8m0", "fgq::kBlockedExponents", True, nvfp4=True)
 
 
 # the default kernel as a contiguous input takes it (flat), and its other two paths: one pass
@@ -486,8 +488,20 @@ def make_params(request, tuning: Tuning, **pointers):
     )
 
 
-def prepare(request, device: int, tuning: Tuning) -> Launch:
-    """The launch of ``request`` on ``device``; pointers are given per call.
+def prepare(request, device: int, tuning: Tuning) -> list[Launch]:
+    """The launches of ``request`` on ``device``, in order; pointers are given per call."""
+    if request.nvfp4:
+        return _prepare_nvfp4(request, device, tuning)
+    key = request.kernel_key()
+    if key.masked:
+        return [_prepare_masked(request, key, device, tuning)]
+    if key.norm:
+        return [_prepare_norm(request, key, device, tuning)]
+    return [_prepare_groups(request, key, device, tuning)]
+
+
+def _prepare_groups(request, key: KernelKey, device: int, tuning: Tuning) -> Launch:
+    """The launch of plain or SiLU-mul input.
 
     Two paths for plain and SiLU-mul input. The one-pass kernel numbers the group slots of
     every real row over a 1-D grid of ``one_pass_threads`` blocks; it takes every grid of the
@@ -495,11 +509,6 @@ def prepare(request, device: int, tuning: Tuning) -> Launch:
     the others. Larger grids take the row loop, a few resident waves of blocks of whole row
     tiles whose prefetch hides latency better. Large SiLU-mul grids take the persistent kernel.
     """
-    key = request.kernel_key()
-    if key.masked:
-        return _prepare_masked(request, key, device, tuning)
-    if key.norm:
-        return _prepare_norm(request, key, device, tuning)
     geometry = request.output
     lanes = key.lanes_per_group
     rows = tile_rows(geometry.layout, lanes)
@@ -534,3 +543,65 @@ def prepare(request, device: int, tuning: Tuning) -> Launch:
         row_blocks = min(tiles, max(1, int(waves * per_sm * sms) // blocks_per_row))
     grid = (row_blocks, blocks_per_row, 1)
     return Launch(handle, grid, (threads, 1, 1), make_params(request, tuning), pdl)
+
+
+# NVFP4 ------------------------------------------------------------------------------------------
+
+NVFP4_THREADS = 128  # quantize_nvfp4's block, as the one-pass grid's
+NVFP4_AMAX_THREADS, NVFP4_AMAX_MAX_BLOCKS = 256, 2048
+
+
+def _nvfp4_params(request, for_amax: bool, **fields):
+    """Params of the NVFP4 kernels: one slot a group (quantize) or a lane (amax)."""
+    geometry = request.output
+    lanes = 16 * INPUT_TYPES[request.input_dtype].itemsize // LANE_BYTES
+    per_row = geometry.groups * (lanes if for_amax else 1)
+    magic, shift = divisor(per_row)
+    rows_magic, rows_shift = divisor(max(1, geometry.rows))
+    s_batch, s_row, s_word = geometry.scale_byte_strides
+    return params_type()(
+        x_batch_stride=request.x_batch_stride, x_row_stride=request.x_row_stride,
+        q_batch_stride=geometry.rows * geometry.k // 2, rows=geometry.rows,
+        grid_rows=geometry.scale_rows, batches=geometry.batches, groups_per_row=geometry.groups,
+        slots=geometry.batches * geometry.rows * per_row, tile_slots=per_row,
+        tile_slots_magic=magic, batch_tiles=geometry.rows, batch_tiles_magic=rows_magic,
+        tile_slots_shift=shift, batch_tiles_shift=rows_shift, s_batch_stride=s_batch,
+        s_row_stride=s_row, s_word_stride=s_word, q_rows=geometry.rows,
+        scale_rows=geometry.scale_rows, **fields,
+    )  # fmt: skip
+
+
+def _prepare_nvfp4(request, device: int, tuning: Tuning) -> list[Launch]:
+    """quantize_nvfp4 over one slot a group, after nvfp4_amax where the global scale is
+    computed (into a zeroed scratch word the call provides as global_ptr)."""
+    pdl = pdl_supported(device, tuning.pdl)
+    lanes = 16 * INPUT_TYPES[request.input_dtype].itemsize // LANE_BYTES
+    launches = []
+    if request.global_mode == 2:  # computed: the amax pass first
+        params = _nvfp4_params(request, True)
+        blocks = max(1, min(-(-params.slots // NVFP4_AMAX_THREADS), NVFP4_AMAX_MAX_BLOCKS))
+        handle = _loaded(nvfp4_amax_name(request.input_dtype), device, NVFP4_AMAX_THREADS)[0]
+        launches.append(Launch(handle, (blocks, 1, 1), (NVFP4_AMAX_THREADS, 1, 1), params, pdl))
+    params = _nvfp4_params(request, False, global_mode=request.global_mode,
+                           global_scale=request.global_value)  # fmt: skip
+    blocks = -(-params.slots * lanes // NVFP4_THREADS)
+    handle = _loaded(request.kernel_key().name_expression, device, NVFP4_THREADS)[0]
+    launches.append(Launch(handle, (blocks, 1, 1), (NVFP4_THREADS, 1, 1), params, pdl))
+    return launches
+
+
+def warmup_keys(input_dtype: str, options) -> list[KernelKey]:
+    """The instantiations a call of ``options`` on aligned ``input_dtype`` input may take."""
+    if options.nvfp4:
+        return [nvfp4_key(input_dtype)]
+    fmt, scale, layout = options.fmt, options.scale, options.layout
+    key = KernelKey(input_dtype, options.group_size, fmt.name, scale.name, layout.kernel_trait,
+                    vec16=True, activation=options.mode.name)  # fmt: skip
+    if options.mode.name is not None:  # the fused modes have the one-pass kernel only
+        return [dataclasses.replace(key, one_pass=True)]
+    # every path: one pass for contiguous rows (the load linear in the slot, where the layout
+    # has one-row tiles) and through x's strides, and the row loop
+    keys = [dataclasses.replace(key, one_pass=one_pass) for one_pass in (True, False)]
+    if tile_rows(options.layout, key.lanes_per_group) == 1:
+        keys.insert(0, dataclasses.replace(key, one_pass=True, flat=True))
+    return keys

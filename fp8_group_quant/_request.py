@@ -1,13 +1,17 @@
 """Validate a call once, into a frozen ``Request`` that every backend reads.
 
-The plan cache, the NumPy backend and the launch layer all take a ``Request``; nothing below
-this module checks an argument again. Input geometry (dtype, shape, strides) and output geometry
-(``Geometry``: q and the scales) are separate, so an input mode whose output shape differs from
-its input (a fused SiLU-and-multiply halves K) changes ``output_shape`` alone.
+Every entry point goes through ``make_request``: the options become one ``Options`` value, the
+input and the other arrays of the call (masked_m, the norm's weight, the residual, NVFP4's
+global scale) are described once and checked, and the output geometry is fixed. Nothing below
+this module checks an argument again. Input geometry (dtype, shape, strides) and output
+geometry (``Geometry``: q and the scales) are separate, so an input mode whose output shape
+differs from its input (SiLU-and-multiply halves K) changes ``output_shape`` alone.
 """
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -15,9 +19,10 @@ import numpy as np
 
 from ._abi import LANE_BYTES, MAX_NORM_LANES
 from ._arrays import NUMPY, ArrayInfo
-from ._layout import Geometry, ScaleLayout, combination_error, row_strides, scale_layout
+from ._layout import BLOCKED, Geometry, ScaleLayout, combination_error, row_strides, scale_layout
 from ._plan import KernelKey, grid_limits_error, max_experts
 from ._spec import (
+    DEFAULT_EPS,
     INPUT_TYPES,
     InputMode,
     OutputFormat,
@@ -32,123 +37,206 @@ from ._spec import (
 )
 
 VECTOR_ALIGNMENT = 16  # bytes: the kernel's vector loads and q's 16-byte stores
+NVFP4_GROUP = 16  # NVFP4: values a scale
+E2M1 = "e2m1"  # NVFP4's element format, two codes a byte
+E4M3_SCALE = "e4m3"  # NVFP4's block scale format
+NVFP4_GIVEN, NVFP4_ON_DEVICE, NVFP4_COMPUTED = 0, 1, 2  # where NVFP4's global scale comes from
+
+
+@dataclass(frozen=True)
+class Options:
+    """Every option of a call, checked. ``nvfp4``: e2m1 codes and e4m3 block scales."""
+
+    group_size: int
+    fmt: OutputFormat | None  # None for NVFP4, whose e2m1 codes have no FP8 format row
+    scale: ScaleFormat | None  # None for NVFP4's e4m3 block scales
+    layout: ScaleLayout
+    eps: float
+    pad_rows: bool
+    mode: InputMode
+    scale_rule: str = "rceil"
+    expected_m: int | None = None  # masked layout: rows per expert the grid is sized for
+    eps_norm: float | None = None  # fused RMSNorm when set
+    nvfp4: bool = False
+
+    @property
+    def norm(self) -> bool:
+        return self.eps_norm is not None
+
+
+def is_nvfp4(dtype, scale) -> bool:
+    """The call asks for NVFP4: e2m1 values or e4m3 scales (each needs the other)."""
+    named = lambda value, name: isinstance(value, str) and value == name  # noqa: E731
+    return named(dtype, E2M1) or named(scale, E4M3_SCALE)
+
+
+def check_options(
+    group_size, dtype, scale, layout, eps=DEFAULT_EPS, pad_rows=False, activation=None,
+    scale_rule="rceil", expected_m=None, eps_norm=None,
+) -> Options:  # fmt: skip
+    """The ``Options`` of a call's arguments, each checked (TypeError or ValueError naming it)."""
+    if is_nvfp4(dtype, scale):
+        return _nvfp4_options(group_size, dtype, scale, layout, eps, pad_rows, activation,
+                              scale_rule, expected_m, eps_norm)  # fmt: skip
+    group_size = check_group_size(group_size)
+    fmt, scale, layout = output_format(dtype), scale_format(scale), scale_layout(layout)
+    error = combination_error(fmt, scale, layout)
+    if error:
+        raise ValueError(error)
+    mode = input_mode(activation)
+    if eps_norm is not None:
+        eps_norm = _check_eps_norm(eps_norm)
+        if mode.name is not None:
+            raise ValueError("norm: cannot be combined with activation")
+    return Options(
+        group_size, fmt, scale, layout, check_eps(eps), check_flag(pad_rows, "pad_rows"), mode,
+        check_scale_rule(scale_rule, fmt, scale), _check_expected_m(expected_m), eps_norm,
+    )  # fmt: skip
+
+
+def _nvfp4_options(group_size, dtype, scale, layout, eps, pad_rows, activation, scale_rule,
+                   expected_m, eps_norm) -> Options:  # fmt: skip
+    if dtype != E2M1:
+        raise ValueError(
+            f"scale='e4m3' holds NVFP4's block scales; it needs dtype='e2m1', got {dtype!r}"
+        )
+    if scale != E4M3_SCALE:
+        raise ValueError(
+            f"dtype='e2m1' (NVFP4) has e4m3 block scales: pass scale='e4m3', got {scale!r}"
+        )
+    if isinstance(group_size, bool) or group_size != NVFP4_GROUP:
+        raise ValueError(f"group_size: NVFP4 scales groups of 16 values, got {group_size!r}")
+    if layout != BLOCKED:
+        raise ValueError(
+            f"layout: NVFP4's e4m3 scales are written in the 'blocked' layout (Blackwell's 128x4 "
+            f"tiles), got {layout!r}"
+        )
+    others = {"eps": (eps, DEFAULT_EPS), "pad_rows": (pad_rows, False),
+              "activation": (activation, None), "expected_m": (expected_m, None),
+              "norm": (eps_norm, None), "scale_rule": (scale_rule, "rceil")}  # fmt: skip
+    for name, (value, default) in others.items():
+        if (value is not None) if default is None else (value != default):
+            raise ValueError(f"{name}: not supported with dtype='e2m1' (NVFP4); got {value!r}")
+    return Options(NVFP4_GROUP, None, None, scale_layout(BLOCKED), DEFAULT_EPS, False,
+                   input_mode(None), nvfp4=True)  # fmt: skip
+
+
+def _check_eps_norm(eps_norm) -> float:
+    value = None
+    if isinstance(eps_norm, (int, float, np.floating)) and not isinstance(eps_norm, bool):
+        value = np.float32(eps_norm)
+    if value is None or not (np.isfinite(value) and value > 0):
+        raise ValueError(f"norm: eps_norm must be a positive finite float, got {eps_norm!r}")
+    return float(value)
+
+
+def _check_expected_m(expected_m) -> int | None:
+    if expected_m is None:
+        return None
+    if isinstance(expected_m, bool) or not isinstance(expected_m, int | np.integer):
+        raise ValueError(f"expected_m: expected an int, got {expected_m!r}")
+    return int(expected_m)
+
+
+@dataclass(frozen=True)
+class Operands:
+    """The arrays of a call besides x and its outputs, described (None where not given)."""
+
+    masked_m: ArrayInfo | None = None
+    weight: ArrayInfo | None = None
+    residual: ArrayInfo | None = None
+    global_scale: ArrayInfo | None = None  # NVFP4, an array (a number is in global_value)
+    global_value: float | None = None  # NVFP4, a number
 
 
 @dataclass(frozen=True)
 class Request:
     """One validated call: what to read, what to compute, where to write."""
 
+    options: Options
     input_dtype: str  # a key of INPUT_TYPES
     input_shape: tuple[int, ...]
     x_batch_stride: int  # elements
     x_row_stride: int  # elements
     x_aligned: bool  # base and strides allow 16-byte vector loads
-    fmt: OutputFormat
-    scale: ScaleFormat
-    layout: ScaleLayout
-    mode: InputMode
-    group_size: int
-    eps: float
-    pad_rows: bool
     masked: str | None = None  # masked layout: the dtype of masked_m (int32 or int64)
-    expected_m: int | None = None  # masked layout: rows per expert the grid is sized for
-    scale_rule: str = "rceil"  # UE8M0 exponent rule: "rceil" or "floor" (OCP MX)
-    norm: bool = False  # fused RMSNorm: the weight and (optionally) residual pointers per call
-    eps_norm: float = 0.0  # fused RMSNorm: float32 eps_norm
     residual: bool = False  # fused add-RMSNorm: a residual is read and written back
     r_batch_stride: int = 0  # residual elements between batches
     r_row_stride: int = 0  # residual elements between rows
+    global_mode: int = NVFP4_GIVEN  # NVFP4: NVFP4_GIVEN, NVFP4_ON_DEVICE or NVFP4_COMPUTED
+    global_value: float = 0.0  # NVFP4, NVFP4_GIVEN: the global scale
+
+    # the options, as the plan and the backends read them
+    fmt = property(lambda self: self.options.fmt)
+    scale = property(lambda self: self.options.scale)
+    layout = property(lambda self: self.options.layout)
+    mode = property(lambda self: self.options.mode)
+    group_size = property(lambda self: self.options.group_size)
+    eps = property(lambda self: self.options.eps)
+    pad_rows = property(lambda self: self.options.pad_rows)
+    scale_rule = property(lambda self: self.options.scale_rule)
+    expected_m = property(lambda self: self.options.expected_m)
+    norm = property(lambda self: self.options.norm)
+    eps_norm = property(lambda self: self.options.eps_norm or 0.0)
+    nvfp4 = property(lambda self: self.options.nvfp4)
 
     @cached_property
     def output(self) -> Geometry:
-        return Geometry(output_shape(self.mode, self.input_shape), self.group_size, self.layout,
-                        self.pad_rows)  # fmt: skip
+        shape = output_shape(self.mode, self.input_shape)
+        return Geometry(shape, self.group_size, self.layout, self.pad_rows)
 
     def kernel_key(self) -> KernelKey:
+        if self.nvfp4:
+            return KernelKey(self.input_dtype, NVFP4_GROUP, "e4m3", "ue8m0",
+                             self.layout.kernel_trait, True, nvfp4=True)  # fmt: skip
+        assert self.fmt is not None and self.scale is not None
         return KernelKey(
-            self.input_dtype,
-            self.group_size,
-            self.fmt.name,
-            self.scale.name,
-            self.layout.kernel_trait,
-            self.x_aligned,
-            activation=self.mode.name,
-            masked=self.masked is not None,
-            norm=self.norm,
-        )
+            self.input_dtype, self.group_size, self.fmt.name, self.scale.name,
+            self.layout.kernel_trait, self.x_aligned, activation=self.mode.name,
+            masked=self.masked is not None, norm=self.norm,
+        )  # fmt: skip
 
     @property
     def x_up_offset(self) -> int:
         """Elements from a gate value to its up value (SiLU-and-multiply), else 0."""
         return self.output.k if self.mode.width_factor == 2 else 0
 
+    @property
+    def fused(self) -> str | None:
+        """The option whose kernels are one-pass only (they number group slots in 31 bits)."""
+        if self.norm:
+            return "norm"
+        if self.mode.name is not None:
+            return f"activation={self.mode.name!r}"
+        return "masked_m" if self.masked is not None else None
+
 
 def output_shape(mode: InputMode, input_shape: tuple[int, ...]) -> tuple[int, ...]:
-    """The shape of q for an input of ``input_shape`` in ``mode``."""
+    """The shape of q's values for an input of ``input_shape`` in ``mode``."""
     if not input_shape:
         return tuple(input_shape)
     return (*input_shape[:-1], input_shape[-1] // mode.width_factor)
 
 
-def check_options(group_size, dtype, scale, layout, eps, pad_rows, activation=None):
-    """(group size, format, scale format, layout, eps, pad_rows, input mode), each checked."""
-    group_size = check_group_size(group_size)
-    fmt = output_format(dtype)
-    scale = scale_format(scale)
-    layout = scale_layout(layout)
-    error = combination_error(fmt, scale, layout)
-    if error:
-        raise ValueError(error)
-    eps = check_eps(eps)
-    pad_rows = check_flag(pad_rows, "pad_rows")
-    mode = input_mode(activation)
-    return group_size, fmt, scale, layout, eps, pad_rows, mode
+def make_request(info: ArrayInfo, options: Options, operands: Operands = Operands()) -> Request:
+    """Check the input ``info`` and the ``operands`` against ``options``; the Request.
 
-
-def make_request(
-    info: ArrayInfo,
-    group_size,
-    dtype,
-    scale,
-    layout,
-    eps,
-    pad_rows,
-    activation=None,
-    scale_rule="rceil",
-    masked_info: ArrayInfo | None = None,
-    expected_m=None,
-    norm: tuple | None = None,
-) -> Request:
-    """Check every argument of a call on ``info`` (the input) and return its Request.
-
-    ``masked_info`` describes ``masked_m`` for the masked MoE layout; ``norm`` is (weight
-    info, eps_norm, residual info or None) for the fused RMSNorm. Raises TypeError or
-    ValueError naming the argument; nothing has been launched or written.
+    Raises TypeError or ValueError naming the argument; nothing has been launched or written.
     """
-    group_size, fmt, scale, layout, eps, pad_rows, mode = check_options(
-        group_size, dtype, scale, layout, eps, pad_rows, activation
-    )
-    scale_rule = check_scale_rule(scale_rule, fmt, scale)
+    if options.nvfp4:
+        for name in ("masked_m", "residual"):
+            if getattr(operands, name) is not None:
+                raise ValueError(f"{name}: not supported with dtype='e2m1' (NVFP4)")
     if info.dtype not in INPUT_TYPES:
-        raise TypeError(f"x: expected {', '.join(INPUT_TYPES)}, got {info.dtype}")
+        hint = " (convert it, e.g. x.astype(numpy.float32))" if info.dtype == "float64" else ""
+        raise TypeError(f"x: expected one of {', '.join(INPUT_TYPES)}, got {info.dtype}{hint}")
     if len(info.shape) == 0:
         raise ValueError("x: expected at least one dimension [..., K], got a scalar")
-    k = info.shape[-1]
-    if mode.width_factor == 2 and k % (2 * group_size):
-        raise ValueError(
-            f"x: activation={mode.name!r} reads gate and up halves [..., 2N] with N a multiple "
-            f"of group_size={group_size}; the last dimension {k} is not a multiple of "
-            f"{2 * group_size}"
-        )
-    if k % group_size:
-        raise ValueError(
-            f"x: the last dimension K={k} is not a multiple of group_size={group_size}"
-        )
+    _check_k(info.shape[-1], options)
     shape = tuple(info.shape)
-    strides = (0, k)
-    empty = 0 in shape
-    if not empty:
-        if k > 1 and info.strides[-1] != 1:
+    strides = (0, shape[-1])
+    if 0 not in shape:
+        if shape[-1] > 1 and info.strides[-1] != 1:
             raise ValueError(
                 f"x: the last dimension must be contiguous (stride 1), got strides {info.strides}"
             )
@@ -160,60 +248,89 @@ def make_request(
             )
         strides = collapsed
     batch_stride, row_stride = strides
-    geometry = Geometry(output_shape(mode, shape), group_size, layout, pad_rows)
+    output = Geometry(output_shape(options.mode, shape), options.group_size, options.layout,
+                      options.pad_rows)  # fmt: skip
     aligned = (
         info.ptr % VECTOR_ALIGNMENT == 0
-        and (geometry.rows <= 1 or row_stride * info.itemsize % VECTOR_ALIGNMENT == 0)
-        and (geometry.batches <= 1 or batch_stride * info.itemsize % VECTOR_ALIGNMENT == 0)
+        and (output.rows <= 1 or row_stride * info.itemsize % VECTOR_ALIGNMENT == 0)
+        and (output.batches <= 1 or batch_stride * info.itemsize % VECTOR_ALIGNMENT == 0)
     )
-    masked = _check_masked(info, masked_info, expected_m)
-    norm_fields = {}
-    if norm is not None:
-        norm_fields = _check_norm(info, *norm)
-    fused = mode.name if mode.name is not None else ("masked_m" if masked else None)
-    if norm is not None:
-        fused = "norm"
-    if info.kind != NUMPY and not empty:
-        error = grid_limits_error(geometry, info.itemsize, fused)
-        if error:
-            raise ValueError(error)
-        if mode.name is not None and not masked and max(map(abs, strides)) >= 2**31:
-            raise ValueError(
-                f"x: activation={mode.name!r} takes row and batch strides of fewer than 2**31 "
-                f"elements (its one-pass kernel indexes x in 32 bits); got {strides}: pass a "
-                f"contiguous copy"
-            )
-        if fused is not None and not aligned:
-            what = f"activation={mode.name!r}" if mode.name is not None else fused
-            raise ValueError(
-                f"x: {what} needs a 16-byte aligned input (base, row and batch strides); got "
-                f"address {info.ptr:#x}, strides {tuple(info.strides)} ({info.itemsize}-byte "
-                f"elements): pass a contiguous copy"
-            )
-    return Request(
-        info.dtype, shape, batch_stride, row_stride, aligned, fmt, scale, layout, mode,
-        group_size, eps, pad_rows, masked, None if expected_m is None else int(expected_m),
-        scale_rule, **norm_fields,
-    )  # fmt: skip
+    fields: dict = dict(masked=_check_masked(info, options, operands.masked_m))
+    if options.norm:
+        fields.update(_check_norm(info, operands.weight, operands.residual))
+    elif operands.weight is not None or operands.residual is not None:
+        raise ValueError("residual: the fused add needs norm=(weight, eps_norm) too")
+    if options.nvfp4:
+        fields.update(_check_global(info, operands))
+    request = Request(options, info.dtype, shape, batch_stride, row_stride, aligned, **fields)
+    if info.kind != NUMPY and 0 not in shape:
+        _check_device_limits(request, info)
+    return request
 
 
-def _check_norm(info: ArrayInfo, weight: ArrayInfo, eps_norm, residual: ArrayInfo | None) -> dict:
-    """The Request fields of a valid fused RMSNorm on input ``info``."""
-    k = info.shape[-1]
-    if weight.kind != info.kind or weight.device != info.device:
+def _check_k(k: int, options: Options) -> None:
+    g = options.group_size
+    if options.nvfp4 and k % g:
+        raise ValueError(f"x: NVFP4 needs K a multiple of {g}, got K={k}")
+    if options.mode.width_factor == 2 and k % (2 * g):
         raise ValueError(
-            f"norm: the weight must be an array of x's library on x's device ({info.kind}, "
-            f"device {info.device}), got {weight.kind} on device {weight.device}"
+            f"x: activation={options.mode.name!r} reads gate and up halves [..., 2N] with N a "
+            f"multiple of group_size={g}; the last dimension {k} is not a multiple of {2 * g}"
         )
+    if k % g:
+        raise ValueError(f"x: the last dimension K={k} is not a multiple of group_size={g}")
+
+
+def _check_device_limits(request: Request, info: ArrayInfo) -> None:
+    """What the GPU kernels cannot index or need aligned."""
+    strides = (request.x_batch_stride, request.x_row_stride)
+    if request.nvfp4:
+        geometry = request.output
+        groups = geometry.batches * geometry.rows * geometry.groups
+        if not request.x_aligned:
+            raise ValueError(
+                f"x: NVFP4 on the GPU needs a 16-byte aligned base and row and batch strides; "
+                f"got address {info.ptr:#x}, strides {info.strides} ({info.itemsize}-byte "
+                f"elements)"
+            )
+        if groups * 2 >= 2**31:
+            raise ValueError(f"x: {groups} groups of 16 are more than one launch covers (2**30)")
+        return
+    error = grid_limits_error(request.output, info.itemsize, request.fused)
+    if error:
+        raise ValueError(error)
+    if request.mode.name is not None and request.masked is None and max(map(abs, strides)) >= 2**31:
+        raise ValueError(
+            f"x: activation={request.mode.name!r} takes row and batch strides of fewer than 2**31 "
+            f"elements (its one-pass kernel indexes x in 32 bits); got {strides}: pass a "
+            f"contiguous copy"
+        )
+    if request.fused is not None and not request.x_aligned:
+        raise ValueError(
+            f"x: {request.fused} needs a 16-byte aligned input (base, row and batch strides); got "
+            f"address {info.ptr:#x}, strides {tuple(info.strides)} ({info.itemsize}-byte "
+            f"elements): pass a contiguous copy"
+        )
+
+
+def _same_device(info: ArrayInfo, other: ArrayInfo, name: str, what: str = "an array") -> None:
+    if other.kind != info.kind or other.device != info.device:
+        raise ValueError(
+            f"{name}: expected {what} of x's library on x's device ({info.kind}, device "
+            f"{info.device}), got {other.kind} on device {other.device}"
+        )
+
+
+def _check_norm(info: ArrayInfo, weight: ArrayInfo | None, residual: ArrayInfo | None) -> dict:
+    """The Request fields of a valid fused RMSNorm on input ``info``."""
+    assert weight is not None, "the entry points pass the weight with eps_norm"
+    k = info.shape[-1]
+    _same_device(info, weight, "norm", "the weight to be an array")
     if weight.dtype != info.dtype or tuple(weight.shape) != (k,):
         raise ValueError(
             f"norm: the weight must be a {info.dtype} array of shape ({k},) like x's rows, got "
             f"{weight.dtype} of shape {tuple(weight.shape)}"
         )
-    eps_value = np.float32(eps_norm) if isinstance(eps_norm, (int, float, np.floating)) else None
-    if isinstance(eps_norm, bool) or eps_value is None or not (np.isfinite(eps_value)
-                                                              and eps_value > 0):  # fmt: skip
-        raise ValueError(f"norm: eps_norm must be a positive finite float, got {eps_norm!r}")
     row_bytes = MAX_NORM_LANES * LANE_BYTES
     if k * info.itemsize > row_bytes:
         raise ValueError(
@@ -228,20 +345,15 @@ def _check_norm(info: ArrayInfo, weight: ArrayInfo, eps_norm, residual: ArrayInf
             f"norm: the weight must be 16-byte aligned, got address {weight.ptr:#x}: pass a "
             f"contiguous copy"
         )
-    fields = {"norm": True, "eps_norm": float(eps_value)}
     if residual is None:
-        return fields
-    if residual.kind != info.kind or residual.device != info.device:
-        raise ValueError(
-            f"residual: expected an array of x's library on x's device ({info.kind}, device "
-            f"{info.device}), got {residual.kind} on device {residual.device}"
-        )
+        return {}
+    _same_device(info, residual, "residual")
     if residual.dtype != info.dtype or tuple(residual.shape) != tuple(info.shape):
         raise ValueError(
             f"residual: expected a {info.dtype} array of x's shape {tuple(info.shape)}, got "
             f"{residual.dtype} of shape {tuple(residual.shape)}"
         )
-    fields["residual"] = True
+    fields: dict = {"residual": True}
     if not device or 0 in info.shape:
         return fields
     collapsed = None
@@ -253,13 +365,12 @@ def _check_norm(info: ArrayInfo, weight: ArrayInfo, eps_norm, residual: ArrayInf
             f"row stride, got strides {tuple(residual.strides)} (make it contiguous first)"
         )
     batch_stride, row_stride = collapsed
-    geometry = Geometry(tuple(info.shape), 32, scale_layout("row"), False)  # batches, rows
+    rows = Geometry(tuple(info.shape), 32, scale_layout("row"), False)
     # NOTES: the kernel writes the residual back, one block a row: rows that share bytes (a
     # broadcast or overlapping view) would race, so each row and batch must own its bytes;
     # rows or batches in reverse order (negative strides) own theirs as well
-    rows, batches = geometry.rows, geometry.batches
-    if (rows > 1 and abs(row_stride) < k) or (
-        batches > 1 and abs(batch_stride) < (rows - 1) * abs(row_stride) + k
+    if (rows.rows > 1 and abs(row_stride) < k) or (
+        rows.batches > 1 and abs(batch_stride) < (rows.rows - 1) * abs(row_stride) + k
     ):
         raise ValueError(
             f"residual: its rows overlap (strides {tuple(residual.strides)} for shape "
@@ -269,8 +380,8 @@ def _check_norm(info: ArrayInfo, weight: ArrayInfo, eps_norm, residual: ArrayInf
     size = residual.itemsize
     if (
         residual.ptr % VECTOR_ALIGNMENT
-        or (geometry.rows > 1 and row_stride * size % VECTOR_ALIGNMENT)
-        or (geometry.batches > 1 and batch_stride * size % VECTOR_ALIGNMENT)
+        or (rows.rows > 1 and row_stride * size % VECTOR_ALIGNMENT)
+        or (rows.batches > 1 and batch_stride * size % VECTOR_ALIGNMENT)
     ):
         raise ValueError(
             f"residual: needs a 16-byte aligned array (base, row and batch strides); got "
@@ -280,21 +391,18 @@ def _check_norm(info: ArrayInfo, weight: ArrayInfo, eps_norm, residual: ArrayInf
     return fields
 
 
-def _check_masked(info: ArrayInfo, masked: ArrayInfo | None, expected_m) -> str | None:
+def _check_masked(info: ArrayInfo, options: Options, masked: ArrayInfo | None) -> str | None:
     """The dtype of a valid ``masked_m`` for input ``info`` (None without one)."""
     if masked is None:
-        if expected_m is not None:
+        if options.expected_m is not None:
             raise ValueError("expected_m: a hint for the masked layout; pass masked_m too")
         return None
+    if options.norm:
+        raise ValueError("norm: cannot be combined with masked_m")
     if len(info.shape) != 3:
         raise ValueError(f"x: masked_m needs x of shape [E, T, K], got shape {tuple(info.shape)}")
     experts, tokens = info.shape[0], info.shape[1]
-    if masked.kind != info.kind or masked.device != info.device:
-        where = f"{masked.kind} on device {masked.device}"
-        raise ValueError(
-            f"masked_m: expected an array of x's library on x's device ({info.kind}, device "
-            f"{info.device}), got {where}"
-        )
+    _same_device(info, masked, "masked_m")
     if masked.dtype not in ("int32", "int64"):
         raise TypeError(f"masked_m: expected int32 or int64 counts, got {masked.dtype}")
     if tuple(masked.shape) != (experts,):
@@ -304,9 +412,50 @@ def _check_masked(info: ArrayInfo, masked: ArrayInfo | None, expected_m) -> str 
         raise ValueError(f"masked_m: expected a contiguous array, got strides {masked.strides}")
     if experts > max_experts():
         raise ValueError(f"x: masked_m takes at most {max_experts()} experts, got {experts}")
-    if expected_m is not None and (
-        isinstance(expected_m, bool) or not isinstance(expected_m, int | np.integer)
-        or not 0 <= expected_m <= tokens
-    ):  # fmt: skip
+    expected_m = options.expected_m
+    if expected_m is not None and not 0 <= expected_m <= tokens:
         raise ValueError(f"expected_m: expected an int in [0, {tokens}], got {expected_m!r}")
     return masked.dtype
+
+
+def host_global_value(global_scale) -> np.float32:
+    """NVFP4: a global scale given as a number or a one-element float32 host array, checked."""
+    if isinstance(global_scale, numbers.Real) and not isinstance(global_scale, bool):
+        value = np.float32(global_scale)
+    else:
+        if not isinstance(global_scale, np.ndarray):
+            raise TypeError(
+                f"global_scale: expected a float or a one-element float32 array on the host, "
+                f"like x, got {type(global_scale).__name__}"
+            )
+        if global_scale.size != 1 or global_scale.dtype != np.float32:
+            raise ValueError(
+                f"global_scale: expected a float or a one-element float32 array, got "
+                f"{global_scale.dtype} of shape {global_scale.shape}"
+            )
+        value = global_scale.reshape(-1)[0]
+    if not (np.isfinite(value) and value > 0):
+        raise ValueError(f"global_scale: expected a positive finite float32, got {value!r}")
+    return value
+
+
+def _check_global(info: ArrayInfo, operands: Operands) -> dict:
+    """NVFP4's global scale: a number, an array on x's device, or None (computed)."""
+    if operands.global_value is not None:
+        return {"global_value": float(host_global_value(operands.global_value))}
+    array = operands.global_scale
+    if array is None:
+        return {"global_mode": NVFP4_COMPUTED}
+    if info.kind == NUMPY:
+        return {"global_value": float(host_global_value(array.obj))}
+    if array.kind != info.kind or array.device != info.device:
+        raise TypeError(
+            f"global_scale: expected a float or a one-element float32 array of x's library and "
+            f"device ({info.kind}, device {info.device}), got {array.kind} on device "
+            f"{array.device}"
+        )
+    if math.prod(array.shape) != 1 or array.dtype != "float32":
+        raise ValueError(
+            f"global_scale: expected one float32 element, got {array.dtype} of shape {array.shape}"
+        )
+    return {"global_mode": NVFP4_ON_DEVICE}

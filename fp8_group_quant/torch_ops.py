@@ -22,20 +22,22 @@ from typing import Any
 
 import torch
 
-from . import api, nvfp4
-from ._layout import Geometry, LayoutName, scale_layout
-from ._request import check_options, output_shape
+from . import api
+from ._layout import Geometry, LayoutName
+from ._request import check_options, is_nvfp4, output_shape
 from ._spec import (
     DEFAULT_EPS,
     ActivationName,
     FormatName,
     ScaleName,
     ScaleRuleName,
-    check_scale_rule,
 )
 
 __all__ = ["quantize", "quantize_packed"]
 
+_NVFP4_OP = (
+    "dtype='e2m1': NVFP4 (three outputs) is not a custom op yet; call fp8_group_quant.quantize"
+)
 _TORCH_DTYPES = {"int32": torch.int32, "float32": torch.float32, "uint8": torch.uint8}
 
 
@@ -69,17 +71,18 @@ def _quantize_fake(
     x, group_size, dtype, scale, layout, eps, pad_rows, activation=None, scale_rule="rceil"
 ):
     """Outputs shaped, typed and strided as the real call's, over storage of the same size."""
-    group_size, fmt, scale_kind, layout_row, _, pad_rows, mode = check_options(
-        group_size, dtype, scale, layout, eps, pad_rows, activation
-    )
-    check_scale_rule(scale_rule, fmt, scale_kind)
+    options = check_options(group_size, dtype, scale, layout, eps, pad_rows, activation,
+                            scale_rule)  # fmt: skip
+    if options.nvfp4:
+        raise NotImplementedError(_NVFP4_OP)
+    fmt, mode = options.fmt, options.mode
     if x.shape[-1] % (group_size * mode.width_factor):
         raise ValueError(
             f"x: the last dimension K={x.shape[-1]} is not a multiple of "
             f"{group_size * mode.width_factor} (group_size={group_size}, activation={activation!r})"
         )
     shape = output_shape(mode, tuple(x.shape))
-    geometry = Geometry(shape, group_size, scale_layout(layout_row), pad_rows)
+    geometry = Geometry(shape, group_size, options.layout, options.pad_rows)
     q_dtype = getattr(torch, fmt.dtype_name)
     s_dtype = _TORCH_DTYPES[geometry.layout.dtype]
     q = x.new_empty((geometry.q_storage,), dtype=q_dtype)
@@ -103,11 +106,8 @@ def quantize(
     scale_rule: ScaleRuleName = "rceil",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``fgq.quantize`` through the custom op (no ``out=``): traceable by ``torch.compile``."""
-    if nvfp4.is_nvfp4(dtype, scale):
-        raise NotImplementedError(
-            "dtype='e2m1': NVFP4 (three outputs) is not a custom op yet; call "
-            "fp8_group_quant.quantize"
-        )
+    if is_nvfp4(dtype, scale):
+        raise NotImplementedError(_NVFP4_OP)
     return torch.ops.fp8_group_quant.quantize(
         x, group_size, dtype, scale, layout, eps, pad_rows, activation, scale_rule
     )

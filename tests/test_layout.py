@@ -217,9 +217,10 @@ def test_the_one_pass_block_slots_follow_the_block_launched(
 ):
     # the one-pass kernel numbers its slots by Params.block_slots, not blockDim.x (docs/perf.md
     # step 26): whatever the block size knob says, they agree
+    from helpers import make_request
+
     from fp8_group_quant import _jit, _plan
     from fp8_group_quant._arrays import describe
-    from fp8_group_quant._request import make_request
 
     tuning = Tuning() if threads is None else Tuning(one_pass_threads=threads)
     monkeypatch.setattr(_jit, "get_function", lambda source, expression, device: _FakeFunction)
@@ -231,7 +232,7 @@ def test_the_one_pass_block_slots_follow_the_block_launched(
     )
     x = np.empty((37, 2048), NP_INPUT[input_dtype])
     request = make_request(describe(x, "x"), group_size, "e4m3", "ue8m0", "row", 1e-10, False)
-    _, grid, block, params = _plan.prepare(request, 0, tuning)
+    _, grid, block, params = _plan.prepare(request, 0, tuning)[-1]
     lanes = request.kernel_key().lanes_per_group
     assert grid[1] == 1 and params.block_slots * lanes == block[0] == (threads or 128)
     assert grid[0] * params.block_slots >= params.slots > (grid[0] - 1) * params.block_slots
@@ -264,10 +265,10 @@ def test_the_launch_picks_its_path_and_grid(
     monkeypatch, shape, layout, max_waves, one_pass, grid, per_sm
 ):
     import ml_dtypes
+    from helpers import make_request
 
     from fp8_group_quant import _jit, _plan
     from fp8_group_quant._arrays import describe
-    from fp8_group_quant._request import make_request
 
     loaded = []
 
@@ -293,7 +294,7 @@ def test_the_launch_picks_its_path_and_grid(
     monkeypatch.setattr(  # no driver here: record the launch, do not make it
         _plan, "Launch", lambda handle, grid, block, params, pdl: (handle, grid, block, params)
     )
-    handle, got_grid, block, params = _plan.prepare(request, 0, tuning)
+    handle, got_grid, block, params = _plan.prepare(request, 0, tuning)[-1]
     assert f"{'true' if one_pass else 'false'}, fgq::kIdentity" in loaded[-1]
     # contiguous rows take the one-pass kernel whose load is linear in the slot
     tile = _plan.tile_rows(layout, request.kernel_key().lanes_per_group)
@@ -347,9 +348,10 @@ def prepare_silu_mul(
 ):
     """(the instantiation launched, grid, block, Params) of a plain SiLU-and-multiply call on
     ``shape`` (N last), prepared for a device of 132 SMs fitting 10 blocks of every kernel."""
+    from helpers import make_request
+
     from fp8_group_quant import _jit, _plan
     from fp8_group_quant._arrays import describe
-    from fp8_group_quant._request import make_request
 
     loaded = []
 
@@ -368,7 +370,7 @@ def prepare_silu_mul(
     request = make_request(
         describe(x, "x"), 128, "e4m3", scale, layout, 1e-10, False, activation="silu_mul"
     )
-    handle, grid, block, params = _plan.prepare(request, 0, tuning or Tuning())
+    handle, grid, block, params = _plan.prepare(request, 0, tuning or Tuning())[-1]
     return loaded[handle], grid, block, params
 
 
@@ -422,9 +424,10 @@ def test_the_one_pass_prologue_reads_one_constant_line():
 
 
 def _flat_slots(x, layout="packed", activation=None):
+    from helpers import make_request
+
     from fp8_group_quant import _plan
     from fp8_group_quant._arrays import describe
-    from fp8_group_quant._request import make_request
 
     request = make_request(
         describe(x, "x"), 128, "e4m3", "ue8m0", layout, 1e-10, False, activation=activation

@@ -231,7 +231,7 @@ def test_a_residual_that_cannot_be_written_is_refused_untouched():
     frozen.flags.writeable = False
     with pytest.raises(ValueError, match="residual: the array is read-only"):
         fgq.quantize(x, 128, norm=(w, 1e-6), residual=frozen)
-    with pytest.raises(ValueError, match="residual: overlaps x"):
+    with pytest.raises(ValueError, match="residual: its memory overlaps x"):
         fgq.quantize(x, 128, norm=(w, 1e-6), residual=x)
     residual = activations(rng, (4, 256), "bfloat16")
     before = residual.copy()
@@ -327,9 +327,10 @@ def test_the_norm_launch_picks_lanes_then_grid(monkeypatch, rows, residual, lane
     import contextlib
     import types
 
+    from helpers import make_request
+
     from fp8_group_quant import _jit, _plan
     from fp8_group_quant._arrays import describe
-    from fp8_group_quant._request import make_request
 
     names = []
 
@@ -352,7 +353,7 @@ def test_the_norm_launch_picks_lanes_then_grid(monkeypatch, rows, residual, lane
     r = describe(np.empty_like(x), "residual") if residual else None
     request = make_request(describe(x, "x"), 128, "e4m3", "ue8m0", "packed", 1e-10, False,
                            norm=(describe(weight, "weight"), 1e-6, r))  # fmt: skip
-    handle, got_grid, block, params, pdl, shared = _plan.prepare(request, 0, Tuning())
+    handle, got_grid, block, params, pdl, shared = _plan.prepare(request, 0, Tuning())[-1]
     assert names[handle - 1].endswith(f"fgq::kPackedExponents, {lanes}, {str(stash).lower()}>")
     assert got_grid == (grid, 1, 1) and block == ({1: 448, 2: 224}[lanes], 1, 1)
     assert shared == (224 * 2 * 16 * 4 if stash else 0)  # two lanes of 16 float32 a thread
@@ -406,7 +407,9 @@ def test_numpy_backend_matches_the_spec_text_transcribed(input_dtype):
 
 
 def test_norm_arguments_the_review_found_unchecked():
-    from fp8_group_quant import _request, api
+    from helpers import make_request
+
+    from fp8_group_quant import api
     from fp8_group_quant._arrays import ArrayInfo
 
     rng = np.random.default_rng(41)
@@ -416,7 +419,7 @@ def test_norm_arguments_the_review_found_unchecked():
         fgq.quantize(x, 128, norm=(w, 1e-6), expected_m=2)
     buffer = activations(rng, (4 * 256 + 256,), "bfloat16")
     residual, weight = buffer[:1024].reshape(4, 256), buffer[768:1024]  # weight = last row
-    with pytest.raises(ValueError, match="residual: overlaps the norm's weight"):
+    with pytest.raises(ValueError, match="residual: its memory overlaps norm's"):
         fgq.quantize(x, 128, norm=(weight, 1e-6), residual=residual)
 
     # on a GPU the kernel writes each row of the residual back: rows sharing bytes are refused
@@ -430,24 +433,22 @@ def test_norm_arguments_the_review_found_unchecked():
     for strides in ((0, 1), (8, 1)):  # a broadcast row, rows overlapping by most of their bytes
         residual_info = device((64, 4096), strides, 1 << 28)
         with pytest.raises(ValueError, match="residual: its rows overlap"):
-            _request.make_request(x_info, *options, norm=(w_info, 1e-6, residual_info))
+            make_request(x_info, *options, norm=(w_info, 1e-6, residual_info))
     x_info = device((2, 3, 4096), (3 * 4096, 4096, 1), 1 << 20)
     batched = device((2, 3, 4096), (4096, 4096, 1), 1 << 28)  # batch 1 starts inside batch 0
     with pytest.raises(ValueError, match="residual: its rows overlap"):
-        _request.make_request(x_info, *options, norm=(w_info, 1e-6, batched))
+        make_request(x_info, *options, norm=(w_info, 1e-6, batched))
     # rows and batches in reverse order own their bytes: accepted, with their negative strides;
     # reversed rows a few elements apart still overlap
     reversed_rows = device((2, 3, 4096), (3 * 4096, -4096, 1), 1 << 28)
-    request = _request.make_request(x_info, *options, norm=(w_info, 1e-6, reversed_rows))
+    request = make_request(x_info, *options, norm=(w_info, 1e-6, reversed_rows))
     assert (request.r_batch_stride, request.r_row_stride) == (3 * 4096, -4096)
     reversed_batches = device((2, 3, 4096), (-3 * 4096, 4096, 1), 1 << 28)
-    request = _request.make_request(x_info, *options, norm=(w_info, 1e-6, reversed_batches))
+    request = make_request(x_info, *options, norm=(w_info, 1e-6, reversed_batches))
     assert (request.r_batch_stride, request.r_row_stride) == (-3 * 4096, 4096)
     x_info = device((64, 4096), (4096, 1), 1 << 20)
     with pytest.raises(ValueError, match="residual: its rows overlap"):
-        _request.make_request(
-            x_info, *options, norm=(w_info, 1e-6, device((64, 4096), (-8, 1), 1 << 28))
-        )
+        make_request(x_info, *options, norm=(w_info, 1e-6, device((64, 4096), (-8, 1), 1 << 28)))
     # warmup names what it cannot compile
     with pytest.raises(ValueError, match="scale_rule: expected one of"):
-        api._warmup_keys({"scale": "ue8m0", "scale_rule": "bogus"})
+        api._warmup_options({"scale": "ue8m0", "scale_rule": "bogus"})

@@ -269,8 +269,9 @@ def test_nvfp4_subnormal_edges_follow_the_scalar_model(values, dtype, given):
     assert np.array_equal(outputs[0], want_q) and np.array_equal(outputs[1], want_s)
 
 
-def test_prepare_names_nvfp4_as_not_prepared():
-    with pytest.raises(NotImplementedError, match="dtype='e2m1': NVFP4 has no prepared call"):
+def test_prepare_of_nvfp4_takes_device_arrays_only():
+    # a prepared call binds GPU buffers (NVFP4's included); host arrays are named, not bound
+    with pytest.raises(TypeError, match="x: prepare needs a cupy array or torch CUDA tensor"):
         fgq.prepare(np.ones((4, 32), np.float32), 16, dtype="e2m1", scale="e4m3",
                     layout="blocked")  # fmt: skip
 

@@ -1,0 +1,309 @@
+"""Back from codes to values: dequantize, unpack_scales and as_float8, for checks and tests.
+
+Each layout is read through the same descriptor ``quantize`` writes with (``_layout``), so a
+scale is found where the kernel put it.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from ._arrays import (
+    CUPY,
+    NUMPY,
+    TORCH,
+    ArrayInfo,
+    describe,
+    is_torch_cpu,
+    numpy_to_torch_cpu,
+    to_cupy,
+    torch_cpu_to_numpy,
+)
+from ._layout import BLOCKED, SCALE_LAYOUTS, Geometry
+from ._request import NVFP4_GROUP
+from ._spec import FORMATS_BY_DTYPE, OUTPUT_FORMATS, output_format
+
+_DECODE_TABLES: dict[str, np.ndarray] = {}
+
+
+def _decode_table(fmt_name: str) -> np.ndarray:
+    """float32 value of each of the 256 codes of a format."""
+    table = _DECODE_TABLES.get(fmt_name)
+    if table is None:
+        codes = np.arange(256, dtype=np.uint8)
+        table = codes.view(OUTPUT_FORMATS[fmt_name].numpy_dtype).astype(np.float32)
+        _DECODE_TABLES[fmt_name] = table
+    return table
+
+
+def _format_of(info: ArrayInfo, dtype) -> str:
+    """The format of codes ``info``: ``dtype`` if given, else their own dtype (uint8: e4m3).
+    A ``dtype`` that contradicts the codes' own float8 or int8 dtype is refused."""
+    if dtype is not None:
+        fmt = output_format(dtype)
+        own = FORMATS_BY_DTYPE.get(info.dtype)
+        if own is not None and own.name != fmt.name:
+            raise ValueError(
+                f"dtype: {dtype!r} contradicts the codes' own dtype {info.dtype} (format "
+                f"{own.name!r}); leave dtype unset for typed codes"
+            )
+        return fmt.name
+    if info.dtype == "uint8":
+        return "e4m3"
+    if info.dtype not in FORMATS_BY_DTYPE:
+        raise TypeError(
+            f"q: expected codes of {', '.join(FORMATS_BY_DTYPE)} or uint8, got {info.dtype}"
+        )
+    return FORMATS_BY_DTYPE[info.dtype].name
+
+
+def unpack_scales(packed, groups: int):
+    """Packed UE8M0 words ``[..., kp]`` (int32) to float32 scales ``[..., groups]``.
+
+    Byte ``g % 4`` of word ``g // 4`` is the biased exponent ``e`` of group ``g``; the scale is
+    ``2**(e - 127)`` (``e = 255`` is NaN). Works on numpy, cupy and torch arrays of any strides.
+    """
+    if is_torch_cpu(packed):
+        return numpy_to_torch_cpu(unpack_scales(torch_cpu_to_numpy(packed, "packed"), groups))
+    info = describe(packed, "packed")
+    if info.dtype != "int32":
+        raise TypeError(f"packed: expected int32 words, got {info.dtype}")
+    if len(info.shape) == 0 or info.shape[-1] * 4 < groups or groups < 0:
+        raise ValueError(
+            f"groups: expected at most 4 * {info.shape[-1] if info.shape else 0} groups, "
+            f"got {groups}"
+        )
+    if info.kind == TORCH:
+        import torch
+
+        # byte g % 4 of word g // 4 (little-endian words): the bytes of a row-major copy
+        codes = packed.contiguous().view(torch.uint8)[..., :groups]
+        if hasattr(torch, "float8_e8m0fnu"):  # torch decodes UE8M0 itself (2.7 and later)
+            decoded: Any = codes.view(torch.float8_e8m0fnu).to(torch.float32)
+            return decoded.contiguous()
+        exponents = codes.to(torch.int32)  # pragma: no cover - older torch
+        bits = torch.where(exponents == 0, 0x00400000, exponents << 23)
+        bits = torch.where(exponents == 255, 0x7FC00000, bits)
+        decoded = bits.contiguous().view(torch.float32)
+        return decoded
+    if info.kind == NUMPY:  # ml_dtypes decodes UE8M0 itself: 2**(e - 127), e = 255 NaN
+        import ml_dtypes
+
+        codes = np.ascontiguousarray(packed).view(np.uint8)  # byte g % 4 of word g // 4
+        codes = codes.reshape(*info.shape[:-1], 4 * info.shape[-1])[..., :groups]
+        return codes.view(ml_dtypes.float8_e8m0fnu).astype(np.float32)
+    xp = _namespace(info)
+    parts = [(packed >> (8 * j)) & 0xFF for j in range(4)]
+    # NOTES: the width is spelled out: a -1 cannot be inferred when a leading dimension is 0
+    exponents = xp.stack(parts, axis=-1).reshape(*info.shape[:-1], 4 * info.shape[-1])
+    exponents = exponents[..., :groups]
+    exponents = exponents.astype(xp.uint32)
+    bits = xp.where(exponents == 0, xp.uint32(0x00400000), exponents << 23)
+    bits = xp.where(exponents == 255, xp.uint32(0x7FC00000), bits)
+    return xp.ascontiguousarray(bits).view(xp.float32)
+
+
+def dequantize(q, scales, group_size: int = 128, dtype=None, global_scale=None):
+    """Float32 ``q_i * s_group`` with the shape of ``q``.
+
+    ``scales`` is any layout ``quantize`` returns: float32 ``[..., ng]``, packed int32
+    ``[..., kp]`` or the blocked layout's uint8 storage. ``dtype`` names the format of uint8
+    codes (cupy's float8 container; default "e4m3"); other dtypes say it themselves.
+    NVFP4 (``group_size=16, dtype="e2m1"``, with its ``global_scale``): ``q`` ``[..., K/2]``
+    packed codes, float32 ``[..., K]`` of ``e2m1(code) * RN(S / global_scale)``.
+    """
+    if isinstance(dtype, str) and dtype == "e2m1":
+        if group_size != NVFP4_GROUP or global_scale is None:
+            raise ValueError("dtype='e2m1': NVFP4 needs group_size=16 and its global_scale")
+        return dequantize_nvfp4(q, scales, global_scale)
+    if global_scale is not None:
+        raise ValueError("global_scale: only NVFP4 (dtype='e2m1') takes one")
+    if group_size == NVFP4_GROUP:
+        raise ValueError("group_size=16 is NVFP4's: pass dtype='e2m1' and its global_scale")
+    if is_torch_cpu(q) and is_torch_cpu(scales):  # through numpy views, back as a tensor
+        values = dequantize(
+            torch_cpu_to_numpy(q, "q"), torch_cpu_to_numpy(scales, "scales"), group_size, dtype
+        )
+        return numpy_to_torch_cpu(np.ascontiguousarray(values))
+    q_info = describe(q, "q")
+    s_info = describe(scales, "scales")
+    fmt_name = _format_of(q_info, dtype)
+    if len(q_info.shape) == 0 or q_info.shape[-1] % group_size:
+        raise ValueError(f"q: last dimension must be a multiple of group_size={group_size}")
+    groups = q_info.shape[-1] // group_size
+    if s_info.dtype == "int32":
+        _check_packed_width(scales, s_info, groups, group_size)
+        scales = unpack_scales(scales, groups)
+    elif s_info.dtype == "uint8":
+        scales = _unblock_scales(scales, s_info, q_info, group_size)
+    elif s_info.dtype != "float32":
+        raise TypeError(
+            f"scales: expected float32, packed int32 or blocked uint8, got {s_info.dtype}"
+        )
+    expected = tuple(q_info.shape[:-1]) + (groups,)
+    if tuple(scales.shape) != expected:
+        raise ValueError(f"scales: expected shape {expected}, got {tuple(scales.shape)}")
+    if q_info.kind == TORCH:
+        import torch
+
+        if fmt_name == "int8":
+            decoded = q.to(torch.float32)
+        else:
+            table = torch.from_numpy(_decode_table(fmt_name)).to(q.device)
+            decoded = table[q.view(torch.uint8).to(torch.int64)]
+        return decoded * scales.repeat_interleave(group_size, dim=-1)
+    xp = _namespace(q_info)
+    if fmt_name == "int8":
+        values = q.astype(xp.float32)
+    else:
+        values = xp.asarray(_decode_table(fmt_name))[q.view(xp.uint8)]
+    return values * xp.repeat(scales, group_size, axis=-1)
+
+
+def _unblock_scales(scales, s_info: ArrayInfo, q_info: ArrayInfo, group_size: int):
+    """The blocked layout's UE8M0 bytes as float32 scales ``[..., groups]`` for codes shaped
+    like ``q``: each group's byte gathered from its place in the 128x4 tiles."""
+    geometry = Geometry(tuple(q_info.shape), group_size, SCALE_LAYOUTS[BLOCKED], False)
+    if tuple(s_info.shape) != geometry.scale_shape:
+        raise ValueError(
+            f"scales: blocked scales for q of shape {tuple(q_info.shape)} (G={group_size}) have "
+            f"shape {geometry.scale_shape}, got {tuple(s_info.shape)}"
+        )
+    offsets = geometry.scale_byte_offsets().reshape(-1)
+    shape = tuple(q_info.shape[:-1]) + (geometry.groups,)
+    if s_info.kind == TORCH:
+        import torch
+
+        flat = scales.contiguous().reshape(-1)
+        codes = flat[torch.from_numpy(offsets).to(flat.device)].to(torch.int32)
+        bits = torch.where(codes == 0, 0x00400000, codes << 23)
+        return torch.where(codes == 255, 0x7FC00000, bits).view(torch.float32).reshape(shape)
+    xp = _namespace(s_info)
+    codes = xp.ascontiguousarray(scales).reshape(-1)[xp.asarray(offsets)].astype(xp.uint32)
+    bits = xp.where(codes == 0, xp.uint32(0x00400000), codes << 23)
+    bits = xp.where(codes == 255, xp.uint32(0x7FC00000), bits)
+    return xp.ascontiguousarray(bits).view(xp.float32).reshape(shape)
+
+
+def _check_packed_width(packed, info: ArrayInfo, groups: int, group_size: int) -> None:
+    """Packed scales must hold exactly ``groups`` exponents a row: ceil(groups / 4) words, and
+    zero bytes after the last group (the kernel writes zeros there), so scales quantized with
+    another group size are refused rather than misread."""
+    words = -(-groups // 4)
+    if info.shape and info.shape[-1] != words:
+        raise ValueError(
+            f"scales: {info.shape[-1]} packed words a row, but group_size={group_size} gives "
+            f"{groups} groups in {words} word(s): were they quantized with another group_size?"
+        )
+    if groups % 4 and 0 not in info.shape:
+        spare = (packed[..., -1] >> (8 * (groups % 4))) & ((1 << (32 - 8 * (groups % 4))) - 1)
+        if bool((spare != 0).any()):
+            raise ValueError(
+                f"scales: the last packed word holds exponents past group {groups}: quantized "
+                f"with a smaller group_size than {group_size}?"
+            )
+
+
+def as_float8(q, dtype="e4m3"):
+    """Reinterpret uint8 codes as a float8 dtype without copying.
+
+    numpy: an ``ml_dtypes.float8_*`` view. torch: a ``torch.float8_*`` view. cupy has no float8
+    dtype: a torch view of the same memory is returned through DLPack (torch must be installed).
+    """
+    fmt = output_format(dtype)
+    if not fmt.is_float8:
+        raise ValueError(f"dtype: expected a float8 format, got {dtype!r}")
+    info = describe(q, "q")
+    if info.dtype not in ("uint8", fmt.dtype_name):
+        raise TypeError(f"q: expected uint8 codes, got {info.dtype}")
+    if info.kind == NUMPY:
+        return q.view(fmt.numpy_dtype)
+    if info.kind == CUPY:
+        try:
+            import torch
+        except ImportError as error:
+            raise TypeError(
+                "q: cupy has no float8 dtype; install torch to get a float8 view, or use "
+                "as_float8(cupy.asnumpy(q)) for a host copy"
+            ) from error
+        q = torch.from_dlpack(q)
+    return q.view(getattr(sys.modules["torch"], fmt.dtype_name))
+
+
+def _namespace(info: ArrayInfo):
+    if info.kind == CUPY:
+        import cupy
+
+        return cupy
+    return np
+
+
+# NVFP4 -------------------------------------------------------------------------------------------
+
+E2M1_VALUES = np.array(
+    [0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], np.float32
+)
+
+
+def dequantize_nvfp4(q, scales, global_scale):
+    """Float32 ``[..., K]`` of NVFP4 codes ``q`` ``[..., K/2]`` and blocked e4m3 ``scales``:
+    ``e2m1(code) * RN(S / global_scale)``, the ``d`` that quantize divided by."""
+    if is_torch_cpu(q):
+        g = (
+            torch_cpu_to_numpy(global_scale, "global_scale")
+            if is_torch_cpu(global_scale)
+            else global_scale
+        )
+        q_view, s_view = torch_cpu_to_numpy(q, "q"), torch_cpu_to_numpy(scales, "scales")
+        values = dequantize_nvfp4(q_view, s_view, g)
+        return numpy_to_torch_cpu(np.ascontiguousarray(values))
+    q_info, s_info = describe(q, "q"), describe(scales, "scales")
+    if q_info.dtype != "uint8" or s_info.dtype != "uint8":
+        raise TypeError(
+            f"q, scales: NVFP4 codes and e4m3 scale bytes are uint8, got {q_info.dtype} and "
+            f"{s_info.dtype}"
+        )
+    if not q_info.shape:
+        raise ValueError("q: expected [..., K/2] packed codes, got a 0-d array")
+    shape = (*q_info.shape[:-1], 2 * q_info.shape[-1])
+    if shape[-1] % NVFP4_GROUP:
+        raise ValueError(f"q: K = 2 * {q_info.shape[-1]} is not a multiple of {NVFP4_GROUP}")
+    geometry = Geometry(shape, NVFP4_GROUP, SCALE_LAYOUTS[BLOCKED], False)
+    if tuple(s_info.shape) != geometry.scale_shape:
+        raise ValueError(
+            f"scales: blocked scales for K = {shape[-1]} have shape {geometry.scale_shape}, got "
+            f"{tuple(s_info.shape)}"
+        )
+    if q_info.kind == TORCH:
+        import torch
+
+        g = global_scale
+        if isinstance(g, torch.Tensor):
+            g = to_cupy(g, "global_scale")
+        values = dequantize_nvfp4(to_cupy(q, "q"), to_cupy(scales, "scales"), g)
+        return torch.from_dlpack(values)
+    if q_info.kind == NUMPY:
+        xp = np
+        g = np.asarray(global_scale, np.float32).reshape(-1)
+    else:
+        import cupy as xp
+
+        g = xp.asarray(global_scale, xp.float32).reshape(-1)
+    if g.size != 1:
+        raise ValueError(f"global_scale: expected one value, got {g.size}")
+    offsets = xp.asarray(geometry.scale_byte_offsets().reshape(-1))
+    scale_bytes = xp.ascontiguousarray(scales).reshape(-1)[offsets]
+    table = xp.asarray(
+        np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    )
+    d = (table[scale_bytes] / g[0]).astype(xp.float32).reshape(*shape[:-1], geometry.groups, 1)
+    codes = xp.ascontiguousarray(q)
+    nibbles = xp.stack([codes & 15, codes >> 4], axis=-1).reshape(
+        *shape[:-1], geometry.groups, NVFP4_GROUP
+    )
+    values = xp.asarray(E2M1_VALUES)[nibbles] * d
+    return values.reshape(shape).astype(xp.float32)

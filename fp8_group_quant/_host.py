@@ -1,0 +1,98 @@
+"""The NumPy backend of a request: every mode, written through the layouts' address maps.
+
+The arithmetic is ``reference`` (quantization) and ``activation`` (SiLU-and-multiply and
+RMSNorm); this module only allocates or checks the outputs, picks the values a mode
+quantizes and writes the results where the kernels would.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import activation, reference
+from ._arrays import ArrayInfo, describe
+from ._outputs import OutputSpec, check_disjoint, check_output, check_writes, specs
+from ._request import NVFP4_COMPUTED, Request
+
+
+def _strided(array: np.ndarray, shape, strides) -> np.ndarray:
+    """``as_strided`` in elements, through a same-size integer view (numpy's ``as_strided``
+    cannot rebuild the ml_dtypes float8 types)."""
+    raw = array.view(f"u{array.itemsize}")
+    view = np.lib.stride_tricks.as_strided(raw, shape, tuple(s * array.itemsize for s in strides))
+    return view.view(array.dtype)
+
+
+def _output(given, name: str, x_info: ArrayInfo, spec: OutputSpec):
+    """(array, info): a new host output of ``spec``, or the caller's, checked."""
+    if given is None:
+        array = _strided(np.empty(spec.storage, spec.numpy_dtype), spec.shape, spec.strides)
+        return array, describe(array, name)
+    return given, check_output(given, name, x_info, spec)
+
+
+def _flat(info: ArrayInfo, storage: int) -> np.ndarray:
+    """A flat view of ``storage`` elements from the first element of a host output."""
+    return _strided(info.obj, (storage,), (1,))
+
+
+def run(request: Request, x: np.ndarray, x_info: ArrayInfo, out, scale_out, operands) -> tuple:
+    """Quantize host ``x`` as ``request`` says; ``operands``: the call's other host arrays
+    (masked_m, weight, residual) by name. Every check runs before anything is written."""
+    q_spec, scale_spec = specs(request)
+    q, q_info = _output(out, "out", x_info, q_spec)
+    scales, s_info = _output(scale_out, "scale_out", x_info, scale_spec)
+    given = [(name, info, spec) for name, info, spec, array in (
+        ("out", q_info, q_spec, out), ("scale_out", s_info, scale_spec, scale_out)
+    ) if array is not None]  # fmt: skip
+    check_disjoint(x_info, x_info.ptr, given)
+    residual = operands.get("residual")
+    if residual is not None:
+        _check_residual(residual, x_info, operands["weight"], given)
+    if request.nvfp4:
+        return (q, scales, *_nvfp4(request, x, q, scales, operands.get("global_scale")))
+    geometry = request.output
+    if geometry.empty:
+        return q, scales
+    values = x
+    if request.norm:
+        values, new = activation.rms_norm(x, operands["weight"], request.eps_norm, x_info.dtype,
+                                          residual)  # fmt: skip
+        if residual is not None and new is not None:
+            residual[...] = new.astype(residual.dtype)
+    elif request.mode.name == "silu_mul":
+        n = geometry.k
+        values = activation.silu_mul(x[..., :n], x[..., n:], request.input_dtype)
+    storages = (_flat(q_info, geometry.q_storage).view(np.uint8),
+                _flat(s_info, geometry.scale_storage))  # fmt: skip
+    arguments = (values, geometry, request.fmt, request.scale, request.eps, *storages)
+    if request.masked is None:
+        reference.quantize_into(*arguments, rule=request.scale_rule)
+    else:
+        counts = np.asarray(operands["masked_m"])
+        reference.quantize_into_masked(*arguments, counts, rule=request.scale_rule)
+    return q, scales
+
+
+def _check_residual(residual: np.ndarray, x_info: ArrayInfo, weight, given) -> None:
+    if not residual.flags.writeable:
+        raise ValueError("residual: the array is read-only; the fused add writes it")
+    r_info = describe(residual, "residual")
+    check_writes([("x", x_info), ("norm", describe(weight, "norm"))],
+                 [("residual", r_info)] + [(name, info) for name, info, _ in given])  # fmt: skip
+
+
+def _nvfp4(request: Request, x, q, scales, global_scale) -> tuple:
+    """NVFP4 into ``q`` and ``scales``; the computed global scale, if asked for, as a tuple."""
+    computed = request.global_mode == NVFP4_COMPUTED
+    g = reference.nvfp4_global_scale(x) if computed else np.float32(request.global_value)
+    geometry = request.output
+    flat = _strided(scales, (geometry.scale_storage,), (1,))
+    flat[...] = 0
+    if not geometry.empty:
+        values = np.asarray(x).astype(np.float32)
+        groups = values.reshape(geometry.batches, geometry.rows, geometry.groups, -1)
+        codes, scale_bytes = reference.nvfp4_groups(groups, g)
+        q[...] = reference.pack_e2m1(codes.reshape(geometry.shape))
+        flat[geometry.scale_byte_offsets()] = scale_bytes
+    return (np.array([g], np.float32),) if computed else ()

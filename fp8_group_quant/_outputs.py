@@ -1,0 +1,127 @@
+"""The outputs of a request: their specs, and the checks of a caller's ``out`` / ``scale_out``.
+
+A caller's buffer is accepted only if the storage the layout owns (padding included) lies
+inside the buffer's own allocation, counted from the view's first element, and overlaps
+neither the input nor the other output; every backend runs the same checks before it writes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ._arrays import CUPY, NUMPY, ArrayInfo, available_bytes, byte_extent, describe
+from ._request import VECTOR_ALIGNMENT, Request
+from ._spec import FORMATS_BY_DTYPE
+
+
+@dataclass(frozen=True)
+class OutputSpec:
+    """An output array: shape, strides (elements), storage owned (elements), dtype."""
+
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    storage: int
+    dtype: str  # the library's dtype name: float8_e4m3fn, int8, int32, float32, uint8
+    container: str  # the dtype that holds it where the library lacks it (cupy: uint8 for float8)
+
+    @property
+    def numpy_dtype(self) -> np.dtype:
+        fmt = FORMATS_BY_DTYPE.get(self.dtype)
+        return fmt.numpy_dtype if fmt is not None else np.dtype(self.dtype)
+
+    def allocation(self, kind: str) -> tuple:
+        """(shape, strides, storage, dtype name) as the allocators in _arrays take them."""
+        dtype = self.container if kind == CUPY else self.dtype
+        return self.shape, self.strides, self.storage, dtype
+
+
+def specs(request: Request) -> tuple[OutputSpec, OutputSpec]:
+    """(q, scales) of ``request``."""
+    g = request.output
+    scales = OutputSpec(g.scale_shape, g.scale_strides, g.scale_storage, g.layout.dtype,
+                        g.layout.dtype)  # fmt: skip
+    if request.nvfp4:  # e2m1 codes, two a byte; no padding rows
+        shape = (*g.shape[:-1], g.k // 2)
+        strides = tuple(s // 2 for s in g.q_strides[:-1]) + (1,)
+        return OutputSpec(shape, strides, g.rows * g.batches * g.k // 2, "uint8", "uint8"), scales
+    fmt = request.fmt
+    assert fmt is not None
+    q = OutputSpec(g.shape, g.q_strides, g.q_storage, fmt.dtype_name, fmt.container)
+    return q, scales
+
+
+def _same_strides(shape, got, expected) -> bool:
+    """Strides agree where they matter: an empty array has none that do."""
+    return 0 in shape or all(n <= 1 or g == e for n, g, e in zip(shape, got, expected))
+
+
+def check_output(given, name: str, x_info: ArrayInfo, spec: OutputSpec) -> ArrayInfo:
+    """The description of a caller's output, checked against ``spec`` and ``x_info``."""
+    info = describe(given, name)
+    if info.kind != x_info.kind:
+        raise TypeError(f"{name}: expected a {x_info.kind} array like x, got a {info.kind} one")
+    if info.device != x_info.device:
+        raise ValueError(
+            f"{name}: expected device {x_info.device} like x, got device {info.device}"
+        )
+    allowed = tuple(dict.fromkeys((spec.dtype, spec.container)))
+    if info.dtype not in allowed:
+        raise TypeError(f"{name}: expected dtype {' or '.join(allowed)}, got {info.dtype}")
+    if tuple(info.shape) != tuple(spec.shape):
+        raise ValueError(f"{name}: expected shape {tuple(spec.shape)}, got {tuple(info.shape)}")
+    if not _same_strides(spec.shape, info.strides, spec.strides):
+        raise ValueError(
+            f"{name}: expected strides {tuple(spec.strides)}, got {tuple(info.strides)}"
+        )
+    if info.kind == NUMPY and not given.flags.writeable:
+        raise ValueError(f"{name}: the array is read-only")
+    if not spec.storage:  # nothing is written: an empty output's pointer and strides are moot
+        return info
+    # NOTES: the blocked layout's padding is zeroed with 4- and 16-byte stores on the GPU
+    vector = name == "out" or (info.kind != NUMPY and spec.dtype == "uint8")
+    if vector and info.ptr % VECTOR_ALIGNMENT:
+        raise ValueError(
+            f"{name}: expected a {VECTOR_ALIGNMENT}-byte aligned pointer, got {info.ptr:#x}"
+        )
+    if info.ptr % info.itemsize:
+        raise ValueError(f"{name}: pointer {info.ptr:#x} is not aligned to its item size")
+    need = spec.storage * info.itemsize
+    have = available_bytes(info)
+    if have is None or have < need:
+        raise ValueError(
+            f"{name}: the layout owns {need} bytes of storage (padding included) from the first "
+            f"element, but the allocation holds {have if have is not None else 'an unknown'} bytes"
+        )
+    return info
+
+
+def check_disjoint(x_info: ArrayInfo, x_ptr: int, outputs) -> None:
+    """Raise if an output's storage overlaps the input or the other output.
+
+    NOTES: the kernel reads x while it writes q and the scales; a shared byte is a race on the
+    GPU and a wrong answer on the host. An output's extent is the storage its layout owns
+    (padding included), the input's the bytes its view touches. ``outputs``: (name, info,
+    spec) of each output the caller gave.
+    """
+    ranges = [("x", byte_extent(x_ptr, x_info.shape, x_info.strides, x_info.itemsize))]
+    for name, info, spec in outputs:
+        ranges.append((name, (info.ptr, info.ptr + spec.storage * info.itemsize)))
+    _check_ranges(ranges, len(ranges))
+
+
+def check_writes(reads, writes) -> None:
+    """Raise if a written array (``writes``: name, ArrayInfo) overlaps any other array, read
+    (``reads``: name, ArrayInfo; reads may share memory with each other) or written."""
+    ranges = [(name, byte_extent(a.ptr, a.shape, a.strides, a.itemsize)) for name, a in reads]
+    ranges += [(name, byte_extent(a.ptr, a.shape, a.strides, a.itemsize)) for name, a in writes]
+    _check_ranges(ranges, len(reads), message="{b}: its memory overlaps {a}'s")
+
+
+def _check_ranges(ranges, reads: int, message: str = "{b}: its storage overlaps {a}'s memory"):
+    for i, (name_a, (a0, a1)) in enumerate(ranges):
+        for j in range(i + 1, len(ranges)):
+            name_b, (b0, b1) = ranges[j]
+            if a0 < b1 and b0 < a1 and not (i < reads and j < reads and reads < len(ranges)):
+                raise ValueError(message.format(a=name_a, b=name_b))
