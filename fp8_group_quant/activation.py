@@ -144,10 +144,10 @@ def _canonical_nan(values: np.ndarray) -> np.ndarray:
 
 # bfloat16 SiLU through a table -------------------------------------------------------------------
 # For a bfloat16 gate, round_to(silu(g), "bfloat16") is one of 65,536 values, and outside two
-# bands of exponents a rule gives it without exp (docs/experiments/silu_band.py measured every
-# gate): RN(g / 2) for |g| < 2^-8, and above the bands max(g, -0) with NaN propagated (g for
-# g >= 8, Inf included; -0 for g <= -128, -Inf included; NaN for NaN). Inside the band
-# 2^-8 <= |g| < 128 the kernel reads the definition's result from a table of 3,840 entries
+# bands of exponents a rule gives it without exp (git show edcea8b:docs/experiments/silu_band.py
+# measured every gate): RN(g / 2) for |g| < 2^-8, and above the bands max(g, -0) with NaN
+# propagated (g for g >= 8, Inf included; -0 for g <= -128, -Inf included; NaN for NaN). Inside
+# the band 2^-8 <= |g| < 128 the kernel reads the definition's result from a table of 3,840 entries
 # (for 8 <= g < 128 the entry is g itself, which lets both signs share one range check),
 # generated into kernels/silu_band_bf16.cuh by tools/gen_silu_band.py and held in shared
 # memory as 4,096 entries (8 KB, silu_band_entries): the positive gates' from entry 0, the

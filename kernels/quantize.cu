@@ -800,7 +800,7 @@ __device__ __forceinline__ void norm_rows(const Params& p, float (&warp_sums)[2]
     // r = 1 / sqrt(mean + eps): one warp computes it and passes it on through shared memory
     // behind a second barrier, about 80 instructions a row fewer in each other warp (fused step
     // 19 for walking blocks; step 21 for a block a row, whose SMs are as busy issuing once the
-    // rows have arrived: docs/experiments/norm_timeline.py)
+    // rows have arrived: git show edcea8b:docs/experiments/norm_timeline.py)
     float r = 0.0f;
     if (t < 32) {
       const float total = warp_fold(warp_slot ? warp_sums[set][t & 31] : 0.0f);
