@@ -12,10 +12,12 @@ import math
 
 import numpy as np
 
-from . import _jit, nvfp4
-from ._arrays import describe
-from ._layout import BLOCKED, SCALE_LAYOUTS, Geometry, row_strides
-from .bench import ROOFLINE_THREADS, ROTATE_BYTES, copy_bandwidth, interleaved_graph_times_us
+from .. import nvfp4
+from .._arrays import describe
+from .._layout import BLOCKED, SCALE_LAYOUTS, Geometry, row_strides
+from .._sample import activation
+from . import _hooks
+from .timing import ROOFLINE_THREADS, ROTATE_BYTES, copy_bandwidth, interleaved_graph_times_us
 
 GIVEN_GLOBAL = 1.5
 
@@ -31,7 +33,7 @@ def run_nvfp4(args) -> list[dict]:
           "CUDA-graph replay")  # fmt: skip
     print(f"{'M':>6} {'K':>5} {'floor us':>9} {'roof us':>8} {'given us':>9} {'given/roof':>10} "
           f"{'computed us':>11} {'comp/roof':>9}")  # fmt: skip
-    roof_kernel = _jit.get_function("roofline.cu", "fgq::roofline_narrow", device)
+    roof_kernel = _hooks.get_function("roofline.cu", "fgq::roofline_narrow", device)
     rows = []
     for k in args.k:
         for m in args.m:
@@ -44,8 +46,6 @@ def run_nvfp4(args) -> list[dict]:
 
 
 def bench_shape(cupy, roof_kernel, bandwidth: float, m: int, k: int, args) -> dict:
-    from .__main__ import activation
-
     x_host = activation(m, k, seed=m + k).astype(args.input_dtype_np)
     geometry = Geometry((m, k), nvfp4.GROUP, SCALE_LAYOUTS[BLOCKED], False)
     n_buffers = max(2, min(64, math.ceil(ROTATE_BYTES / x_host.nbytes)))

@@ -1,63 +1,100 @@
-"""Experiment (issue 10): SGLang's v2 per-token-group kernel timed in the same run as ours.
+"""``bench --peers``: SGLang's and vLLM's kernels timed beside ours, in the same run.
 
-Issue 10's SGLang ratios were measured on another machine against another roofline kernel;
-a ratio at M <= 16 moves by 0.1 between machines (docs/perf.md step 18). This script times
-SGLang's own kernel beside ours and the roofline kernel, graph against graph, in one process.
+A ratio measured on another machine against another roofline kernel moves by 0.1 at M <= 16
+(docs/perf.md step 18), so the peers' kernels are timed here beside ours and the roofline
+kernel, graph against graph, in one process. Their sources are not part of this package; each
+is given as ``NAME=PATH``:
 
-The SGLang source is not part of this repository. Pass the path of
-`sglang/kernels/jit/csrc/gemm/per_token_group_quant_8bit_v2.cuh` from the `sglang` wheel on
-PyPI (the JIT port of sgl-kernel's `per_token_group_quant_8bit_v2.cu`; its header says the
-kernel's arithmetic is the AOT kernel's). The script drops its `#include` lines and its
-launcher (everything from the "Launcher (JIT)" comment on) and puts before it a few lines of
-its own: the type alias, the PDL helpers and the warp maximum the kernel names, the latter with
-the whole-warp mask of the AOT kernel. It is launched as its host launches it (NaiveScheduler:
-8 lanes a group, 16 groups a block where they divide the groups, else 8, 4, 2, 1; packed
-column-major UE8M0 scales) and without the PDL attribute, as `bench` launches ours.
+- ``sglang=PATH``: ``sglang/kernels/jit/csrc/gemm/per_token_group_quant_8bit_v2.cuh`` from the
+  ``sglang`` wheel on PyPI (the JIT port of sgl-kernel's ``per_token_group_quant_8bit_v2.cu``;
+  its header says the kernel's arithmetic is the AOT kernel's). Its ``#include`` lines and its
+  launcher (everything from the "Launcher (JIT)" comment on) are dropped, and a few lines of
+  ours put before it: the type alias, the PDL helpers and the warp maximum the kernel names,
+  the latter with the whole-warp mask of the AOT kernel. NVRTC compiles it with the CUDA
+  headers. It is launched as its host launches it (NaiveScheduler: 8 lanes a group, 16 groups
+  a block where they divide the groups, else 8, 4, 2, 1; packed column-major UE8M0 scales).
+- ``vllm=PATH``: the PTX of vLLM's fused quantizers, built from the ``vllm`` sdist
+  (``peers_vllm``); with ``--fused`` only.
 
-Columns, us per call by CUDA-graph replay over rotating buffers (graphs replayed in turn):
-- roof: the roofline kernel; ours: the library's launch (PDL off), checked bit for bit
-  against the NumPy backend;
-- sgl: SGLang's kernel as shipped (its loads compile to the read-only path, LDG.CONSTANT, as
-  the AOT kernel's `ld.global.nc`); the codes and scales of its real rows are compared with
-  ours and the differing bytes counted;
-- with --variants=NAME[,NAME...] (and --m=M,M,... for the rows), text edits of ours (session 24,
-  of the kernel of commit 4c0153f, before step 25 made "flat" an instantiation): flat (the
-  load's address linear in the group slot, as SGLang's, valid for one batch of contiguous
-  rows), finite_now (no Inf/NaN vote), nopad_now (no padding rows, not the contract),
-  lean_nopad (the three), t64 (ours in blocks of 64 threads); and older ones: scale1st,
-  finite, nopad (of the kernel of
-  commit 9017005, which run 1 of session 9 measured): the scale stored before the codes are
-  computed, no Inf/NaN paths (valid on this finite data), no padding rows (not the contract);
-  regs32 (run 13, after step 22): the lean one-pass kernel at eight resident blocks;
-  signal_end, signal_first (runs 15-16): griddepcontrol.launch_dependents at the kernel's end
-  (as SGLang's) or before its loads, instead of right after them; same (run 16): ours with a
-  comment changed, compiled and loaded as the variants are; nogdc (session 10): no
-  griddepcontrol instructions, as SGLang's host builds its kernel where PDL is off.
-- with --modes (session 10), each kernel as its host launches it with PDL on and off:
-  ours_pdl, the library's default launch on SM90 (the PDL attribute on, so one call's
-  prologue may overlap the previous call's end); sgl_pdl, SGLang's kUsePDL kernel with the
-  attribute, as its host launches it on SM90 (is_arch_support_pdl); sgl_nopdl, its kernel
-  built with kUsePDL = false, without the attribute, as its host launches it elsewhere. "sgl"
-  stays the kUsePDL kernel without the attribute, as runs 1-20 of session 9 timed it.
-Run from the repository root: PYTHONPATH=$PWD python3 docs/experiments/sglang_same_run.py PATH
-[--variants=NAMES] [--m=M,...] [--modes] [--json=PATH] [K ...]
-(--json writes every row, us per call of each column and SGLang's differing bytes, as it goes)
+This module times the plain quantizer (``bench --peers sglang=PATH``): columns in us per call
+by CUDA-graph replay over rotating buffers (graphs replayed in turn): roof, the roofline
+kernel; ours, the library's launch with PDL off, checked bit for bit against the NumPy
+backend; ours_pdl, the library's default launch on SM90 (the PDL attribute on, so one call's
+prologue may overlap the previous call's end); sgl, SGLang's kUsePDL kernel without the PDL
+attribute (its loads compile to the read-only path, LDG.CONSTANT, as the AOT kernel's
+``ld.global.nc``); sgl_nopdl, its kernel built with kUsePDL = false, without the attribute, as
+its host launches it where PDL is off; sgl_pdl, the kUsePDL kernel with the attribute, as its
+host launches it on SM90 (is_arch_support_pdl). The codes and scales of SGLang's real rows are
+compared with ours and the differing bytes counted. ``chain`` and ``peers_fused`` time the
+chain and the fused paths.
 """
 
-import ctypes
-import json
-import sys
+from __future__ import annotations
 
-import cupy
-import flat_one_pass
-import harness
-import ml_dtypes
+import argparse
+import ctypes
+import os
+
 import numpy as np
 
-from fp8_group_quant import _jit, _launch, bench
-from fp8_group_quant.__main__ import activation
-from fp8_group_quant._arrays import describe
-from fp8_group_quant._request import make_request
+from .._layout import SCALE_LAYOUTS, Geometry
+from .._sample import activation
+from ..reference import quantize_into
+from . import _hooks
+from .timing import CALLS, ROOFLINE_THREADS, ROTATE_BYTES, interleaved_graph_times_us
+
+# where each peer's source comes from, for the messages of a missing one
+SOURCES = {
+    "sglang": "SGLang's kernel is not shipped with this package: pass the path of "
+    "sglang/kernels/jit/csrc/gemm/per_token_group_quant_8bit_v2.cuh from the sglang wheel on PyPI "
+    "(`pip download sglang --no-deps`, then unzip the wheel)",
+    "vllm": "vLLM's kernels are not shipped with this package: build their PTX from the vllm "
+    "sdist on PyPI on a machine with nvcc and torch (`python -m fp8_group_quant.bench.peers_vllm "
+    "VLLM_CSRC OUT.ptx`) and pass OUT.ptx",
+}
+LAUNCHER_MARK = "// Launcher (JIT)"  # where SGLang's host code starts in its .cuh
+# the paths of --fused each peer has (bench --fused --paths picks among them)
+PEER_PATHS = {"sglang": ("silu_mul",), "vllm": ("silu_mul", "add_rms_norm", "rms_norm")}
+
+
+def peer_source(text: str) -> tuple[str, str]:
+    """``--peers``' NAME=PATH, as (name, path)."""
+    name, sep, path = text.partition("=")
+    if name not in SOURCES or not sep or not path:
+        raise argparse.ArgumentTypeError(
+            f"expected NAME=PATH with NAME one of {', '.join(SOURCES)}, got {text!r}"
+        )
+    return name, path
+
+
+def source_error(args) -> str | None:
+    """Why ``--peers`` cannot run with the other options of ``args`` or its files, or None."""
+    given = dict(args.peers)
+    if args.matrix or args.nvfp4 or args.profile_host:
+        return "--peers: with the plain table, --fused or --chain only"
+    if args.plot:
+        return "--peers: --plot draws the plain table only"
+    if "vllm" in given and not args.fused:
+        return "--peers vllm=PATH: vLLM's kernels are fused quantizers; add --fused"
+    timed = {path for name in given for path in PEER_PATHS[name]}
+    if args.fused and args.paths and not timed & set(args.paths):
+        has = "; ".join(f"{name}: {', '.join(paths)}" for name, paths in PEER_PATHS.items())
+        return f"--peers: no peer given has --paths {' '.join(args.paths)} ({has})"
+    if "sglang" not in given and not args.fused:
+        mode = "--chain" if args.chain else "the plain table"
+        return f"--peers: {mode} times SGLang's kernel: give sglang=PATH. {SOURCES['sglang']}"
+    for name, path in given.items():
+        if not os.path.isfile(path):
+            return f"--peers {name}={path}: no such file. {SOURCES[name]}"
+    if "sglang" in given:
+        with open(given["sglang"]) as handle:
+            if LAUNCHER_MARK not in handle.read():
+                return (f"--peers sglang={given['sglang']}: not SGLang's v2 kernel (no "
+                        f"'{LAUNCHER_MARK}' line). {SOURCES['sglang']}")  # fmt: skip
+    return None
+
+
+# SGLang's kernel from its source -----------------------------------------------------------------
 
 # what the SGLang kernel names from its own headers, written here
 PRELUDE = r"""
@@ -108,122 +145,22 @@ NAME_NO_PDL = NAME.replace("false, true>", "false, false>")
 
 
 def sglang_text(path: str) -> str:
-    text = open(path).read()
-    text = text[: text.index("// Launcher (JIT)")]
+    """SGLang's kernel text from its .cuh: no includes, no launcher, our prelude before it."""
+    with open(path) as handle:
+        text = handle.read()
+    text = text[: text.index(LAUNCHER_MARK)]
     text = text[: text.rindex("// ----")]
     body = "\n".join(line for line in text.splitlines() if not line.startswith("#include"))
     return PRELUDE + body + "\n}  // namespace sglang\n"
 
 
-def sglang_function(path: str, name: str = NAME, edits=()):
-    """SGLang's kernel compiled by NVRTC with the CUDA headers (cuda_fp8.h, cuda_bf16.h), with
-    ``edits`` ((old, new) text pairs) applied."""
+def sglang_function(path: str, name: str = NAME):
+    """SGLang's kernel compiled by NVRTC with the CUDA headers (cuda_fp8.h, cuda_bf16.h)."""
+    import cupy
+
     cuda_path = cupy.cuda.get_cuda_path()
-    options = (*_jit.nvrtc_options(), *([f"-I{cuda_path}/include"] if cuda_path else []))
-    text = sglang_text(path)
-    for old, new in edits:
-        if old not in text:
-            raise LookupError(f"edit target not in SGLang's source: {old}")
-        text = text.replace(old, new)
-    module = cupy.RawModule(code=text, options=options, name_expressions=(name,))
-    return module.get_function(name)
-
-
-SCALE_FIRST = [
-    (
-        "    encode_lane<kIn, kOut, kMultiply, kValues>(words, scale, inverse, codes);",
-        "    if (store_scale) ScaleLayout<kLayout>::store_at(scale_at, p, group, scale, exponent,"
-        " real_row);\n    store_scale = false;\n"
-        "    encode_lane<kIn, kOut, kMultiply, kValues>(words, scale, inverse, codes);",
-    )
-]
-# the lean instantiations at eight resident blocks of 256 threads (31 registers, no spill since
-# step 22) instead of six (40)
-REGISTERS_32 = [
-    (
-        "return kVec16 && kAct == kIdentity && (lean || one_pass_six) ? 6 : 5;",
-        "return kVec16 && kAct == kIdentity && (lean || one_pass_six) ? 8 : 5;",
-    )
-]
-# griddepcontrol.launch_dependents at the one-pass kernel's end, as SGLang's kernel has it, or
-# before its loads, instead of right after them
-SIGNAL_AT_END = [
-    ("    signal_dependents();\n    table.wait();", "    table.wait();"),
-    ("stores & 2u, group);\n    return;",
-     "stores & 2u, group);\n    signal_dependents();\n    return;"),
-]  # fmt: skip
-SIGNAL_FIRST = [
-    ("    signal_dependents();\n    table.wait();", "    table.wait();"),
-    ("    wait_for_producer();\n    u32 up[kLaneWords];", "    wait_for_producer();\n"
-     "    signal_dependents();\n    u32 up[kLaneWords];"),
-]  # fmt: skip
-# ours unchanged but for a comment, compiled and loaded as the variants are (RawModule): what
-# that path itself costs, if anything
-SAME = [
-    (
-        "// Per-token group quantization: one kernel family",
-        "// Per-token group quantization, one kernel family",
-    )
-]
-# no griddepcontrol instructions at all (the empty asm statements keep the compiler barriers),
-# as SGLang's host builds its kernel where PDL is off
-NO_GRIDDEPCONTROL = [
-    ('asm volatile("griddepcontrol.wait;" ::: "memory");', 'asm volatile("" ::: "memory");'),
-    ('asm volatile("griddepcontrol.launch_dependents;" :::);', 'asm volatile("" :::);'),
-]
-# session 24, on commit 4c0153f's kernel (step 22's tail, fused step 30): the load's address
-# linear in the group slot, as SGLang's (valid for one batch of contiguous rows and one-row
-# tiles, as measured here), the divisions then needed by the stores only; no Inf/NaN vote (valid on
-# this finite data); no padding rows (not the contract: the rows below M keep their poison);
-# and the three together
-FLAT = [
-    (
-        "        p, static_cast<const Storage*>(p.x) + static_cast<i64>(batch) *"
-        " p.x_batch_stride32 +\n"
-        "               static_cast<i64>(static_cast<int>(read_row)) * p.x_row_stride32 + value0,"
-        " words,\n        up);",
-        "        p, static_cast<const Storage*>(p.x) + static_cast<i64>(slot) * kGroup +"
-        " lane * kValues, words, up);",
-    )
-]
-FINITE_NOW = [
-    (
-        "const bool nonfinite = magnitude >= L::kInf;  // uniform",
-        "const bool nonfinite = false;  //",
-    )
-]
-NO_PAD_NOW = [("if (active && row == p.rows - 1u) {", "if (false) {")]
-# session 25, on the kernel of commit 713cc82 (steps 25-26): the scale stored before the codes
-# are computed, as SGLang's kernel orders its stores
-SCALE_FIRST_NOW = [
-    (
-        "    encode_lane<kIn, kOut, kMultiply, kValues>(values, scale, inverse, codes);",
-        "    ScaleLayout<kLayout>::template store_at<kStraightTail>(scale_at, p, group, scale,"
-        " exponent, real_row, store_scale);\n    store_scale = false;\n"
-        "    encode_lane<kIn, kOut, kMultiply, kValues>(values, scale, inverse, codes);",
-    )
-]
-VARIANTS = {
-    "flat": FLAT,
-    "finite_now": FINITE_NOW,
-    "nopad_now": NO_PAD_NOW,
-    "scale1st_now": SCALE_FIRST_NOW,
-    "lean_nopad": FLAT + FINITE_NOW + NO_PAD_NOW,
-    "t64": SAME,  # ours in blocks of 64 threads (VARIANT_THREADS), as SGLang's at M = 1
-    "same": SAME,
-    "nogdc": NO_GRIDDEPCONTROL,
-    "signal_end": SIGNAL_AT_END,
-    "signal_first": SIGNAL_FIRST,
-    "scale1st": SCALE_FIRST,
-    "finite": flat_one_pass.FINITE,
-    "nopad": flat_one_pass.NO_PAD,
-    "regs32": REGISTERS_32,
-}
-
-
-UNCHECKED: set[str] = set()  # kernels of other experiments that are not the contract
-VARIANT_THREADS = {"t64": 64}  # threads a block of a variant's one-pass grid, else 128
-ALL_M = (1, 4, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+    include = (f"-I{cuda_path}/include",) if cuda_path else ()
+    return _hooks.compile_text(sglang_text(path), name, include)
 
 
 def sglang_config(m: int, k: int) -> tuple[int, int]:
@@ -233,110 +170,25 @@ def sglang_config(m: int, k: int) -> tuple[int, int]:
     return groups // per_block, per_block * 8
 
 
-def measure(m: int, k: int, roofline, sglang: dict, binaries: dict, modes: bool):
-    x_host = activation(m, k, seed=m + k).astype(ml_dtypes.bfloat16)
-    buffers = max(2, min(64, -(-harness.ROTATE_BYTES // x_host.nbytes)))
-    inputs = [cupy.asarray(x_host) for _ in range(buffers)]
-    geometry = _launch.Geometry((m, k), 128, "packed", False)
-    outputs = [
-        (cupy.empty(geometry.q_storage, cupy.uint8), cupy.empty(geometry.scale_storage, cupy.int32))
-        for _ in range(buffers)
-    ]
-    request = make_request(describe(inputs[0], "x"), 128, "e4m3", "ue8m0", "packed", 1e-10, False)
-    device = cupy.cuda.runtime.getDevice()
-    launches = {"ours": _launch.prepare(request, device)}
-    if modes:  # the library's default launch on SM90: the PDL attribute on
-        _launch.PDL = True
-        launches["ours_pdl"] = _launch.prepare(request, device)
-        _launch.PDL = False
-    for name, function in binaries.items():
-        threads = VARIANT_THREADS.get(name, 128)
-        launches[name] = flat_one_pass.ours(m, k, inputs[0], threads, True, function)
-    expected = flat_one_pass.reference(m, k, x_host)
-    for name, launch in launches.items():
-        if "nopad" not in name and name not in UNCHECKED:
-            flat_one_pass.check_ours(launch, expected, inputs[0])
-
-    blocks, threads = sglang_config(m, k)
-    tma = geometry.scale_storage // -(-k // 512)  # rows of the packed layout, a multiple of 4
-
-    def sglang_call(function, i):
-        x, (q, s) = inputs[i % buffers], outputs[i % buffers]
-        args = (x, q, s, np.uint64(0), np.int32(threads // 8), np.int32(k // 128), np.int32(0),
-                np.int32(tma), np.int32(m))  # fmt: skip
-        return lambda: function((blocks, 1, 1), (threads, 1, 1), args)
-
-    def sglang_pdl_call(function, i):
-        """As its host launches it on SM90: the kUsePDL kernel with the PDL attribute."""
-        x, (q, s) = inputs[i % buffers], outputs[i % buffers]
-        pointers = [ctypes.c_void_p(a) for a in (x.data.ptr, q.data.ptr, s.data.ptr, 0)]
-        sizes = [ctypes.c_int(a) for a in (threads // 8, k // 128, 0, tma, m)]
-        args = pointers + sizes
-        with _jit.current_device(device):
-            launch = _launch.KernelLaunch(
-                function.kernel.ptr, (blocks, 1, 1), (threads, 1, 1), args, pdl=True
-            )
-        return lambda: launch(cupy.cuda.get_current_stream().ptr)
-
-    # their codes and scales of the real rows against the reference (bytes that differ)
-    q_ref, s_ref = expected
-    differ = {}
-    for name, function in sglang.items():
-        q, s = outputs[0]
-        q.fill(0x7F)
-        s.fill(0)
-        sglang_call(function, 0)()
-        q_bytes = q.get().reshape(-1)[: m * k] != q_ref.reshape(-1)[: m * k]
-        words = s.get().reshape(-1, tma)[:, :m] != s_ref.reshape(-1, tma)[:, :m]
-        differ[name] = int(q_bytes.sum()) + int(words.sum())
-
-    calls = [harness.roofline_calls(roofline, inputs, outputs)]
-    calls += [harness.launch_calls(launch, inputs, outputs) for launch in launches.values()]
-    calls += [
-        [sglang_call(function, i) for i in range(max(buffers, harness.CALLS))]
-        for function in sglang.values()
-    ]
-    names = ["roof", *launches, *sglang]
-    if modes:
-        count = max(buffers, harness.CALLS)
-        calls.append([sglang_pdl_call(sglang["sgl"], i) for i in range(count)])
-        names.append("sgl_pdl")
-    times = bench.interleaved_graph_times_us(cupy, calls, 11)
-    return dict(zip(names, times)), differ
+# the plain quantizer beside SGLang's -------------------------------------------------------------
 
 
-def main(extra: dict | None = None, sglang_edits: dict | None = None) -> None:
-    """``extra``: name -> kernels taking ours' Params, launched as the variants are;
-    ``sglang_edits``: name -> text edits of SGLang's kernel, launched as it is."""
-    _launch.PDL = False  # as the roofline kernel and SGLang's: no overlap of back-to-back calls
-    path = sys.argv[1]
-    chosen = [a.split("=", 1)[1] for a in sys.argv[2:] if a.startswith("--variants=")]
-    variants = {n: VARIANTS[n] for n in chosen[0].split(",")} if chosen else {}
-    ks = [int(a) for a in sys.argv[2:] if not a.startswith("--")] or [7168, 2048, 2688]
-    chosen_m = [a.split("=", 1)[1] for a in sys.argv[2:] if a.startswith("--m=")]
-    m_values = [int(v) for v in chosen_m[0].split(",")] if chosen_m else ALL_M
-    roofline = harness.roofline_function()
-    modes = "--modes" in sys.argv
-    sglang = {"sgl": sglang_function(path)}
-    if modes:
-        sglang["sgl_nopdl"] = sglang_function(path, NAME_NO_PDL)
-    for name, edits in (sglang_edits or {}).items():
-        sglang[name] = sglang_function(path, NAME, edits)
-    binaries = {name: flat_one_pass.variant(*edits) for name, edits in variants.items()}
-    binaries.update(extra or {})
-    registers = {n: f.num_regs for n, f in {**sglang, **binaries}.items()}
+def run(args, sglang_path: str) -> tuple[list[dict], dict]:
+    """The table for each K of ``--k`` and M of ``--m``; the rows, and {"registers": ...}."""
+    roofline = _hooks.compile_text(_hooks.kernel_source("roofline.cu"), "fgq::roofline_copy")
+    sglang = {
+        "sgl": sglang_function(sglang_path),
+        "sgl_nopdl": sglang_function(sglang_path, NAME_NO_PDL),
+    }
+    registers = {n: f.num_regs for n, f in sglang.items()}
     print("registers:", registers, flush=True)
-    chosen_json = [a.split("=", 1)[1] for a in sys.argv[2:] if a.startswith("--json=")]
     rows = []
-    header = None
-    for k in ks:
-        for m in m_values:
-            times, differ = measure(m, k, roofline, sglang, binaries, modes)
+    header: list[str] = []
+    for k in args.k:
+        for m in args.m:
+            times, differ = measure(m, k, roofline, sglang)
             rows.append({"m": m, "k": k, "us": times, "bytes_differing": differ})
-            if chosen_json:
-                with open(chosen_json[0], "w") as handle:
-                    json.dump({"registers": registers, "rows": rows}, handle, indent=1)
-            if header is None:
+            if not header:
                 header = list(times)
                 print(f"{'M':>6} {'K':>5} " + " ".join(f"{c:>9}" for c in header) + "   x roof: "
                       + " ".join(f"{c:>9}" for c in header[1:]) + "  bytes differing")  # fmt: skip
@@ -344,7 +196,124 @@ def main(extra: dict | None = None, sglang_edits: dict | None = None) -> None:
             print(f"{m:>6} {k:>5} " + " ".join(f"{times[c]:>9.2f}" for c in header) + "           "
                   + " ".join(f"{times[c] / roof:>9.3f}" for c in header[1:])
                   + "  " + " ".join(str(d) for d in differ.values()), flush=True)  # fmt: skip
+    return rows, {"registers": registers}
 
 
-if __name__ == "__main__":
-    main()
+def measure(m: int, k: int, roofline, sglang: dict) -> tuple[dict, dict]:
+    """us per call of every column at (m, k), and the bytes of each SGLang build's output that
+    differ from the reference's."""
+    import cupy
+    import ml_dtypes
+
+    x_host = activation(m, k, seed=m + k).astype(ml_dtypes.bfloat16)
+    buffers = max(2, min(64, -(-ROTATE_BYTES // x_host.nbytes)))
+    inputs = [cupy.asarray(x_host) for _ in range(buffers)]
+    geometry = Geometry((m, k), 128, SCALE_LAYOUTS["packed"], False)
+    outputs = [
+        (cupy.empty(geometry.q_storage, cupy.uint8), cupy.empty(geometry.scale_storage, cupy.int32))
+        for _ in range(buffers)
+    ]
+    device = cupy.cuda.runtime.getDevice()
+    launches = {"ours": _hooks.default_launch(inputs[0], device, pdl=False),
+                "ours_pdl": _hooks.default_launch(inputs[0], device, pdl=True)}  # fmt: skip
+    expected = reference(geometry, x_host)
+    for launch in launches.values():
+        check_ours(launch, expected, inputs[0])
+    sgl = _SglangCalls(inputs, outputs, geometry, device)
+    differ = {name: sgl.bytes_differing(function, expected) for name, function in sglang.items()}
+    count = max(buffers, CALLS)
+    calls = [roofline_calls(roofline, inputs, outputs)]
+    calls += [launch_calls(launch, inputs, outputs) for launch in launches.values()]
+    calls += [[sgl.call(function, i) for i in range(count)] for function in sglang.values()]
+    calls.append([sgl.pdl_call(sglang["sgl"], i) for i in range(count)])
+    names = ["roof", *launches, *sglang, "sgl_pdl"]
+    times = interleaved_graph_times_us(cupy, calls, 11)
+    return dict(zip(names, times)), differ
+
+
+class _SglangCalls:
+    """Launches of SGLang's kernel over the rotating buffers, as its host launches it."""
+
+    def __init__(self, inputs, outputs, geometry: Geometry, device: int):
+        m, k = geometry.shape
+        self.inputs, self.outputs, self.device, self.m, self.k = inputs, outputs, device, m, k
+        self.blocks, self.threads = sglang_config(m, k)
+        self.tma = geometry.scale_storage // -(-k // 512)  # rows of the packed layout, 4 | tma
+
+    def call(self, function, i: int):
+        """Through CuPy, without the PDL attribute."""
+        x, (q, s) = self.inputs[i % len(self.inputs)], self.outputs[i % len(self.outputs)]
+        args = (x, q, s, np.uint64(0), np.int32(self.threads // 8), np.int32(self.k // 128),
+                np.int32(0), np.int32(self.tma), np.int32(self.m))  # fmt: skip
+        return lambda: function((self.blocks, 1, 1), (self.threads, 1, 1), args)
+
+    def pdl_call(self, function, i: int):
+        """As its host launches it on SM90: the kUsePDL kernel with the PDL attribute."""
+        import cupy
+
+        x, (q, s) = self.inputs[i % len(self.inputs)], self.outputs[i % len(self.outputs)]
+        pointers = [ctypes.c_void_p(a) for a in (x.data.ptr, q.data.ptr, s.data.ptr, 0)]
+        sizes = [ctypes.c_int(a) for a in (self.threads // 8, self.k // 128, 0, self.tma, self.m)]
+        launch = _hooks.function_launch(
+            function, self.device, (self.blocks, 1, 1), (self.threads, 1, 1), pointers + sizes,
+            pdl=True,
+        )  # fmt: skip
+        return lambda: launch(cupy.cuda.get_current_stream().ptr)
+
+    def bytes_differing(self, function, expected) -> int:
+        """Code bytes and scale words of its real rows that differ from the reference's."""
+        m, k, tma = self.m, self.k, self.tma
+        q_ref, s_ref = expected
+        q, s = self.outputs[0]
+        q.fill(0x7F)
+        s.fill(0)
+        self.call(function, 0)()
+        q_bytes = q.get().reshape(-1)[: m * k] != q_ref.reshape(-1)[: m * k]
+        words = s.get().reshape(-1, tma)[:, :m] != s_ref.reshape(-1, tma)[:, :m]
+        return int(q_bytes.sum()) + int(words.sum())
+
+
+def reference(geometry: Geometry, x_host) -> tuple:
+    """The NumPy backend's q and scale storage of the default kernel's format."""
+    q_ref = np.empty(geometry.q_storage, np.uint8)
+    s_ref = np.empty(geometry.scale_storage, np.int32)
+    quantize_into(x_host, geometry, "e4m3", "ue8m0", 1e-10, q_ref, s_ref)
+    return q_ref, s_ref
+
+
+def check_ours(launch, expected, x_dev) -> None:
+    """Run ``launch`` once over poisoned outputs; every byte must equal the reference's."""
+    import cupy
+
+    q_ref, s_ref = expected
+    q = cupy.full(q_ref.size, 0x7F, cupy.uint8)
+    s = cupy.full(s_ref.size, 0x7F7F7F7F, cupy.int32)
+    stream = cupy.cuda.get_current_stream().ptr
+    _hooks.run_prepared(launch, x_dev.data.ptr, q.data.ptr, s.data.ptr, stream)
+    if not (np.array_equal(q.get(), q_ref) and np.array_equal(s.get(), s_ref)):
+        raise AssertionError("our launch differs from the reference")
+
+
+def roofline_calls(roofline, inputs, outputs) -> list:
+    """Launches of the roofline kernel over the inputs, one per buffer (at least CALLS)."""
+    chunks = inputs[0].size * 2 // 32
+    grid = (-(-chunks // ROOFLINE_THREADS), 1, 1)
+
+    def call(i):
+        x, (q, _) = inputs[i % len(inputs)], outputs[i % len(outputs)]
+        return lambda: roofline(grid, (ROOFLINE_THREADS, 1, 1), (x, q, np.int64(chunks)))
+
+    return [call(i) for i in range(max(len(inputs), CALLS))]
+
+
+def launch_calls(launch, inputs, outputs) -> list:
+    """Calls of a prepared launch of ours over the inputs, one per buffer (at least CALLS)."""
+    import cupy
+
+    def call(i):
+        x, (q, s) = inputs[i % len(inputs)], outputs[i % len(outputs)]
+        return lambda: _hooks.run_prepared(
+            launch, x.data.ptr, q.data.ptr, s.data.ptr, cupy.cuda.get_current_stream().ptr
+        )
+
+    return [call(i) for i in range(max(len(inputs), CALLS))]
