@@ -16,16 +16,7 @@ import numpy as np
 
 from . import __version__, _jit, api, spec_model
 from ._layout import SCALE_LAYOUTS, Geometry
-
-
-def activation(tokens: int, hidden: int, seed: int = 0) -> np.ndarray:
-    """bf16 activations with per-token magnitudes and a few outlier channels, like an LLM's."""
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal((tokens, hidden), dtype=np.float32)
-    x *= np.exp(rng.standard_normal((tokens, 1), dtype=np.float32))
-    outlier_channels = rng.choice(hidden, size=max(1, hidden // 512), replace=False)
-    x[:, outlier_channels] *= 40.0
-    return x.astype(ml_dtypes.bfloat16)
+from ._sample import activation
 
 
 def _gpu():
@@ -170,20 +161,23 @@ def _run_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from . import bench
-
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="python -m fp8_group_quant", description=__doc__)
     parser.add_argument("--version", action="version", version=f"fp8_group_quant {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="{run,bench,info}")
     _run_arguments(commands.add_parser("run", help="the main job (the default)"))
-    bench_parser = commands.add_parser("bench", help="the benchmark (needs a GPU)")
-    bench.add_arguments(bench_parser)
+    # NOTES: the benchmark parses its own options (fp8_group_quant.bench.cli), imported only when
+    # the bench command runs, so the main job and `info` never load the benchmark
+    commands.add_parser("bench", help="the benchmark (needs a GPU)", add_help=False)
     commands.add_parser("info", help="versions, devices and the kernel cache")
     _run_arguments(parser)  # the main job's options also work without the word run
-    args = parser.parse_args(argv)
+    args, rest = parser.parse_known_args(argv)
     if args.command == "bench":
-        return bench.run_parsed(args, bench_parser)
+        from .bench import cli as bench_cli
+
+        return bench_cli.main(argv[argv.index("bench") + 1 :], namespace=args)
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.command == "info":
         return info()
     if args.tokens < 0:

@@ -49,6 +49,16 @@ def test_the_main_job_fails_on_a_wrong_code(capsys, monkeypatch):
         (["bench", "--paths", "rms_norm"], "--paths: only with --fused"),
         (["bench", "--fused", "--paths", "rmsnorm"], "invalid choice: 'rmsnorm'"),
         (["nope"], "invalid choice: 'nope'"),
+        (["run", "--m", "1"], "unrecognized arguments: --m 1"),
+        (["bench", "--tokens", "4"], "unrecognized arguments: --tokens 4"),
+        # --peers: NAME=PATH, a source that exists, a mode that has the peer
+        (["bench", "--peers", "sglang"], "expected NAME=PATH"),
+        (["bench", "--peers", "triton=x.cuh"], "expected NAME=PATH"),
+        (["bench", "--peers", "sglang=/no/such/v2.cuh"], "no such file"),
+        (["bench", "--peers", "vllm=/no/such.ptx"], "add --fused"),
+        (["bench", "--matrix", "--peers", "sglang=x.cuh"], "--fused or --chain only"),
+        (["bench", "--fused", "--peers", "vllm=/no/such.ptx"], "from the vllm sdist"),
+        (["bench", "--fused", "--paths", "masked", "--peers", "vllm=x"], "no peer given has"),
     ],
 )
 def test_bad_arguments_exit_2_with_a_message(capsys, argv, words):
@@ -88,14 +98,15 @@ def test_bench_without_a_gpu_says_so_and_exits_1():
 
 @pytest.mark.parametrize("on", [False, True])
 def test_bench_pdl_launches_sets_pdl_with_a_plan_cache_of_its_own_and_restores_both(on):
-    from fp8_group_quant import _tuning, bench
+    from fp8_group_quant import _tuning
+    from fp8_group_quant.bench import _hooks
 
     before = _tuning.active()
-    with bench.pdl_launches(on):
+    with _hooks.pdl_launches(on):
         assert _tuning.active()[1].pdl is on
         assert _tuning.active()[0] != before[0]  # no plan prepared the other way is reused
     assert _tuning.active() == before
-    with pytest.raises(KeyError), bench.pdl_launches(on):
+    with pytest.raises(KeyError), _hooks.pdl_launches(on):
         raise KeyError("a failing benchmark")
     assert _tuning.active() == before
 
@@ -113,7 +124,8 @@ def test_bench_fused_times_the_paths_asked_in_its_own_order(monkeypatch, capsys,
     import sys
     import types
 
-    from fp8_group_quant import bench, bench_fused
+    from fp8_group_quant.bench import cli as bench_cli
+    from fp8_group_quant.bench import fused
 
     calls = []
     runtime = types.SimpleNamespace(getDevice=lambda: 0)
@@ -121,21 +133,70 @@ def test_bench_fused_times_the_paths_asked_in_its_own_order(monkeypatch, capsys,
         sys.modules, "cupy", types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=runtime))
     )
     monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace())
-    monkeypatch.setattr(bench_fused, "copy_bandwidth", lambda cupy: 4.0e12)
-    monkeypatch.setattr(bench_fused._jit, "get_function", lambda *args: None)
+    monkeypatch.setattr(fused, "copy_bandwidth", lambda cupy: 4.0e12)
+    monkeypatch.setattr(fused._hooks, "get_function", lambda *args: None)
 
     def record(*key):
         calls.append(key)
         return {"path": key[0]}
 
-    monkeypatch.setattr(bench_fused, "_silu_row", lambda t, roof, bw, m, n: record("silu_mul", m))
-    monkeypatch.setattr(bench_fused, "_norm_row", lambda t, roofs, bw, m, n, residual: record(
+    monkeypatch.setattr(fused, "_silu_row", lambda t, roof, bw, m, n: record("silu_mul", m))
+    monkeypatch.setattr(fused, "_norm_row", lambda t, roofs, bw, m, n, residual: record(
         "add_rms_norm" if residual else "rms_norm", m))  # fmt: skip
-    monkeypatch.setattr(bench_fused, "_masked_row", lambda t: record("masked"))
+    monkeypatch.setattr(fused, "_masked_row", lambda t: record("masked"))
     argv = ["--fused", "--m", "1", "512"] + (["--paths", *paths] if paths else [])
-    args = bench.add_arguments(argparse.ArgumentParser()).parse_args(argv)
-    rows = bench_fused.run_fused(args)
+    args = bench_cli.add_arguments(argparse.ArgumentParser()).parse_args(argv)
+    rows = fused.run_fused(args)
     assert calls == expected and [row["path"] for row in rows] == [c[0] for c in expected]
     out = capsys.readouterr().out
     assert ("# fused SiLU" in out) == (paths is None)
     assert ("# fused RMSNorm" in out) == any("norm" in c[0] for c in expected)
+
+
+# the benchmark's options in the order of the JSON config's keys (the order of add_arguments)
+BENCH_OPTIONS = ["--m", "--k", "--input-dtype", "--dtype", "--scale", "--layout", "--group-size",
+                 "--scale-rule", "--json", "--plot", "--only", "--cold-start", "--matrix",
+                 "--profile-host", "--fused", "--paths", "--nvfp4", "--chain",
+                 "--peers"]  # fmt: skip
+
+
+def test_bench_help_lists_every_option(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["bench", "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: python -m fp8_group_quant bench")
+    assert all(f"{option} " in out for option in BENCH_OPTIONS)
+
+
+def test_bench_json_config_keeps_its_keys_and_their_order(monkeypatch):
+    # runs before and after a change are compared by their JSON: the config lists the CLI's own
+    # options first (bench was once a subcommand's parser), then the benchmark's in their order;
+    # --peers only where given
+    from fp8_group_quant.bench import cli as bench_cli
+
+    seen = []
+    monkeypatch.setattr(bench_cli, "run_parsed", lambda args, parser: seen.append(args) or 0)
+    assert cli.main(["bench", "--m", "1", "--k", "256"]) == 0
+    config = bench_cli.json_config(seen[-1])
+    assert list(config) == ["command", "tokens", "hidden"] + [
+        option[2:].replace("-", "_") for option in BENCH_OPTIONS[:-1]
+    ]
+    assert config["command"] == "bench" and config["tokens"] == 4096
+    assert config["m"] == [1] and config["k"] == [256]
+    assert cli.main(["bench", "--peers", "sglang=v2.cuh"]) == 0
+    assert bench_cli.json_config(seen[-1])["peers"] == [("sglang", "v2.cuh")]
+
+
+def test_bench_peers_reach_the_gpu_check_with_a_source_given(tmp_path, monkeypatch, capsys):
+    from fp8_group_quant.bench import cli as bench_cli
+
+    source = tmp_path / "per_token_group_quant_8bit_v2.cuh"
+    source.write_text("namespace sglang {\n// ----\n// Launcher (JIT)\n}\n")
+    monkeypatch.setattr(bench_cli, "gpu_missing", lambda: "no GPU in this test")
+    assert cli.main(["bench", "--peers", f"sglang={source}"]) == 1
+    assert "no GPU in this test" in capsys.readouterr().err
+    source.write_text("// some other file\n")
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["bench", "--peers", f"sglang={source}"])
+    assert exit_info.value.code == 2 and "not SGLang's v2 kernel" in capsys.readouterr().err

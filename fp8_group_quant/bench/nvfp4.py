@@ -14,16 +14,15 @@ import numpy as np
 
 import fp8_group_quant as fgq
 
-from . import _jit, _run, api
-from ._layout import BLOCKED, SCALE_LAYOUTS, Geometry
-from .bench import ROOFLINE_THREADS, ROTATE_BYTES, copy_bandwidth, interleaved_graph_times_us
+from .._layout import BLOCKED, SCALE_LAYOUTS, Geometry
+from .._sample import activation
+from . import _hooks
+from .timing import ROOFLINE_THREADS, ROTATE_BYTES, copy_bandwidth, interleaved_graph_times_us
 
 GIVEN_GLOBAL = 1.5
 
 
 NVFP4: dict = {"group_size": 16, "dtype": "e2m1", "scale": "e4m3", "layout": "blocked"}
-_CALL_DEFAULTS = {"eps": 1e-10, "pad_rows": False, "activation": None, "scale_rule": "rceil",
-                  "masked_m": None, "expected_m": None, "norm": None, "residual": None}  # fmt: skip
 
 
 def run_nvfp4(args) -> list[dict]:
@@ -37,7 +36,7 @@ def run_nvfp4(args) -> list[dict]:
           "CUDA-graph replay")  # fmt: skip
     print(f"{'M':>6} {'K':>5} {'floor us':>9} {'roof us':>8} {'given us':>9} {'given/roof':>10} "
           f"{'computed us':>11} {'comp/roof':>9}")  # fmt: skip
-    roof_kernel = _jit.get_function("roofline.cu", "fgq::roofline_narrow", device)
+    roof_kernel = _hooks.get_function("roofline.cu", "fgq::roofline_narrow", device)
     rows = []
     for k in args.k:
         for m in args.m:
@@ -50,8 +49,6 @@ def run_nvfp4(args) -> list[dict]:
 
 
 def bench_shape(cupy, roof_kernel, bandwidth: float, m: int, k: int, args) -> dict:
-    from .__main__ import activation
-
     x_host = activation(m, k, seed=m + k).astype(args.input_dtype_np)
     geometry = Geometry((m, k), 16, SCALE_LAYOUTS[BLOCKED], False)
     n_buffers = max(2, min(64, math.ceil(ROTATE_BYTES / x_host.nbytes)))
@@ -70,8 +67,7 @@ def bench_shape(cupy, roof_kernel, bandwidth: float, m: int, k: int, args) -> di
         them: a computed global scale zeroes its scratch words first."""
         q = cupy.empty((m, k // 2), cupy.uint8)
         s = cupy.empty(geometry.scale_shape, cupy.uint8)
-        arguments = {**NVFP4, "global_scale": given}
-        plan = _run.device_plan(x, api._call(**_CALL_DEFAULTS, **arguments), None, None)[0]
+        plan = _hooks.device_plan(x, **NVFP4, global_scale=given)
         scratch, extra = plan.new_scratch() if plan.scratch is not None else (None, ())
         keep.append((q, s, scratch))
 

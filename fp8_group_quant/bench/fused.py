@@ -9,54 +9,34 @@ the same way (roof ``roofline_residual``: x and the residual read, the residual 
 written; unfused: torch's add and ``rms_norm``, then the plain quantizer), and RMSNorm without the
 residual (roof: the plain quantizer's ``roofline_copy``). Then the masked layout (E = 32, T = 1024,
 K = 7168, 5% of the rows real) against the plain quantizer on as many rows, launched without PDL
-and, both being ours, with it. ``--paths`` times some of them (``bench.FUSED_PATHS``), in that
+and, both being ours, with it. ``--paths`` times some of them (``FUSED_PATHS``), in that
 order. Every fused result is checked against the NumPy backend first. Needs torch. The
-library's launches are prepared without PDL (``bench`` says why) but where stated.
+library's launches are prepared without PDL (``cli`` says why) but where stated.
 """
 
 from __future__ import annotations
 
 import math
-import statistics
 from typing import Any
 
 import numpy as np
 
-from . import _jit, api
-from .bench import (
-    DEFAULT_K,
-    DEFAULT_M,
-    FUSED_PATHS,
+from .. import api
+from . import _hooks
+from .shapes import own_k, own_m
+from .timing import (
+    CALLS,
     ROOFLINE_THREADS,
+    ROTATE_BYTES,
     copy_bandwidth,
-    pdl_launches,
+    cupy_stream,
+    torch_graph_time_us,
 )
 
+# the paths ``--fused`` times, in its order (``--paths`` picks some)
+FUSED_PATHS = ("silu_mul", "add_rms_norm", "rms_norm", "masked")
 FUSED_M = (1, 64, 512, 4096)
-ROTATE_BYTES = 256 << 20
 OPTIONS: dict[str, Any] = dict(scale="ue8m0", layout="packed")
-
-
-def torch_graph_time_us(torch, calls, replays: int = 7) -> float:
-    """Median GPU time per call of ``calls`` captured in one torch CUDA graph."""
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        for call in calls[:2]:  # warm up outside the capture
-            call()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        for call in calls:
-            call()
-    times = []
-    for _ in range(replays + 1):  # replay() runs on the current stream: time it there
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / len(calls))
-    return statistics.median(times[1:])
 
 
 def run_fused(args) -> list[dict]:
@@ -64,13 +44,13 @@ def run_fused(args) -> list[dict]:
     import torch
 
     bandwidth = copy_bandwidth(cupy)
-    n = args.k[0] if args.k and list(args.k) != list(DEFAULT_K) else 7168
-    m_values = args.m if args.m != list(DEFAULT_M) else list(FUSED_M)
+    n = own_k(args, 7168)[0]
+    m_values = own_m(args, FUSED_M)
     paths = set(getattr(args, "paths", None) or FUSED_PATHS)
     device = cupy.cuda.runtime.getDevice()
     rows = []
     if "silu_mul" in paths:
-        roof = _jit.get_function("roofline.cu", "fgq::roofline_gated", device)
+        roof = _hooks.get_function("roofline.cu", "fgq::roofline_gated", device)
         print(f"# fused SiLU-and-multiply, N = {n}, bf16 -> e4m3, packed scales; copy "
               f"{bandwidth / 1e12:.2f} TB/s")  # fmt: skip
         print(f"{'M':>6} {'floor':>7} {'roof':>7} {'fused':>7} {'x roof':>7} {'plain':>7} "
@@ -78,7 +58,7 @@ def run_fused(args) -> list[dict]:
         rows += [_silu_row(torch, roof, bandwidth, m, n) for m in m_values]
     residuals = [r for r, path in ((True, "add_rms_norm"), (False, "rms_norm")) if path in paths]
     if residuals:
-        roofs = {name: _jit.get_function("roofline.cu", f"fgq::roofline_{name}", device)
+        roofs = {name: _hooks.get_function("roofline.cu", f"fgq::roofline_{name}", device)
                  for name in ("residual", "copy")}  # fmt: skip
         print(f"# fused RMSNorm, K = {n}, with and without the residual add; copy "
               f"{bandwidth / 1e12:.2f} TB/s")  # fmt: skip
@@ -97,8 +77,8 @@ def _silu_row(torch, roof, bandwidth: float, m: int, n: int) -> dict:
     xs = [torch.randn(m, 2 * n, device="cuda", dtype=torch.bfloat16) * 3 for _ in range(buffers)]
     ys = [torch.randn(m, n, device="cuda", dtype=torch.bfloat16) for _ in range(buffers)]
     outs = [api.quantize(x, 128, **OPTIONS, activation="silu_mul") for x in xs]
-    _check(torch, xs[0], outs[0])
-    calls = max(buffers, 32)
+    check_silu(torch, xs[0], outs[0])
+    calls = max(buffers, CALLS)
     chunks = m * n * 2 // 32  # 16 output bytes per thread
     grid = (-(-chunks // ROOFLINE_THREADS), 1, 1)
 
@@ -112,7 +92,7 @@ def _silu_row(torch, roof, bandwidth: float, m: int, n: int) -> dict:
                 np.int64(n * 2 // 32))  # fmt: skip
 
         def launch():
-            with _cupy_stream(torch):  # the capture stream
+            with cupy_stream(torch):  # the capture stream
                 roof(grid, (ROOFLINE_THREADS, 1, 1), args)
 
         return launch
@@ -166,29 +146,13 @@ def _norm_row(torch, roofs, bandwidth: float, m: int, k: int, residual: bool) ->
 
     outs = [api.quantize(x, 128, **OPTIONS) for x in xs]
     _check_norm(torch, xs[0], rs[0], weight, eps, residual)
-    calls = max(buffers, 32)
-    chunks = m * k // 16  # 16 values per thread
-    grid = (-(-chunks // ROOFLINE_THREADS), 1, 1)
+    calls = max(buffers, CALLS)
+    roofline = _norm_roofline(torch, roofs, xs, roof_rs, outs, m * k // 16, residual)
 
     def fused(i):
         x, (q, s) = xs[i % buffers], outs[i % buffers]
         args = norm_args(i)
         return lambda: api.quantize(x, 128, **OPTIONS, **args, out=q, scale_out=s)
-
-    def roofline(i):
-        x, r, (q, _) = xs[i % buffers], roof_rs[i % buffers], outs[i % buffers]
-        if residual:
-            name, args = "residual", (np.uint64(x.data_ptr()), np.uint64(r.data_ptr()),
-                                      np.uint64(q.data_ptr()), np.int64(chunks))  # fmt: skip
-        else:
-            name, args = "copy", (np.uint64(x.data_ptr()), np.uint64(q.data_ptr()),
-                                  np.int64(chunks))  # fmt: skip
-
-        def launch():
-            with _cupy_stream(torch):
-                roofs[name](grid, (ROOFLINE_THREADS, 1, 1), args)
-
-        return launch
 
     def plain(i):
         y, (q, s) = ys[i % buffers], outs[i % buffers]
@@ -214,6 +178,35 @@ def _norm_row(torch, roofs, bandwidth: float, m: int, k: int, residual: bool) ->
     }  # fmt: skip
     # the residuals grow by x at each call (r = x + r, in place), but stay finite
     assert all(bool(torch.isfinite(t).all()) for t in (*rs, *ys)), "timed on non-finite data"
+    return _norm_result(bandwidth, m, k, residual, times)
+
+
+def _norm_roofline(torch, roofs, xs, roof_rs, outs, chunks: int, residual: bool):
+    """The same-traffic roof's launch on buffer ``i``: x (and a residual of its own) read, the
+    residual and the codes written (``chunks`` of 16 values)."""
+    buffers = len(xs)
+    grid = (-(-chunks // ROOFLINE_THREADS), 1, 1)
+
+    def roofline(i):
+        x, r, (q, _) = xs[i % buffers], roof_rs[i % buffers], outs[i % buffers]
+        if residual:
+            name, args = "residual", (np.uint64(x.data_ptr()), np.uint64(r.data_ptr()),
+                                      np.uint64(q.data_ptr()), np.int64(chunks))  # fmt: skip
+        else:
+            name, args = "copy", (np.uint64(x.data_ptr()), np.uint64(q.data_ptr()),
+                                  np.int64(chunks))  # fmt: skip
+
+        def launch():
+            with cupy_stream(torch):
+                roofs[name](grid, (ROOFLINE_THREADS, 1, 1), args)
+
+        return launch
+
+    return roofline
+
+
+def _norm_result(bandwidth: float, m: int, k: int, residual: bool, times: dict) -> dict:
+    """Print and return a row of the RMSNorm table."""
     moved = m * k * 2 * (3 if residual else 1) + m * k + m * math.ceil(k / 512) * 4
     floor = moved / bandwidth * 1e6
     print(f"{m:>6} {'yes' if residual else 'no':>8} {floor:>7.2f} {times['roof']:>7.2f} "
@@ -243,20 +236,7 @@ def _check_norm(torch, x, r, weight, eps: float, residual: bool) -> None:
         r.copy_(r_before)
 
 
-def _cupy_stream(torch):
-    """torch's current stream as a CuPy stream (for launches through CuPy inside its graphs).
-
-    NOTES: through the CUDA stream protocol where both sides have it (CuPy 14 deprecates
-    ExternalStream, and its warning filled `bench --fused`'s output), else ExternalStream."""
-    import cupy
-
-    stream = torch.cuda.current_stream()
-    if hasattr(cupy.cuda.Stream, "from_external") and hasattr(stream, "__cuda_stream__"):
-        return cupy.cuda.Stream.from_external(stream)
-    return cupy.cuda.ExternalStream(stream.cuda_stream)
-
-
-def _check(torch, x, outputs) -> None:
+def check_silu(torch, x, outputs) -> None:
     """The fused result is the NumPy backend's, bit for bit."""
     import ml_dtypes
 
@@ -303,11 +283,11 @@ def _masked_row(torch, experts: int = 32, tokens: int = 1024, k: int = 7168) -> 
     # launches without it
     times = {}
     for pdl in (False, True):
-        with pdl_launches(pdl):
+        with _hooks.pdl_launches(pdl):
             times[pdl] = (torch_graph_time_us(torch, [masked(counts_t)] * 32),
                           torch_graph_time_us(torch, [plain] * 32))  # fmt: skip
     (t_masked, t_plain), (pdl_masked, pdl_plain) = times[False], times[True]
-    with pdl_launches(False):
+    with _hooks.pdl_launches(False):
         t_full = torch_graph_time_us(torch, [masked(full_t)] * 4)
     print(f"# masked, E = {experts}, T = {tokens}, K = {k}, {rows} real rows ({share:.0%}): "
           f"{t_masked:.2f} us; plain on {rows} rows {t_plain:.2f} us (x {t_masked / t_plain:.2f});"
