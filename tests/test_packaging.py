@@ -41,7 +41,7 @@ def test_the_license_is_shipped_and_declared():
 
 def test_the_sdist_leaves_out_development_records_and_keeps_the_sources():
     sdist = _pyproject()["tool"]["hatch"]["build"]["targets"]["sdist"]
-    assert "docs/logs" in sdist["exclude"] and "kernels" in sdist["include"]
+    assert "docs/*.json" in sdist["exclude"] and "kernels" in sdist["include"]
     assert {"LICENSE", "CHANGELOG.md", "README.md"} <= set(sdist["include"])
 
 

@@ -4,13 +4,13 @@
 # edge shapes): memcheck (out-of-bounds and misaligned accesses), initcheck (reads of bytes
 # never written, including the outputs' padding as they are copied back) and racecheck.
 # Usage, on a machine with a GPU and compute-sanitizer on the PATH, from anywhere:
-#   bash tools/sanitize.sh [log file] [--full]    (default log: docs/logs/sanitize.log)
+#   bash tools/sanitize.sh [log file] [--full]    (default log: sanitize.log)
 # --full runs every edge shape for every variant (about four times the calls).
 # Exits non-zero if a tool reports an error or a result differs from the NumPy backend.
 # SANITIZE_TOOLS="memcheck" runs a subset of the tools.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-log=${1:-docs/logs/sanitize.log}
+log=${1:-sanitize.log}
 full=${2:-}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 # the launch path with PDL is sanitized like the plain one: keep the default (on for SM90+)
