@@ -345,8 +345,13 @@ def _check_norm(info: ArrayInfo, weight: ArrayInfo | None, residual: ArrayInfo |
             f"norm: the weight must be 16-byte aligned, got address {weight.ptr:#x}: pass a "
             f"contiguous copy"
         )
-    if residual is None:
-        return {}
+    return {} if residual is None else _check_residual(info, residual)
+
+
+def _check_residual(info: ArrayInfo, residual: ArrayInfo) -> dict:
+    """The Request fields of a valid residual of input ``info`` (the fused add-RMSNorm)."""
+    k = info.shape[-1]
+    device = info.kind != NUMPY
     _same_device(info, residual, "residual")
     if residual.dtype != info.dtype or tuple(residual.shape) != tuple(info.shape):
         raise ValueError(
