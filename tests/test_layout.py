@@ -1,24 +1,25 @@
-"""Scale layouts and padding (SPEC 4) through the NumPy backend."""
+"""Scale layouts and padding (SPEC 4) through the NumPy backend, unpack_scales and dequantize on
+the NumPy backend and the GPU, and the launch grid that walks the layouts."""
 
 import contextlib
 import types
 
 import numpy as np
 import pytest
-from helpers import NP_INPUT, activations
+from backends import (
+    NUMPY_AND_GPU,
+    compiled_kernels,  # noqa: F401 - autouse: GPU tests find every kernel loaded
+    to_device,
+    to_host,
+)
+from helpers import ISSUE_SHAPES, NP_INPUT, activations, force_path, launch_choice
 
 import fp8_group_quant as fgq
 from fp8_group_quant import reference
 from fp8_group_quant._layout import Geometry
 
-# the issue's shapes: one row, odd rows, K that is and is not a multiple of 4 groups, TMA padding
-SHAPES = [
-    (1, 7168), (3, 7168), (4, 640), (4, 768), (4, 384), (1, 384), (3, 640), (64, 7168),
-    (127, 7168), (253, 640),
-]  # fmt: skip
 
-
-@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("shape", ISSUE_SHAPES)  # helpers.ISSUE_SHAPES says why
 def test_packed_layout_and_padding(shape):
     m, k = shape
     ng, kp, tma = k // 128, -(-k // 512), -(-m // 4) * 4
@@ -58,6 +59,7 @@ LAYOUT_STRIDES = {  # (M=3, K=640, G=128): ng = 5, kp = 2, tma = 4
 }
 
 
+# every layout in LAYOUT_STRIDES' table
 @pytest.mark.parametrize("layout", list(LAYOUT_STRIDES))
 def test_layout_shapes_strides_and_storage(layout):
     shape, strides, storage = LAYOUT_STRIDES[layout]
@@ -72,6 +74,7 @@ def test_layout_shapes_strides_and_storage(layout):
     assert tuple(st // 4 for st in s.strides) == strides
 
 
+# every layout of plain input but blocked (test_blocked.py has it)
 @pytest.mark.parametrize("layout", ["row", "col", "col_tma", "packed", "packed_row"])
 def test_batched_input_has_per_batch_padding(layout):
     # [B, M, K] with M = 3: each batch has its own tma = 4 rows, as grouped GEMMs read them
@@ -120,6 +123,7 @@ def test_strided_rows_equal_contiguous_rows():
     np.testing.assert_array_equal(s1, s2)
 
 
+# every layout of plain input but blocked (test_blocked.py has it)
 @pytest.mark.parametrize("layout", ["row", "col", "col_tma", "packed", "packed_row"])
 def test_dequantize_and_unpack_round_trip(layout):
     scale = "ue8m0" if layout.startswith("packed") else "float32"
@@ -133,6 +137,57 @@ def test_dequantize_and_unpack_round_trip(layout):
     error = np.abs(xr - x) / np.maximum(np.abs(x).reshape(9, 8, 128).max(-1).repeat(128, -1), 1e-30)
     assert error.max() <= 2.0**-3  # e4m3 keeps 3 mantissa bits: half-ulp is 1/16, relative to amax
     assert np.median(np.abs(xr - x) / np.abs(x)) < 0.05
+
+
+@pytest.mark.parametrize("backend", NUMPY_AND_GPU)  # the NumPy backend, and the GPU from both
+def test_unpack_scales_decodes_every_exponent_as_ue8m0(backend):
+    # all 256 exponent bytes, in packed words of every width, against 2**(e - 127) (255: NaN)
+    exponents = np.arange(256, dtype=np.uint8)
+    for groups in (256, 255, 253):
+        words = np.zeros(64, np.uint32)
+        words.view(np.uint8)[:groups] = exponents[:groups]
+        words = to_device(words.view(np.int32).reshape(1, 64), backend)
+        got = to_host(fgq.unpack_scales(words, groups))[0]
+        expected = np.ldexp(np.float64(1.0), exponents[:groups].astype(int) - 127)
+        assert got.dtype == np.float32 and np.isnan(got[255:]).all()
+        np.testing.assert_array_equal(got[:255], expected[:255].astype(np.float32))
+    # MN-major strides, as the packed layout has them
+    words = np.arange(12, dtype=np.int32).reshape(3, 4).T  # strides (1, 4) elements
+    got = to_host(fgq.unpack_scales(to_device(np.ascontiguousarray(words.T), backend).T, 10))
+    assert got.shape == (4, 10)
+    np.testing.assert_array_equal(got[:, 0], np.ldexp(1.0, np.arange(4) - 127).astype(np.float32))
+    # all 256 exponent bytes in MN-major packed words (the packed layout's strides), against the
+    # NumPy backend's decoding (ml_dtypes' float8_e8m0fnu)
+    words = np.zeros((3, 64), np.uint32)
+    words.view(np.uint8)[...] = np.arange(256 * 3, dtype=np.uint32).reshape(3, 256) % 256
+    words = words.view(np.int32)
+    device = to_device(np.ascontiguousarray(words.T), backend).T  # strides (1, 3)
+    for groups in (256, 253):
+        host = to_host(fgq.unpack_scales(device, groups))
+        expected = fgq.unpack_scales(words, groups)  # numpy: ml_dtypes' float8_e8m0fnu
+        assert host.shape == (3, groups) and host.dtype == np.float32
+        np.testing.assert_array_equal(host, expected)
+        assert np.isnan(host[:, 255:]).all() and (host[:, :255] > 0).all()
+
+
+@pytest.mark.gpu
+def test_dequantize_and_unpack_on_device_match_host():
+    import cupy
+    import torch
+
+    data = activations(np.random.default_rng(6), (33, 1024), "bfloat16")
+    q_ref, s_ref = fgq.quantize_packed(data)
+    x_ref = fgq.dequantize(q_ref, s_ref)
+    for lib in ("cupy", "torch"):
+        q, s = fgq.quantize_packed(to_device(data, lib))
+        x_back = fgq.dequantize(q, s)
+        host = cupy.asnumpy(x_back) if lib == "cupy" else x_back.cpu().numpy()
+        np.testing.assert_array_equal(host, x_ref)
+        floats = fgq.unpack_scales(s, 8)
+        host = cupy.asnumpy(floats) if lib == "cupy" else floats.cpu().numpy()
+        np.testing.assert_array_equal(host, fgq.unpack_scales(s_ref, 8))
+    view = fgq.as_float8(cupy.asarray(np.asarray(q_ref).view(np.uint8)))
+    assert view.dtype == torch.float8_e4m3fn
 
 
 # the launch grid (kernel-side layout of work) ---------------------------------------------------
@@ -166,6 +221,7 @@ def test_grid_limit_names_k_for_huge_rows():
     assert "rows" in _launch.grid_limits_error(Geometry((2**31, 128), 128, "row", False), 2)
 
 
+# small and odd divisors, powers of two and their neighbours, a Fermat factor, 2**31 - 1
 @pytest.mark.parametrize(
     "d", [1, 2, 3, 7, 21, 56, 100, 127, 128, 129, 641, 6700417, 2**16 + 1, 2**30 + 3, 2**31 - 1]
 )
@@ -193,21 +249,24 @@ def test_the_division_refuses_divisors_it_cannot_serve():
             divisor(d)
 
 
+# the default (0), whole warps up to 256, and what is refused: no warp, too many, negative
 @pytest.mark.parametrize("threads, ok", [(0, True), (64, True), (256, True), (96, True),
                                          (32, True), (48, False), (512, False), (-32, False),
                                          (16, False)])  # fmt: skip
-def test_the_one_pass_block_size_knob_is_checked(monkeypatch, threads, ok):
+def test_the_one_pass_block_size_knob_is_checked(threads, ok):
     from fp8_group_quant import _launch
 
-    monkeypatch.setattr(_launch, "ONE_PASS_THREADS", threads)
-    if ok:
-        assert _launch.one_pass_threads(1000, 8) == (threads or 128)
-    else:
-        with pytest.raises(ValueError, match="FP8_GROUP_QUANT_ONE_PASS_THREADS"):
-            _launch.one_pass_threads(1000, 8)
+    with force_path(one_pass_threads=threads):
+        if ok:
+            assert _launch.one_pass_threads(1000, 8) == (threads or 128)
+        else:
+            with pytest.raises(ValueError, match="FP8_GROUP_QUANT_ONE_PASS_THREADS"):
+                _launch.one_pass_threads(1000, 8)
 
 
+# the default (0) and blocks of one to eight warps
 @pytest.mark.parametrize("threads", [0, 32, 64, 96, 256])
+# 8, 2 and 32 lanes a group
 @pytest.mark.parametrize("group_size, input_dtype", [(128, "bfloat16"), (32, "bfloat16"),
                                                      (256, "float32")])  # fmt: skip
 def test_the_one_pass_block_slots_follow_the_block_launched(
@@ -219,7 +278,6 @@ def test_the_one_pass_block_slots_follow_the_block_launched(
     from fp8_group_quant._arrays import describe
     from fp8_group_quant._request import make_request
 
-    monkeypatch.setattr(_launch, "ONE_PASS_THREADS", threads)
     monkeypatch.setattr(_jit, "get_function", lambda source, expression, device: _FakeFunction)
     monkeypatch.setattr(_jit, "current_device", lambda device: contextlib.nullcontext())
     monkeypatch.setattr(_launch, "resident_blocks", lambda *args: (6, 132))
@@ -229,7 +287,8 @@ def test_the_one_pass_block_slots_follow_the_block_launched(
     )
     x = np.empty((37, 2048), NP_INPUT[input_dtype])
     request = make_request(describe(x, "x"), group_size, "e4m3", "ue8m0", "row", 1e-10, False)
-    _, grid, block, params = _launch.prepare(request, 0)
+    with force_path(one_pass_threads=threads):
+        _, grid, block, params = _launch.prepare(request, 0)
     lanes = request.kernel_key().lanes_per_group
     assert grid[1] == 1 and params.block_slots * lanes == block[0] == (threads or 128)
     assert grid[0] * params.block_slots >= params.slots > (grid[0] - 1) * params.block_slots
@@ -276,8 +335,6 @@ def test_the_launch_picks_its_path_and_grid(
     monkeypatch.setattr(_jit, "get_function", get_function)
     monkeypatch.setattr(_jit, "current_device", lambda device: contextlib.nullcontext())
     monkeypatch.setattr(_launch, "resident_blocks", lambda *args: (per_sm, 132))
-    monkeypatch.setattr(_launch, "WAVES", None)
-    monkeypatch.setattr(_launch, "ONE_PASS_MAX_WAVES", max_waves)
     monkeypatch.setattr(_launch, "pdl_supported", lambda device: False)
     if shape[0] == "reversed":  # a negative row stride
         x = np.empty(shape[1:], ml_dtypes.bfloat16)[::-1]
@@ -292,7 +349,8 @@ def test_the_launch_picks_its_path_and_grid(
     monkeypatch.setattr(  # no driver here: record the launch, do not make it
         _launch, "Launch", lambda handle, grid, block, params, pdl: (handle, grid, block, params)
     )
-    handle, got_grid, block, params = _launch.prepare(request, 0)
+    with force_path(waves=None, one_pass_max_waves=max_waves):
+        handle, got_grid, block, params = _launch.prepare(request, 0)
     assert f"{'true' if one_pass else 'false'}, fgq::kIdentity" in loaded[-1]
     # contiguous rows take the one-pass kernel whose load is linear in the slot
     tile = _launch.tile_rows(layout, request.kernel_key().lanes_per_group)
@@ -329,7 +387,6 @@ def test_the_launch_picks_its_path_and_grid(
     ],
 )  # a device of 132 SMs fitting 10 blocks of either kernel
 def test_large_fused_silu_inputs_take_the_persistent_grid(monkeypatch, shape, layout, persistent):
-    from fp8_group_quant import _launch
 
     launched, grid, block, params = prepare_silu_mul(monkeypatch, shape, layout)
     assert launched.startswith("fgq::quantize_masked<" if persistent else "fgq::quantize_groups<")
@@ -338,7 +395,8 @@ def test_large_fused_silu_inputs_take_the_persistent_grid(monkeypatch, shape, la
         assert grid == (10 * 132, 1, 1) and block == (128, 1, 1)
     else:  # the one-pass blocks copy the SiLU table with every thread past half a wave
         assert grid[0] * block[0] >= params.slots * 8
-        assert params.table_by_threads == (grid[0] > _launch.TABLE_BY_THREADS_WAVES * 10 * 132)
+        table_waves = launch_choice("table_by_threads_waves")
+        assert params.table_by_threads == (grid[0] > table_waves * 10 * 132)
         assert params.table_by_threads == (grid[0] > 660)  # the default, half a wave
 
 
@@ -390,15 +448,14 @@ def test_large_one_pass_silu_grids_take_the_six_block_kernel(
 ):
     # one-pass bfloat16 SiLU grids of more than SILU_SIX_BLOCKS_WAVES resident waves of the
     # five-block kernel (here 2.2 x 1320 = 2904 blocks) take its six-block instantiation
-    from fp8_group_quant import _launch
 
     launched, grid, _, params = prepare_silu_mul(monkeypatch, shape, layout, scale, input_dtype)
     assert launched.endswith(", fgq::kSiluMul, 6>" if six else ", fgq::kSiluMul>")
     assert grid[0] == -(-shape[0] * shape[1] // 128 // 16) or launched.startswith(
         "fgq::quantize_masked<"
     )
-    monkeypatch.setattr(_launch, "SILU_SIX_BLOCKS_WAVES", 0.0)  # the knob: every grid
-    launched, *_ = prepare_silu_mul(monkeypatch, (1, 7168), layout, scale, input_dtype)
+    with force_path(silu_six_blocks_waves=0.0):  # the knob: every grid
+        launched, *_ = prepare_silu_mul(monkeypatch, (1, 7168), layout, scale, input_dtype)
     has = layout != "blocked" and scale == "ue8m0" and input_dtype == "bfloat16"
     assert launched.endswith(", fgq::kSiluMul, 6>" if has else ", fgq::kSiluMul>")
 
@@ -464,12 +521,12 @@ def test_the_one_pass_load_is_linear_in_the_slot_only_for_contiguous_rows():
     (4096, True, 1.0, 264), (4096, False, 0.0, 4096), (100, False, 2.0, 100),  # the knob
     (1, False, None, 1), (0, False, None, 1),  # never an empty grid
 ])  # fmt: skip
-def test_norm_grid_policy(monkeypatch, rows, residual, knob, blocks):
+def test_norm_grid_policy(rows, residual, knob, blocks):
     from fp8_group_quant import _launch
 
-    monkeypatch.setattr(_launch, "NORM_WAVES", knob)
-    assert _launch.norm_blocks(rows, residual, per_sm=2, sms=132) == blocks
-    # one lane a thread with the residual (norm_lanes' window): a wave of walking blocks
-    one_lane = _launch.norm_blocks(rows, residual, per_sm=2, sms=132, lanes=1)
+    with force_path(norm_waves=knob):
+        assert _launch.norm_blocks(rows, residual, per_sm=2, sms=132) == blocks
+        # one lane a thread with the residual (norm_lanes' window): a wave of walking blocks
+        one_lane = _launch.norm_blocks(rows, residual, per_sm=2, sms=132, lanes=1)
     walks = knob is None and residual and rows > 264
     assert one_lane == (264 if walks else blocks)
