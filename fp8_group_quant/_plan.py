@@ -416,12 +416,17 @@ def fused_takes_persistent(
     return one_pass_blocks > tuning.persistent_fused_waves * per_sm * sms
 
 
+def _masked_grid(key: KernelKey, device: int) -> tuple[int, int, int]:
+    """(function handle, resident blocks per SM, SMs) of the persistent kernel ``key``."""
+    return _loaded(key.name_expression, device, MASKED_THREADS)
+
+
 def _prepare_masked(request, key: KernelKey, device: int, tuning: Tuning) -> Launch:
     """The persistent grid: as many blocks as the worst case (every row of every expert)
     needs, at most one resident wave, or fewer for an ``expected_m`` hint. The grid is fixed
     when the plan is made, so a CUDA graph replays it with any counts."""
     geometry = request.output
-    handle, per_sm, sms = _loaded(key.name_expression, device, MASKED_THREADS)
+    handle, per_sm, sms = _masked_grid(key, device)
     rows = tile_rows(geometry.layout, key.lanes_per_group)
     expected = geometry.rows if request.expected_m is None else request.expected_m
     slots = geometry.batches * -(-max(1, expected) // rows) * rows * geometry.groups

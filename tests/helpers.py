@@ -1,6 +1,9 @@
-"""Data and comparison helpers shared by the tests."""
+"""Data and comparison helpers shared by the tests, and ``force_path``: the one place tests force
+the launch layer's choices."""
 
 from __future__ import annotations
+
+import contextlib
 
 import ml_dtypes
 import numpy as np
@@ -8,6 +11,12 @@ import numpy as np
 from fp8_group_quant import reference
 from fp8_group_quant._layout import Geometry
 from fp8_group_quant._spec import output_format
+
+# the issue's shapes: one row, odd rows, K that is and is not a multiple of 4 groups, TMA padding
+ISSUE_SHAPES = [
+    (1, 7168), (3, 7168), (4, 640), (4, 768), (4, 384), (1, 384), (3, 640), (64, 7168),
+    (127, 7168), (253, 640),
+]  # fmt: skip
 
 NP_INPUT = {
     "bfloat16": np.dtype(ml_dtypes.bfloat16),
@@ -109,7 +118,7 @@ def host_poisoned(
     geometry: Geometry, fmt: str, q_poison: int = Q_POISON, s_poison: int = SCALE_POISON
 ):
     """(q view, scale view, q storage bytes, scale storage bytes): numpy views in the layout
-    over poisoned storage, as test_gpu.poisoned_outputs poisons the device's."""
+    over poisoned storage, as backends.poisoned_outputs poisons the device's."""
     q_buf = np.full(geometry.q_storage, q_poison, np.uint8)
     s_buf = np.full(geometry.scale_storage_bytes, s_poison, np.uint8)
     q = np.lib.stride_tricks.as_strided(q_buf, geometry.shape, geometry.q_strides)
@@ -118,6 +127,72 @@ def host_poisoned(
         words, geometry.scale_shape, tuple(words.itemsize * v for v in geometry.scale_strides)
     )
     return q.view(output_format(fmt).numpy_dtype), s, q_buf, s_buf
+
+
+# forcing a kernel path --------------------------------------------------------------------------
+
+# What a test may force, by the name tests use, and the field of the tuning table
+# (fp8_group_quant._tuning.Tuning) that holds it
+LAUNCH_CHOICES = {
+    "one_pass_max_waves": "one_pass_max_waves",  # plain input: the row loop past these waves
+    "one_pass_threads": "one_pass_threads",  # the one-pass kernel's block size (0: its default)
+    "waves": "row_loop_waves",  # the row loop's grid, in resident waves (None: by occupancy)
+    "norm_waves": "norm_waves",  # RMSNorm: walking blocks past these waves (None: the policy)
+    "norm_lanes": "norm_lanes",  # RMSNorm: 32-byte lanes a thread, 1 or 2 (None: the policy)
+    "norm_stash": "norm_stash",  # RMSNorm: walking 16-bit grids may keep the weight in shared
+    "silu_six_blocks_waves": "silu_six_blocks_waves",  # bf16 SiLU: six blocks an SM past these
+    "table_by_threads_waves": "silu_table_waves",  # SiLU table: every thread copies past these
+    "persistent_fused_waves": "persistent_fused_waves",  # plain SiLU: the persistent grid past
+    "pdl": "pdl",  # Programmatic Dependent Launch (FP8_GROUP_QUANT_PDL by default)
+}
+
+
+def launch_choice(name: str):
+    """The tuning table's value of a choice (a key of LAUNCH_CHOICES) in force: for tests that
+    predict what the policy picks."""
+    from fp8_group_quant import _tuning
+
+    return getattr(_tuning.active()[1], LAUNCH_CHOICES[name])
+
+
+# the plain path's two kernels, forced: an unbounded wave limit sends every call through the
+# one-pass kernel, a zero one through the row loop
+PLAIN_PATHS = {"one pass": {"one_pass_max_waves": 2**62}, "row loop": {"one_pass_max_waves": 0}}
+
+
+@contextlib.contextmanager
+def force_path(*, fresh_plans: bool | None = None, masked_blocks_per_sm: int | None = None,
+               **choices):  # fmt: skip
+    """Inside the block the planner makes the ``choices`` given (keys of LAUNCH_CHOICES; None,
+    for the choices that take it, is the library's own policy), and with
+    ``masked_blocks_per_sm`` the masked layout's persistent grid holds that many blocks an SM.
+    A block that forces anything, or asks for ``fresh_plans``, gets plans of its own (the
+    tuning table's override keys them); everything is restored on exit."""
+    from fp8_group_quant import _plan, _tuning
+
+    unknown = sorted(set(choices) - set(LAUNCH_CHOICES))
+    if unknown:
+        raise TypeError(f"force_path: unknown choices {unknown}; known: {sorted(LAUNCH_CHOICES)}")
+    changes = {LAUNCH_CHOICES[name]: value for name, value in choices.items()}
+    if changes.get("one_pass_threads", 128) in (0, None):  # 0: the table's default
+        changes.pop("one_pass_threads")
+    if fresh_plans is None:
+        fresh_plans = bool(choices) or masked_blocks_per_sm is not None
+    saved_grid = _plan._masked_grid
+    with contextlib.ExitStack() as stack:
+        if fresh_plans or changes:
+            stack.enter_context(_tuning.override(**changes))
+        if masked_blocks_per_sm is not None:
+
+            def masked_grid(key, device):
+                handle, _, sms = saved_grid(key, device)
+                return handle, masked_blocks_per_sm, sms
+
+            _plan._masked_grid = masked_grid
+        try:
+            yield
+        finally:
+            _plan._masked_grid = saved_grid
 
 
 def make_request(info, group_size, dtype, scale, layout, eps, pad_rows, activation=None,

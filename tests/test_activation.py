@@ -1,5 +1,6 @@
-"""The fused SiLU-and-multiply input on the CPU: its definition's accuracy, the kernel's copy of
-its constants, the NumPy path and its argument checks."""
+"""The fused SiLU-and-multiply input: its definition's accuracy, the kernel's copy of its
+constants and tables, the NumPy path, the kernel's paths on the GPU against the NumPy backend
+bit for bit, and the argument checks on both."""
 
 import math
 import re
@@ -8,10 +9,29 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import pytest
-from helpers import activations
+from backends import (
+    COMBINATIONS,
+    NUMPY_AND_GPU,
+    compiled_kernels,  # noqa: F401 - autouse: GPU tests find every kernel loaded
+    e4m3_dtype,
+    poisoned_outputs,
+    to_device,
+    to_host_bytes,
+    wider_rows,
+)
+from helpers import (
+    NP_INPUT,
+    activations,
+    assert_same_bytes,
+    force_path,
+    launch_choice,
+    reference_storage,
+)
 
 import fp8_group_quant as fgq
-from fp8_group_quant import activation
+from fp8_group_quant import _abi, _jit, _launch, _plan, _tuning, activation
+from fp8_group_quant._layout import Geometry
+from fp8_group_quant._spec import INPUT_TYPES
 
 KERNELS = Path(__file__).resolve().parents[1] / "kernels"
 
@@ -144,6 +164,7 @@ def test_exp_is_within_0_53_ulp():
     assert (np.abs(got - exact) / ulp).max() < 0.53
 
 
+# both 16-bit types: every one of their values is a gate
 @pytest.mark.parametrize("dtype", [ml_dtypes.bfloat16, np.float16])
 def test_silu_is_within_2_ulp_for_every_16_bit_input(dtype):
     g = np.arange(65536, dtype=np.uint16).view(dtype).astype(np.float32)
@@ -192,6 +213,7 @@ def test_silu_mul_rounds_twice_in_the_input_dtype():
     assert (got[finite] != exact.astype(np.float32)[finite]).mean() < 0.002
 
 
+# every input type
 @pytest.mark.parametrize("input_dtype", ["bfloat16", "float16", "float32"])
 def test_the_numpy_path_quantizes_the_fused_values(input_dtype):
     rng = np.random.default_rng(2)
@@ -216,31 +238,39 @@ def test_torch_cpu_tensors_take_the_fused_path():
     assert np.array_equal(s.numpy(), s_ref)
 
 
+@pytest.mark.parametrize("backend", NUMPY_AND_GPU)  # the NumPy backend, and the GPU from both
 @pytest.mark.parametrize(
     "shape, kwargs, message",
     [
         ((4, 384), {}, r"x: activation='silu_mul' reads gate and up halves .* 256"),
         ((4, 255), {}, "x: activation='silu_mul' reads gate and up halves"),
+        ((4, 512), {"view": 384}, "x: activation='silu_mul' reads gate and up halves"),
         ((4, 512), {"activation": "gelu"}, "activation: expected None or one of 'silu_mul'"),
         ((4, 512), {"activation": 1}, "activation: expected None or one of 'silu_mul'"),
     ],
-)
-def test_bad_fused_input_is_named(shape, kwargs, message):
-    x = activations(np.random.default_rng(4), shape, "bfloat16")
-    out = np.full((shape[0], shape[1] // 2), 0x55, np.uint8).view(ml_dtypes.float8_e4m3fn)
-    before = out.view(np.uint8).copy()
+)  # halves that are no whole groups (contiguous, odd, a view of wider rows); unknown names
+def test_bad_fused_input_is_named(shape, kwargs, message, backend):
+    x = to_device(activations(np.random.default_rng(4), shape, "bfloat16"), backend)
+    kwargs = dict(kwargs)
+    if "view" in kwargs:  # the first columns of wider rows: 384 = 2 * 192
+        x = x[:, : kwargs.pop("view")]
+    out = to_device(np.full((x.shape[0], x.shape[1] // 2), 0x55, np.uint8), backend)
+    out = out.view(e4m3_dtype(backend))
+    before = to_host_bytes(out).copy()
     with pytest.raises(ValueError, match=message):
         fgq.quantize(x, 128, out=out, **{"activation": "silu_mul", **kwargs})
-    assert np.array_equal(out.view(np.uint8), before)  # nothing written
+    assert np.array_equal(to_host_bytes(out), before)  # nothing written
 
 
-def test_an_output_of_the_full_width_is_refused():
-    x = activations(np.random.default_rng(5), (4, 512), "bfloat16")
-    out = np.empty((4, 512), ml_dtypes.float8_e4m3fn)
+@pytest.mark.parametrize("backend", NUMPY_AND_GPU)  # the NumPy backend, and the GPU from both
+def test_an_output_of_the_full_width_is_refused(backend):
+    x = to_device(activations(np.random.default_rng(5), (4, 512), "bfloat16"), backend)
+    out = to_device(np.zeros((4, 512), np.uint8), backend).view(e4m3_dtype(backend))
     with pytest.raises(ValueError, match="out"):
         fgq.quantize(x, 128, out=out, activation="silu_mul")
-    q, s = fgq.quantize(np.empty((0, 512), ml_dtypes.bfloat16), 128, activation="silu_mul")
-    assert q.shape == (0, 256) and s.shape == (0, 2)
+    empty = to_device(np.empty((0, 512), ml_dtypes.bfloat16), backend)
+    q, s = fgq.quantize(empty, 128, activation="silu_mul")
+    assert tuple(q.shape) == (0, 256) and tuple(s.shape) == (0, 2)
 
 
 def test_the_vectorised_silu_follows_the_spec_text():
@@ -260,3 +290,348 @@ def test_the_vectorised_silu_follows_the_spec_text():
             assert math.isnan(value), g
         else:
             assert np.float32(value).view(np.uint32) == np.float32(expected).view(np.uint32), g
+
+
+# the fused kernel on the GPU against the NumPy backend --------------------------------------------
+
+
+def check_silu_mul(x_host, x_device, lib, group_size, dtype, scale, layout, pad_rows=False):
+    """The fused kernel into poisoned outputs against the NumPy backend's fused path, every
+    storage byte; and against quantizing the NumPy SiLU-and-multiply values on their own."""
+    from fp8_group_quant.activation import silu_mul
+
+    n = x_host.shape[-1] // 2
+    geometry = Geometry((*x_host.shape[:-1], n), group_size, layout, pad_rows)
+    q, s, q_buf, s_buf = poisoned_outputs(geometry, lib, dtype)
+    options = dict(dtype=dtype, scale=scale, layout=layout, pad_rows=pad_rows)
+    q_got, s_got = fgq.quantize(
+        x_device, group_size, **options, out=q, scale_out=s, activation="silu_mul"
+    )
+    assert q_got is q and s_got is s
+    values = silu_mul(x_host[..., :n], x_host[..., n:], x_host.dtype.name)
+    q_ref, s_ref = reference_storage(values, geometry, dtype, scale, 1e-10)
+    what = f"silu_mul {lib} {x_host.dtype} G={group_size} {dtype} {scale} {layout} {x_host.shape}"
+    assert_same_bytes(to_host_bytes(q_buf), q_ref, f"q ({what})", inputs=values)
+    assert_same_bytes(to_host_bytes(s_buf), s_ref, f"scales ({what})")
+    q_host, s_host = fgq.quantize(x_host, group_size, **options, activation="silu_mul")
+    q2, s2 = fgq.quantize(x_device, group_size, **options, activation="silu_mul")
+    assert tuple(q2.shape) == geometry.shape == q_host.shape
+    assert_same_bytes(to_host_bytes(q2), np.ascontiguousarray(q_host).view(np.uint8).ravel(),
+                      f"q, allocated ({what})")  # fmt: skip
+    assert_same_bytes(to_host_bytes(s2), to_host_bytes(s), f"scales, allocated ({what})")
+
+
+def gates_and_ups(rng, shape, input_dtype):
+    """[..., 2N] input whose gates cover every regime of the defined SiLU (|g| up to 120,
+    tiny, NaN, +-Inf, +-0) and whose ups carry outliers, NaN and Inf."""
+    gate = activations(rng, shape, input_dtype, specials=True).astype(np.float32)
+    flat = gate.reshape(-1)
+    picks = rng.random(flat.size) < 0.3
+    flat[picks] = rng.uniform(-120.0, 120.0, int(picks.sum())).astype(np.float32)
+    flat[: min(flat.size, 6)] = [np.nan, np.inf, -np.inf, 0.0, -0.0, -64.0][: min(flat.size, 6)]
+    up = activations(rng, shape, input_dtype, specials=True)
+    return np.concatenate([gate.astype(up.dtype), up], axis=-1)
+
+
+@pytest.mark.gpu
+# every input type, group size and registered (format, scale, layout)
+@pytest.mark.parametrize("input_dtype, group_size, dtype, scale, layout", COMBINATIONS)
+def test_silu_mul_every_combination(input_dtype, group_size, dtype, scale, layout):
+    index = COMBINATIONS.index((input_dtype, group_size, dtype, scale, layout))
+    lib = ("torch", "cupy")[index % 2]
+    rng = np.random.default_rng(1000 + index)
+    check_silu_mul_shapes(rng, input_dtype, lib, group_size, dtype, scale, layout)
+
+
+def check_silu_mul_shapes(rng, input_dtype, lib, group_size, dtype, scale, layout):
+    """check_silu_mul on a few rows of an odd group count, batched rows with padded q rows,
+    and one token of N = 7168 inside a wider buffer."""
+    args = (lib, group_size, dtype, scale, layout)
+    x = gates_and_ups(rng, (5, 3 * group_size), input_dtype)  # odd group count, 5 rows
+    check_silu_mul(x, to_device(x, lib), *args)
+    x = gates_and_ups(rng, (2, 3, 7168 // 2), input_dtype)  # batched, padded q rows
+    check_silu_mul(x, to_device(x, lib), *args, pad_rows=True)
+    x = gates_and_ups(rng, (1, 7168), input_dtype)  # one token, N = 7168
+    check_silu_mul(x, wider_rows(x, 128, lib, 64), *args)  # rows inside a wider buffer
+
+
+SIX_BLOCK_COMBINATIONS = [c for c in COMBINATIONS if c[0] == "bfloat16" and c[3] == "ue8m0"]
+
+
+@pytest.mark.gpu
+# bfloat16 with UE8M0 scales: the combinations with a six-block kernel, and blocked (none)
+@pytest.mark.parametrize("input_dtype, group_size, dtype, scale, layout", SIX_BLOCK_COMBINATIONS)
+def test_silu_mul_on_six_blocks(input_dtype, group_size, dtype, scale, layout):
+    # the one-pass bfloat16 kernels' six-block instantiation (40 registers), which large grids
+    # take (the tuning table's silu_six_blocks_waves): forced here at every size; the blocked
+    # layout has none (it spills at 40 registers) and keeps the five-block kernel
+    index = SIX_BLOCK_COMBINATIONS.index((input_dtype, group_size, dtype, scale, layout))
+    lib = ("torch", "cupy")[index % 2]
+    rng = np.random.default_rng(5000 + index)
+    with force_path(silu_six_blocks_waves=0.0):
+        check_silu_mul_shapes(rng, input_dtype, lib, group_size, dtype, scale, layout)
+        x = gates_and_ups(rng, (300, 2 * 1024), input_dtype)  # many blocks
+        check_silu_mul(x, to_device(x, lib), lib, group_size, dtype, scale, layout)
+        launch = silu_mul_launch(to_device(x, "cupy"), group_size, dtype, scale, layout)
+    six = layout != "blocked"
+    assert launch.handle == silu_kernel(group_size, dtype, scale, layout, six)
+
+
+def silu_kernel(group_size, dtype, scale, layout, six: bool) -> int:
+    """The handle of the one-pass bfloat16 SiLU instantiation with six blocks an SM or five."""
+    from fp8_group_quant._layout import SCALE_LAYOUTS
+
+    key = _plan.KernelKey("bfloat16", group_size, dtype, scale,
+                            SCALE_LAYOUTS[layout].kernel_trait, True, True, "silu_mul",
+                            blocks_per_sm=_plan.SILU_SIX_BLOCKS if six else 0)  # fmt: skip
+    function = _jit.get_function(_plan.SOURCE, key.name_expression, cupy_device())
+    return function.kernel.ptr
+
+
+def cupy_device() -> int:
+    import cupy
+
+    return cupy.cuda.Device().id
+
+
+@pytest.mark.gpu
+# every third combination: each (format, scale, layout) still meets some type and group size
+@pytest.mark.parametrize("input_dtype, group_size, dtype, scale, layout", COMBINATIONS[::3])
+def test_silu_mul_on_the_persistent_grid(
+    monkeypatch, input_dtype, group_size, dtype, scale, layout
+):
+    # large plain SiLU-and-multiply inputs without padding rows take the masked layout's
+    # persistent kernel with every row real (fused_takes_persistent): forced here at any size,
+    # batched, inside wider rows, and a padded input that must keep the one-pass grid
+    index = COMBINATIONS.index((input_dtype, group_size, dtype, scale, layout))
+    lib = ("torch", "cupy")[index % 2]
+    rng = np.random.default_rng(3000 + index)
+    persistent = []
+    prepare_masked = _plan._prepare_masked
+
+    def recorded(request, key, device, tuning):  # which launches took the persistent grid
+        persistent.append(request.masked is None and key.masked)
+        return prepare_masked(request, key, device, tuning)
+
+    monkeypatch.setattr(_plan, "_prepare_masked", recorded)
+    args = (lib, group_size, dtype, scale, layout)
+    with force_path(persistent_fused_waves=0.0):
+        x = gates_and_ups(rng, (3, 128, 5 * group_size), input_dtype)  # no padding rows
+        check_silu_mul(x, to_device(x, lib), *args)
+        x = gates_and_ups(rng, (256, 2 * group_size), input_dtype)
+        check_silu_mul(x, wider_rows(x, 128, lib, 64), *args)  # rows inside a wider buffer
+        assert persistent and all(persistent)
+        persistent.clear()
+        x = gates_and_ups(rng, (129, 2 * group_size), input_dtype)
+        check_silu_mul(x, to_device(x, lib), *args)
+    padded = Geometry((129, 2 * group_size), group_size, layout, False).grid_rows > 129
+    assert (not persistent) if padded else all(persistent) and persistent  # padding: one pass
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [152, 292, 420, 556])  # whole TMA boxes: no padding rows
+def test_silu_mul_persistent_grid_walks_several_steps(monkeypatch, rows):
+    # one block an SM: the persistent grid's blocks walk the slots of one batch (the kernel's
+    # single-expert path) in 2-5 steps, the last one partly past the end
+    import cupy
+
+    masked_grid, walked = _plan._masked_grid, []
+
+    def recorded(key, device):  # which grids the launches sized
+        walked.append(key.masked)
+        return masked_grid(key, device)
+
+    monkeypatch.setattr(_plan, "_masked_grid", recorded)
+    sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
+    slots_a_step = sms * _abi.MASKED_THREADS // 8  # 8 lanes a group
+    assert 2 <= -(-rows * 16 // slots_a_step) <= 6  # 16 groups a row
+    x = gates_and_ups(np.random.default_rng(rows), (rows, 2 * 2048), "bfloat16")
+    with force_path(persistent_fused_waves=0.0, masked_blocks_per_sm=1):
+        for lib, scale, layout in (("cupy", "ue8m0", "packed"), ("torch", "float32", "row")):
+            check_silu_mul(x, to_device(x, lib), lib, 128, "e4m3", scale, layout)
+    assert walked and all(walked)
+
+
+@pytest.mark.gpu
+# both 16-bit types; bfloat16's band table copied both ways, at five and six blocks an SM
+@pytest.mark.parametrize(
+    "input_dtype, table_copy, blocks",
+    [("bfloat16", "bulk", 5), ("bfloat16", "threads", 5), ("bfloat16", "bulk", 6),
+     ("bfloat16", "threads", 6), ("float16", "bulk", 5), ("float16", "threads", 5)],
+)  # fmt: skip
+def test_silu_mul_every_16_bit_gate(input_dtype, table_copy, blocks):
+    # every 16-bit pattern as a gate (both signs of NaN, Inf, subnormals), against random ups;
+    # the bfloat16 one-pass blocks' band table copied both ways (Params.table_by_threads), by
+    # the kernel at five blocks an SM and at six (the tuning table's silu_six_blocks_waves)
+    rng = np.random.default_rng(5)
+    gate = np.arange(65536, dtype=np.uint16).view(NP_INPUT[input_dtype]).reshape(256, 256)
+    up = activations(rng, (256, 256), input_dtype)
+    x = np.concatenate([gate, up], axis=-1)
+    table_waves = 0.0 if table_copy == "threads" else math.inf
+    six_waves = 0.0 if blocks == 6 else math.inf
+    with force_path(table_by_threads_waves=table_waves, silu_six_blocks_waves=six_waves):
+        for scale, layout in (("float32", "row"), ("ue8m0", "packed")):
+            check_silu_mul(x, to_device(x, "cupy"), "cupy", 128, "e4m3", scale, layout)
+        launch = silu_mul_launch(to_device(x, "cupy"))
+    assert launch.params.table_by_threads == (table_copy == "threads")
+    if input_dtype == "bfloat16":
+        six = blocks == 6
+        assert launch.handle == silu_kernel(128, "e4m3", "ue8m0", "packed", six)
+
+
+POISON_SHARED = r"""
+extern "C" __global__ void poison_shared(unsigned int word) {
+  extern __shared__ unsigned int shared[];
+  for (int i = threadIdx.x; i < 12288; i += blockDim.x) shared[i] = word;
+}
+"""
+
+
+def poison_shared_memory(word: int = 0x7FC00001) -> None:
+    """Fill 48 KB of shared memory on every SM with ``word`` (a NaN), so a kernel that reads
+    shared memory it never wrote reads that instead of a previous block's values."""
+    import cupy
+
+    kernel = cupy.RawKernel(POISON_SHARED, "poison_shared")
+    sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
+    kernel((sms * 8,), (256,), (np.uint32(word),), shared_mem=48 * 1024)
+    cupy.cuda.runtime.deviceSynchronize()
+
+
+@pytest.mark.gpu
+# blocks of one, two and three warps: fewer threads than a table has entries
+@pytest.mark.parametrize("threads", [32, 64, 96])
+# every input type: the exponential table (float16, float32) and the band table (bfloat16)
+@pytest.mark.parametrize("input_dtype", ["float16", "float32", "bfloat16"])
+def test_silu_mul_in_blocks_of_few_threads(input_dtype, threads):
+    # FP8_GROUP_QUANT_ONE_PASS_THREADS may ask for blocks of 32 threads: the float16 and
+    # float32 SiLU's exponential table (64 entries in shared memory) and bfloat16's band table
+    # must still be filled whole; shared memory is poisoned first, so an entry left unwritten
+    # reads a NaN rather than a previous block's copy
+    rng = np.random.default_rng(threads)
+    x = gates_and_ups(rng, (96, 2 * 1024), input_dtype)
+    # bfloat16's band table both ways: this small grid takes the bulk copy, and with
+    # TABLE_BY_THREADS_WAVES at 0 every thread's cp.async (as test_shared_tables_are_filled_...);
+    # the float16 and float32 exponential table is filled one way
+    for by_threads in (False, True) if input_dtype == "bfloat16" else (False,):
+        table_waves = 0.0 if by_threads else 1e9
+        with force_path(one_pass_threads=threads, table_by_threads_waves=table_waves):
+            for scale, layout in (("ue8m0", "packed"), ("float32", "row")):
+                poison_shared_memory()
+                check_silu_mul(x, to_device(x, "cupy"), "cupy", 128, "e4m3", scale, layout)
+            launch = silu_mul_launch(to_device(x, "cupy"))
+        assert launch.block == (threads, 1, 1)
+        assert launch.params.table_by_threads == by_threads
+
+
+TABLE_PROBE = r"""
+// each block poisons its table, fills it as the kernels do, and writes it out
+extern "C" __global__ void exp_table_probe(unsigned int* out, unsigned int poison) {
+  __shared__ fgq::ExpTable table;
+  unsigned int* words = reinterpret_cast<unsigned int*>(table.entries);
+  for (int i = threadIdx.x; i < 128; i += blockDim.x) words[i] = poison;
+  __syncthreads();
+  table.fill();
+  for (int i = threadIdx.x; i < 128; i += blockDim.x) out[blockIdx.x * 128 + i] = words[i];
+}
+extern "C" __global__ void band_table_probe(unsigned int* out, unsigned int poison, int how) {
+  __shared__ fgq::SiluBandTable table;
+  unsigned int* words = reinterpret_cast<unsigned int*>(table.vectors);
+  for (int i = threadIdx.x; i < fgq::kSiluBandWords; i += blockDim.x) words[i] = poison;
+  __syncthreads();
+  if (how == 2) {
+    table.fill();  // the walking grids' copy
+  } else {
+    table.start(how == 1);  // each thread's cp.async, else one bulk copy
+    table.wait(how == 1);
+  }
+  for (int i = threadIdx.x; i < fgq::kSiluBandWords; i += blockDim.x) {
+    out[blockIdx.x * fgq::kSiluBandWords + i] = words[i];
+  }
+}
+"""
+
+
+@pytest.mark.gpu
+# blocks of one to eight warps, odd counts of warps included
+@pytest.mark.parametrize("threads", [32, 64, 96, 128, 256])
+def test_shared_tables_are_filled_by_blocks_of_any_size(threads):
+    # the SiLU's shared-memory tables as a block of `threads` threads fills them: the float16 /
+    # float32 exponential table (ExpTable::fill) and the bfloat16 band table by its bulk copy
+    # and by every thread's cp.async (SiluBandTable::start / wait, every replica) and by the
+    # walking grids' fill(), over poisoned words; deterministic, unlike a quantize call on
+    # stale shared memory
+    import cupy
+
+    from fp8_group_quant import activation
+
+    module = cupy.RawModule(code=_jit.source_text("activation.cuh") + TABLE_PROBE,
+                            options=_jit.nvrtc_options())  # fmt: skip
+    poison = np.uint32(0x7FC00001)
+    blocks = 2 * 8  # every replica of the band table twice
+    out = cupy.zeros(blocks * 128, cupy.uint32)
+    module.get_function("exp_table_probe")((blocks,), (threads,), (out, poison))
+    expected = np.frombuffer(activation.EXP_TABLE.astype(np.float32).tobytes(), np.uint32)
+    np.testing.assert_array_equal(out.get().reshape(blocks, 128), np.tile(expected, (blocks, 1)))
+    band = np.frombuffer(activation.silu_band_entries().tobytes(), np.uint32)
+    for how, name in enumerate(("one bulk copy", "every thread's cp.async", "fill()")):
+        out = cupy.zeros(blocks * band.size, cupy.uint32)
+        probe = module.get_function("band_table_probe")
+        probe((blocks,), (threads,), (out, poison, np.int32(how)))
+        np.testing.assert_array_equal(out.get().reshape(blocks, -1), np.tile(band, (blocks, 1)),
+                                      err_msg=name)  # fmt: skip
+
+
+def silu_mul_launch(x, group_size=128, dtype="e4m3", scale="ue8m0", layout="packed"):
+    """The launch layer's plan for a plain SiLU-and-multiply call on ``x``."""
+    from helpers import make_request
+
+    from fp8_group_quant._arrays import describe
+
+    request = make_request(describe(x, "x"), group_size, dtype, scale, layout, 1e-10, False,
+                           activation="silu_mul")  # fmt: skip
+    (launch,) = _plan.prepare(request, x.device.id, _tuning.active()[1])
+    return launch
+
+
+@pytest.mark.gpu
+# four blocks to five waves: both table copies, five and six blocks an SM
+@pytest.mark.parametrize("rows", [1, 64, 256, 1024, 2048])
+def test_silu_mul_table_copy_follows_the_grid(rows):
+    # the launch layer's choice: one bulk copy a block in one-pass grids of at most half a
+    # resident wave, every thread's cp.async past it (the tuning table's silu_table_waves)
+    import cupy
+
+    launch = silu_mul_launch(cupy.zeros((rows, 2 * 7168), cupy.dtype("bfloat16")))
+    device = cupy.cuda.Device().id
+    per_sm, sms = _launch.resident_blocks(launch.handle, "silu", launch.block[0], device)
+    wave, blocks = per_sm * sms, launch.grid[0]
+    assert blocks == -(-rows * 7168 // 128 // 16)  # the one-pass grid: 16 groups a block
+    table_waves = launch_choice("table_by_threads_waves")
+    assert launch.params.table_by_threads == (blocks > table_waves * wave)
+    if rows in (1, 2048):  # a block or two an SM; several waves
+        assert launch.params.table_by_threads == (rows == 2048)
+    # and past SILU_SIX_BLOCKS_WAVES resident waves of the five-block kernel, the six-block one
+    six = blocks > launch_choice("silu_six_blocks_waves") * wave
+    assert launch.handle == silu_kernel(128, "e4m3", "ue8m0", "packed", six)
+    if rows in (256, 2048):  # a fifth of a wave; five waves (ten blocks an SM, 132 SMs)
+        assert six == (rows == 2048)
+
+
+@pytest.mark.gpu
+def test_silu_mul_float32_bit_patterns():
+    rng = np.random.default_rng(6)
+    bits = rng.integers(0, 2**32, (512, 1024), dtype=np.uint64).astype(np.uint32)
+    x = bits.view(np.float32)
+    check_silu_mul(x, to_device(x, "torch"), "torch", 64, "e5m2", "float32", "col_tma")
+
+
+@pytest.mark.gpu
+def test_silu_mul_refuses_what_it_cannot_read():
+    # the fused kernel's 16-byte loads; the rest of what it refuses is named on every backend
+    # (test_bad_fused_input_is_named, test_an_output_of_the_full_width_is_refused)
+    import cupy
+
+    wide = cupy.zeros((4, 520), INPUT_TYPES["bfloat16"].numpy_dtype)
+    with pytest.raises(ValueError, match="x: activation='silu_mul' needs a 16-byte aligned"):
+        fgq.quantize(wide[:, 4:516], 128, activation="silu_mul")

@@ -1,8 +1,15 @@
-"""The blocked scale layout (Blackwell block-scaled MMA): offsets, padding, values, round trip."""
+"""The blocked scale layout (Blackwell block-scaled MMA): offsets, padding, values, round trip,
+on the NumPy backend and the GPU."""
 
 import ml_dtypes
 import numpy as np
 import pytest
+from backends import (
+    check,
+    compiled_kernels,  # noqa: F401 - autouse: GPU tests find every kernel loaded
+    plain_kernel_path,  # noqa: F401 - the fixture kernel_path
+    to_device,
+)
 from helpers import activations
 
 import fp8_group_quant as fgq
@@ -13,6 +20,7 @@ BLOCKED = SCALE_LAYOUTS["blocked"]
 SHAPES = [(1, 1), (5, 3), (127, 4), (128, 4), (129, 5), (300, 56), (256, 224)]  # (rows, groups)
 
 
+# inside one 128x4 tile, a tile exactly, one past it, many tiles
 @pytest.mark.parametrize("rows, groups", SHAPES)
 def test_offsets_follow_the_spec_formula(rows, groups):
     geometry = Geometry((rows, groups * 32), 32, BLOCKED, False)
@@ -26,6 +34,7 @@ def test_offsets_follow_the_spec_formula(rows, groups):
     assert len(set(offsets.ravel().tolist())) == rows * groups and offsets.max() < storage
 
 
+# inside one 128x4 tile, a tile exactly, one past it, many tiles
 @pytest.mark.parametrize("rows, groups", SHAPES)
 def test_offsets_match_torchs_blocked_helper(rows, groups):
     torch = pytest.importorskip("torch")
@@ -42,7 +51,9 @@ def test_offsets_match_torchs_blocked_helper(rows, groups):
     assert not swizzled[padding].any()  # torch's padding is zero, like ours
 
 
+# partial tiles, batches, four dimensions, one whole tile
 @pytest.mark.parametrize("shape", [(5, 96), (2, 130, 7 * 32), (2, 3, 4, 256), (128, 128)])
+# both UE8M0 exponent rules
 @pytest.mark.parametrize("rule", ["rceil", "floor"])
 def test_blocked_holds_the_row_layouts_exponents_and_zero_padding(shape, rule):
     rng = np.random.default_rng(len(shape) + shape[-1])
@@ -91,3 +102,38 @@ def test_blocked_needs_ue8m0_scales():
             fgq.quantize(x, 32, dtype=dtype, scale="ue8m0", layout="blocked")
     with pytest.raises(ValueError, match="scale_out: expected shape"):
         fgq.quantize(x, 32, scale="ue8m0", layout="blocked", scale_out=np.zeros((4, 4), np.uint8))
+
+
+# the GPU against the NumPy backend ----------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rule", ["rceil", "floor"])  # both UE8M0 exponent rules
+def test_blocked_scales_across_tiles_batches_and_padding(rule, kernel_path):
+    # rows past one 128-row tile, a partial last tile, group columns past one 4-group tile with
+    # padding columns, batches that each own their padded tiles, one token (127 padding rows)
+    rng = np.random.default_rng(25)
+    shapes = [((129, 5 * 32), 32), ((300, 56 * 32), 32), ((2, 130, 7 * 32), 32),
+              ((1, 7168), 32), ((3, 2, 257, 2048), 64), ((256, 1024), 128)]  # fmt: skip
+    for i, (shape, group_size) in enumerate(shapes):
+        for input_dtype in ("bfloat16", "float32"):
+            x = activations(rng, shape, input_dtype, specials=True)
+            lib = ("cupy", "torch")[i % 2]
+            for dtype in ("e4m3", "e5m2"):
+                check(x, to_device(x, lib), lib, group_size, dtype, "ue8m0", "blocked",
+                      pad_rows=i % 3 == 0, scale_rule=rule)  # fmt: skip
+
+
+@pytest.mark.gpu
+def test_blocked_scale_out_must_be_16_byte_aligned():
+    import cupy
+
+    x = cupy.asarray(activations(np.random.default_rng(26), (5, 128), "bfloat16"))
+    storage = cupy.zeros(128 * 4 + 16, cupy.uint8)
+    misaligned = storage[4 : 4 + 128 * 4].reshape(128, 4)
+    with pytest.raises(ValueError, match="scale_out: expected a 16-byte aligned pointer"):
+        fgq.quantize(x, 32, scale="ue8m0", layout="blocked", scale_out=misaligned)
+    aligned = storage[16:].reshape(128, 4)
+    q, s = fgq.quantize(x, 32, scale="ue8m0", layout="blocked", scale_out=aligned)
+    _, want = fgq.quantize(cupy.asnumpy(x), 32, scale="ue8m0", layout="blocked")
+    assert s is aligned and np.array_equal(cupy.asnumpy(s), want)

@@ -1,8 +1,18 @@
-"""Bad input raises a clear exception naming the argument, and writes nothing (SPEC 6)."""
+"""Bad input raises a clear exception naming the argument, and writes nothing (SPEC 6), on the
+NumPy backend and the GPU."""
 
 import ml_dtypes
 import numpy as np
 import pytest
+from backends import (
+    allocation_of_exactly,
+    array_module,
+    backends,
+    compiled_kernels,  # noqa: F401 - autouse: GPU tests find every kernel loaded
+    to_device,
+    to_host,
+    to_host_bytes,
+)
 from helpers import activations
 
 import fp8_group_quant as fgq
@@ -136,67 +146,6 @@ def test_dequantize_checks():
         fgq.unpack_scales(np.zeros((2, 1), np.int32), 5)
 
 
-def test_a_cached_plan_does_not_keep_its_first_input_alive():
-    import gc
-    import weakref
-
-    pytest.importorskip("cupy", reason="plans are built for CuPy and torch arrays")
-    from helpers import make_request
-
-    from fp8_group_quant._arrays import CUPY, ArrayInfo
-    from fp8_group_quant._device import DevicePlan
-    from fp8_group_quant._tuning import Tuning
-
-    class Input:  # stands in for a device array: plans never read it after they are built
-        pass
-
-    first = Input()
-    info = ArrayInfo(CUPY, first, 4096, (0, 256), (256, 1), "bfloat16", 2, 0)  # nothing to launch
-    request = make_request(info, 128, "e4m3", "ue8m0", "packed", 1e-10, False)
-    plan = DevicePlan(info, request, Tuning())
-    alive = weakref.ref(first)
-    del first, info
-    gc.collect()
-    assert alive() is None and plan.x_info.obj is None and plan.device == 0
-
-
-def test_the_plan_cache_is_bounded_and_keeps_its_newest():
-    from fp8_group_quant._device import PlanCache
-
-    cache = PlanCache(3)
-    for i in range(5):
-        cache.put(("key", i), f"plan {i}")
-    assert len(cache) == 3
-    assert cache.get(("key", 0)) is None and cache.get(("key", 4)) == "plan 4"
-    assert cache.get(("key", [1])) is None  # an unhashable option is no key
-    cache.put(("key", [1]), "never stored")
-    assert len(cache) == 3
-
-
-def test_the_plan_cache_is_safe_under_threads():
-    import threading
-
-    from fp8_group_quant._device import PlanCache
-
-    cache = PlanCache(64)
-    errors = []
-
-    def work(start):
-        try:
-            for i in range(2000):
-                cache.put((start, i), i)
-                cache.get((start, i - 1))
-        except Exception as error:  # pragma: no cover - the assertion below reports it
-            errors.append(error)
-
-    threads = [threading.Thread(target=work, args=(t,)) for t in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert not errors and len(cache) == 64
-
-
 # issue 11: the defects an adversarial run found, one regression test each ------------------------
 
 
@@ -232,20 +181,35 @@ def test_empty_outputs_of_the_right_shape_are_accepted(shape, layout, q_shape, s
         fgq.quantize(x, 128, scale=scale, layout=layout, scale_out=np.empty((7,), s_dtype))
 
 
-def test_storage_check_sees_through_as_strided_views():  # item 3
-    x = activations(np.random.default_rng(3), (7, 512), "bfloat16")
-    expected = fgq.quantize(x, 128, layout="col_tma")[1]
-    storage = np.full(8 * 4, np.nan, np.float32)  # tma = 8 rows, 4 groups
-    view = np.lib.stride_tricks.as_strided(storage, (7, 4), (4, 32))
+@pytest.mark.parametrize("backend", backends("numpy", "cupy"))  # the NumPy backend and the GPU
+def test_storage_check_sees_through_as_strided_views(backend):  # items 3 and 4
+    # scale_out is held to the memory under it, through as_strided and slicing: a view whose
+    # allocation holds the layout's padded storage is written in full, one a float short is
+    # refused before anything is written (cupy's pool rounds blocks up to 512 bytes: the short
+    # view is the tail of a block of exactly 512)
+    xp = array_module(backend)
+    x_host = activations(np.random.default_rng(3), (7, 512), "bfloat16")
+    x = to_device(x_host, backend)
+    expected = fgq.quantize(x_host, 128, layout="col_tma")[1]
+    storage = xp.full(8 * 4, np.nan, xp.float32)  # tma = 8 rows, 4 groups
+    view = xp.lib.stride_tricks.as_strided(storage, (7, 4), (4, 32))
     q, s = fgq.quantize(x, 128, layout="col_tma", scale_out=view)
     assert s is view
-    np.testing.assert_array_equal(view, expected)
-    assert (storage.reshape(4, 8)[:, 7] == 0).all()  # the padding row, written as zeros
-    short = np.full(31, np.nan, np.float32)  # one float short of the padded storage
-    view = np.lib.stride_tricks.as_strided(short, (7, 4), (4, 32))
+    np.testing.assert_array_equal(to_host(view), expected)
+    assert (to_host(storage).reshape(4, 8)[:, 7] == 0).all()  # the padding row, written as zeros
+    # a view made by slicing an allocation of the padded storage: written in full
+    room = xp.full(40, np.nan, xp.float32)
+    view = room[:32].reshape(4, 8).T[:7]  # col_tma: 4 groups x tma = 8 rows, 7 real
+    assert fgq.quantize(x, 128, layout="col_tma", scale_out=view)[1] is view
+    np.testing.assert_array_equal(to_host(view), expected)
+    assert (to_host(room)[:32].reshape(4, 8)[:, 7] == 0).all()  # the padding row, zeroed
+    assert np.isnan(to_host(room)[32:]).all()  # nothing past the layout's storage
+    short = allocation_of_exactly(31, np.float32, backend)  # a float short of the storage
+    short.fill(np.nan)
+    view = xp.lib.stride_tricks.as_strided(short, (7, 4), (4, 32))
     with pytest.raises(ValueError, match="scale_out: the layout owns 128 bytes .* holds 124"):
         fgq.quantize(x, 128, layout="col_tma", scale_out=view)
-    assert np.isnan(short).all()
+    assert np.isnan(to_host(short)).all()
 
 
 def test_options_given_as_arrays_are_named(x):  # item 5
@@ -268,36 +232,51 @@ class _CudaArrayInterface:
         }  # fmt: skip
 
 
+# typestrs with no numeric type: void of two and of zero bytes, complex, a dtype's name
 @pytest.mark.parametrize("typestr", ["<V2", "|V0", "<c8", "bfloat16"])
 def test_cuda_array_interface_without_a_numeric_type_is_named(typestr):  # item 5
     with pytest.raises(TypeError, match=r"x: its __cuda_array_interface__ typestr"):
         fgq.quantize(_CudaArrayInterface(typestr))
 
 
-@pytest.mark.parametrize("which", ["out", "scale_out", "both"])
-def test_outputs_overlapping_the_input_or_each_other_are_refused(which):  # item 6
-    memory = np.zeros(4 * 512 * 2 + 4096, np.uint8)
+# q over x's second half or its middle, the scales over x's last row or across its end, the
+# scales inside q (x and each output disjoint from the other)
+OVERLAPS = ["out", "out inside x", "scale_out", "scale_out across x's end", "both"]
+
+
+@pytest.mark.parametrize("backend", backends("numpy", "cupy"))  # the NumPy backend and the GPU
+@pytest.mark.parametrize("which", OVERLAPS)  # OVERLAPS says why
+def test_outputs_overlapping_the_input_or_each_other_are_refused(which, backend):  # item 6
+    xp = array_module(backend)
+    memory = xp.zeros(4 * 512 * 2 + 4096, xp.uint8)
     x = memory[: 4 * 512 * 2].view(BF16).reshape(4, 512)
-    x[...] = activations(np.random.default_rng(6), (4, 512), "bfloat16")
-    before = memory.copy()
-    spare_q = poisoned((4, 512), np.uint8)
-    spare_s = poisoned((1, 4), np.int32).T
+    x[...] = to_device(activations(np.random.default_rng(6), (4, 512), "bfloat16"), backend)
+    before = to_host(memory).copy()
+    spare_q = to_device(poisoned((4, 512), np.uint8), backend)
+    spare_s = to_device(poisoned((1, 4), np.int32), backend).T
     if which == "out":  # q over the second half of x
         out, scale_out, words = memory[2048:4096].reshape(4, 512), spare_s, "out: .* overlaps x"
+    elif which == "out inside x":  # q over the middle of x, the scales allocated
+        out, scale_out, words = memory[1024:3072].reshape(4, 512), None, "out: .* overlaps x"
     elif which == "scale_out":  # scales over x's last row
-        view = memory[4096 - 64 : 4096].view(np.int32)
+        view = memory[4096 - 64 : 4096].view(xp.int32)
         out, scale_out, words = spare_q, view.reshape(1, 16)[:, :4].T, "scale_out: .* overlaps x"
+    elif which == "scale_out across x's end":  # half in x, half past it; q allocated
+        view = memory[4096 - 8 : 4096 + 8].view(xp.int32)
+        out, scale_out, words = None, view.reshape(1, 4).T, "scale_out: .* overlaps x"
     else:  # the scales inside q
         tail = memory[4096:]
         out = tail[:2048].reshape(4, 512)
-        scale_out = tail[1024:1040].view(np.int32).reshape(1, 4).T
+        scale_out = tail[1024:1040].view(xp.int32).reshape(1, 4).T
         words = "scale_out: .* overlaps out"
     with pytest.raises(ValueError, match=words):
         fgq.quantize_packed(x, out=out, scale_out=scale_out)
-    np.testing.assert_array_equal(memory, before)
+    np.testing.assert_array_equal(to_host(memory), before)
+    fgq.quantize_packed(x)  # the plan the refused call made (GPU) still serves a valid call
+    assert (to_host(memory) == before).all()
     # disjoint neighbours are fine: q right after x
     q, _ = fgq.quantize_packed(x, out=memory[4096 : 4096 + 2048].reshape(4, 512))
-    np.testing.assert_array_equal(q.view(np.uint8), fgq.quantize_packed(x)[0].view(np.uint8))
+    np.testing.assert_array_equal(to_host_bytes(q), to_host_bytes(fgq.quantize_packed(x)[0]))
 
 
 # issue 12: dequantize refuses what it would misread ----------------------------------------------
@@ -326,7 +305,9 @@ def test_dequantize_refuses_a_dtype_that_contradicts_the_codes():
     assert not np.array_equal(e5m2, fgq.dequantize(q, s))
 
 
+# no rows, an empty batch, no batches
 @pytest.mark.parametrize("shape", [(0, 256), (2, 0, 256), (0, 3, 128)])
+# packed words and float scales
 @pytest.mark.parametrize("layout, scale", [("packed", "ue8m0"), ("col_tma", "float32")])
 def test_dequantize_and_unpack_take_empty_outputs(shape, layout, scale):
     q, s = fgq.quantize(np.zeros(shape, BF16), 128, scale=scale, layout=layout)
@@ -335,23 +316,7 @@ def test_dequantize_and_unpack_take_empty_outputs(shape, layout, scale):
         assert fgq.unpack_scales(s, shape[-1] // 128).shape == shape[:-1] + (shape[-1] // 128,)
 
 
-def test_unpack_scales_decodes_every_exponent_as_ue8m0():
-    # all 256 exponent bytes, in packed words of every width, against 2**(e - 127) (255: NaN)
-    exponents = np.arange(256, dtype=np.uint8)
-    for groups in (256, 255, 253):
-        words = np.zeros(64, np.uint32)
-        words.view(np.uint8)[:groups] = exponents[:groups]
-        got = fgq.unpack_scales(words.view(np.int32).reshape(1, 64), groups)[0]
-        expected = np.ldexp(np.float64(1.0), exponents[:groups].astype(int) - 127)
-        assert got.dtype == np.float32 and np.isnan(got[255:]).all()
-        np.testing.assert_array_equal(got[:255], expected[:255].astype(np.float32))
-    # MN-major strides, as the packed layout has them
-    words = np.arange(12, dtype=np.int32).reshape(3, 4).T  # strides (1, 4) elements
-    got = fgq.unpack_scales(words, 10)
-    assert got.shape == (4, 10)
-    np.testing.assert_array_equal(got[:, 0], np.ldexp(1.0, np.arange(4) - 127).astype(np.float32))
-
-
+# a batch stride of 2**31 elements, and a negative row stride of that size
 @pytest.mark.parametrize("strides", [(2**31, 1024, 1), (1024, -(2**31), 1)])
 def test_silu_refuses_strides_its_kernel_cannot_index(strides):
     # the fused SiLU path's one-pass kernel indexes x in 32 bits (docs/perf.md step 22), and
@@ -365,3 +330,27 @@ def test_silu_refuses_strides_its_kernel_cannot_index(strides):
     info = ArrayInfo(CUPY, None, 4096, (2, 4, 1024), strides, "bfloat16", 2, 0)
     with pytest.raises(ValueError, match=r"x: activation='silu_mul' takes row and batch strides"):
         make_request(info, 128, "e4m3", "ue8m0", "packed", 1e-10, False, activation="silu_mul")
+
+
+# the GPU: arguments of another library or device are named, and nothing is written ---------------
+
+
+@pytest.mark.gpu
+def test_gpu_argument_checks_write_nothing():
+    import torch
+
+    x = torch.randn(8, 512, dtype=torch.bfloat16, device="cuda")
+    q = torch.full((8 * 512 + 1,), 0x7F, dtype=torch.uint8, device="cuda")
+    s = torch.full((8, 4), 0x7F7F7F7F, dtype=torch.int32, device="cuda").t().contiguous().t()
+    with pytest.raises(ValueError, match="out: expected a 16-byte aligned"):
+        fgq.quantize_packed(x, out=q[1:].view(8, 512), scale_out=s[:, :1])
+    with pytest.raises(TypeError, match="out: expected a torch CPU tensor like x"):
+        fgq.quantize_packed(x.cpu(), out=torch.empty(8, 512, dtype=torch.uint8, device="cuda"))
+    with pytest.raises(TypeError, match="out: expected a CUDA tensor"):
+        fgq.quantize_packed(x, out=torch.empty(8, 512, dtype=torch.float8_e4m3fn))
+    with pytest.raises(TypeError, match="out: expected a torch array like x"):
+        import cupy
+
+        fgq.quantize_packed(x, out=cupy.empty((8, 512), cupy.uint8))
+    torch.cuda.synchronize()
+    assert (q == 0x7F).all() and (s == 0x7F7F7F7F).all()

@@ -35,6 +35,7 @@ def test_the_main_job_fails_on_a_wrong_code(capsys, monkeypatch):
     assert "MISMATCH" in capsys.readouterr().out
 
 
+# each argument check of run and bench, and an unknown subcommand
 @pytest.mark.parametrize(
     "argv, words",
     [
@@ -96,6 +97,7 @@ def test_bench_without_a_gpu_says_so_and_exits_1():
     assert "needs a CUDA GPU" in done.stderr and "Traceback" not in done.stderr
 
 
+# PDL on and off
 @pytest.mark.parametrize("on", [False, True])
 def test_bench_pdl_launches_sets_pdl_with_a_plan_cache_of_its_own_and_restores_both(on):
     from fp8_group_quant import _tuning
@@ -111,6 +113,7 @@ def test_bench_pdl_launches_sets_pdl_with_a_plan_cache_of_its_own_and_restores_b
     assert _tuning.active() == before
 
 
+# every path in its own order, two asked out of order, one
 @pytest.mark.parametrize("paths, expected", [
     (None, [("silu_mul", 1), ("silu_mul", 512), ("add_rms_norm", 1), ("rms_norm", 1),
             ("add_rms_norm", 512), ("rms_norm", 512), ("masked",)]),
@@ -200,3 +203,13 @@ def test_bench_peers_reach_the_gpu_check_with_a_source_given(tmp_path, monkeypat
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["bench", "--peers", f"sglang={source}"])
     assert exit_info.value.code == 2 and "not SGLang's v2 kernel" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+def test_bench_chain_runs_and_checks(capsys):
+    from fp8_group_quant import bench
+
+    args = bench.main(["--chain", "--m", "1", "64", "--k", "2048"])
+    assert args == 0
+    out = capsys.readouterr().out
+    assert "no PDL" in out and len([line for line in out.splitlines() if line[:6].strip()]) >= 3

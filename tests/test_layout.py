@@ -1,25 +1,26 @@
-"""Scale layouts and padding (SPEC 4) through the NumPy backend."""
+"""Scale layouts and padding (SPEC 4) through the NumPy backend, unpack_scales and dequantize on
+the NumPy backend and the GPU, and the launch grid that walks the layouts."""
 
 import contextlib
 import types
 
 import numpy as np
 import pytest
-from helpers import NP_INPUT, activations
+from backends import (
+    NUMPY_AND_GPU,
+    compiled_kernels,  # noqa: F401 - autouse: GPU tests find every kernel loaded
+    to_device,
+    to_host,
+)
+from helpers import ISSUE_SHAPES, NP_INPUT, activations
 
 import fp8_group_quant as fgq
 from fp8_group_quant import reference
 from fp8_group_quant._layout import Geometry
 from fp8_group_quant._tuning import Tuning
 
-# the issue's shapes: one row, odd rows, K that is and is not a multiple of 4 groups, TMA padding
-SHAPES = [
-    (1, 7168), (3, 7168), (4, 640), (4, 768), (4, 384), (1, 384), (3, 640), (64, 7168),
-    (127, 7168), (253, 640),
-]  # fmt: skip
 
-
-@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("shape", ISSUE_SHAPES)  # helpers.ISSUE_SHAPES says why
 def test_packed_layout_and_padding(shape):
     m, k = shape
     ng, kp, tma = k // 128, -(-k // 512), -(-m // 4) * 4
@@ -59,6 +60,7 @@ LAYOUT_STRIDES = {  # (M=3, K=640, G=128): ng = 5, kp = 2, tma = 4
 }
 
 
+# every layout in LAYOUT_STRIDES' table
 @pytest.mark.parametrize("layout", list(LAYOUT_STRIDES))
 def test_layout_shapes_strides_and_storage(layout):
     shape, strides, storage = LAYOUT_STRIDES[layout]
@@ -73,6 +75,7 @@ def test_layout_shapes_strides_and_storage(layout):
     assert tuple(st // 4 for st in s.strides) == strides
 
 
+# every layout of plain input but blocked (test_blocked.py has it)
 @pytest.mark.parametrize("layout", ["row", "col", "col_tma", "packed", "packed_row"])
 def test_batched_input_has_per_batch_padding(layout):
     # [B, M, K] with M = 3: each batch has its own tma = 4 rows, as grouped GEMMs read them
@@ -121,6 +124,7 @@ def test_strided_rows_equal_contiguous_rows():
     np.testing.assert_array_equal(s1, s2)
 
 
+# every layout of plain input but blocked (test_blocked.py has it)
 @pytest.mark.parametrize("layout", ["row", "col", "col_tma", "packed", "packed_row"])
 def test_dequantize_and_unpack_round_trip(layout):
     scale = "ue8m0" if layout.startswith("packed") else "float32"
@@ -134,6 +138,57 @@ def test_dequantize_and_unpack_round_trip(layout):
     error = np.abs(xr - x) / np.maximum(np.abs(x).reshape(9, 8, 128).max(-1).repeat(128, -1), 1e-30)
     assert error.max() <= 2.0**-3  # e4m3 keeps 3 mantissa bits: half-ulp is 1/16, relative to amax
     assert np.median(np.abs(xr - x) / np.abs(x)) < 0.05
+
+
+@pytest.mark.parametrize("backend", NUMPY_AND_GPU)  # the NumPy backend, and the GPU from both
+def test_unpack_scales_decodes_every_exponent_as_ue8m0(backend):
+    # all 256 exponent bytes, in packed words of every width, against 2**(e - 127) (255: NaN)
+    exponents = np.arange(256, dtype=np.uint8)
+    for groups in (256, 255, 253):
+        words = np.zeros(64, np.uint32)
+        words.view(np.uint8)[:groups] = exponents[:groups]
+        words = to_device(words.view(np.int32).reshape(1, 64), backend)
+        got = to_host(fgq.unpack_scales(words, groups))[0]
+        expected = np.ldexp(np.float64(1.0), exponents[:groups].astype(int) - 127)
+        assert got.dtype == np.float32 and np.isnan(got[255:]).all()
+        np.testing.assert_array_equal(got[:255], expected[:255].astype(np.float32))
+    # MN-major strides, as the packed layout has them
+    words = np.arange(12, dtype=np.int32).reshape(3, 4).T  # strides (1, 4) elements
+    got = to_host(fgq.unpack_scales(to_device(np.ascontiguousarray(words.T), backend).T, 10))
+    assert got.shape == (4, 10)
+    np.testing.assert_array_equal(got[:, 0], np.ldexp(1.0, np.arange(4) - 127).astype(np.float32))
+    # all 256 exponent bytes in MN-major packed words (the packed layout's strides), against the
+    # NumPy backend's decoding (ml_dtypes' float8_e8m0fnu)
+    words = np.zeros((3, 64), np.uint32)
+    words.view(np.uint8)[...] = np.arange(256 * 3, dtype=np.uint32).reshape(3, 256) % 256
+    words = words.view(np.int32)
+    device = to_device(np.ascontiguousarray(words.T), backend).T  # strides (1, 3)
+    for groups in (256, 253):
+        host = to_host(fgq.unpack_scales(device, groups))
+        expected = fgq.unpack_scales(words, groups)  # numpy: ml_dtypes' float8_e8m0fnu
+        assert host.shape == (3, groups) and host.dtype == np.float32
+        np.testing.assert_array_equal(host, expected)
+        assert np.isnan(host[:, 255:]).all() and (host[:, :255] > 0).all()
+
+
+@pytest.mark.gpu
+def test_dequantize_and_unpack_on_device_match_host():
+    import cupy
+    import torch
+
+    data = activations(np.random.default_rng(6), (33, 1024), "bfloat16")
+    q_ref, s_ref = fgq.quantize_packed(data)
+    x_ref = fgq.dequantize(q_ref, s_ref)
+    for lib in ("cupy", "torch"):
+        q, s = fgq.quantize_packed(to_device(data, lib))
+        x_back = fgq.dequantize(q, s)
+        host = cupy.asnumpy(x_back) if lib == "cupy" else x_back.cpu().numpy()
+        np.testing.assert_array_equal(host, x_ref)
+        floats = fgq.unpack_scales(s, 8)
+        host = cupy.asnumpy(floats) if lib == "cupy" else floats.cpu().numpy()
+        np.testing.assert_array_equal(host, fgq.unpack_scales(s_ref, 8))
+    view = fgq.as_float8(cupy.asarray(np.asarray(q_ref).view(np.uint8)))
+    assert view.dtype == torch.float8_e4m3fn
 
 
 # the launch grid (kernel-side layout of work) ---------------------------------------------------
@@ -167,6 +222,7 @@ def test_grid_limit_names_k_for_huge_rows():
     assert "rows" in _plan.grid_limits_error(Geometry((2**31, 128), 128, "row", False), 2)
 
 
+# small and odd divisors, powers of two and their neighbours, a Fermat factor, 2**31 - 1
 @pytest.mark.parametrize(
     "d", [1, 2, 3, 7, 21, 56, 100, 127, 128, 129, 641, 6700417, 2**16 + 1, 2**30 + 3, 2**31 - 1]
 )
@@ -194,6 +250,7 @@ def test_the_division_refuses_divisors_it_cannot_serve():
             divisor(d)
 
 
+# whole warps up to 256 and the default; what is refused: no warp, too many, negative
 @pytest.mark.parametrize("threads, ok", [(None, True), (64, True), (256, True), (96, True),
                                          (32, True), (48, False), (512, False), (-32, False),
                                          (16, False), (0, False)])  # fmt: skip
@@ -209,7 +266,9 @@ def test_the_one_pass_block_size_is_checked(threads, ok):
             Tuning(one_pass_threads=threads)
 
 
+# the default (None) and blocks of one to eight warps
 @pytest.mark.parametrize("threads", [None, 32, 64, 96, 256])
+# 8, 2 and 32 lanes a group
 @pytest.mark.parametrize("group_size, input_dtype", [(128, "bfloat16"), (32, "bfloat16"),
                                                      (256, "float32")])  # fmt: skip
 def test_the_one_pass_block_slots_follow_the_block_launched(

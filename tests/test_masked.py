@@ -1,9 +1,18 @@
-"""The masked MoE layout on the CPU: rows t < masked_m[e] only, everything else untouched."""
+"""The masked MoE layout: rows t < masked_m[e] only, everything else untouched, on the NumPy
+backend, and the kernel on the GPU against it byte for byte."""
 
+import helpers
 import ml_dtypes
 import numpy as np
 import pytest
-from helpers import activations, host_poisoned
+from backends import (
+    COMBINATIONS,
+    compiled_kernels,  # noqa: F401 - autouse: GPU tests find every kernel loaded
+    poisoned_outputs,
+    to_device,
+    to_host_bytes,
+)
+from helpers import NP_INPUT, activations, assert_same_bytes, host_poisoned
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -58,7 +67,9 @@ CASES = [  # (experts, tokens, K, group size, scale, layout, activation, counts)
 ]
 
 
+# both count types masked_m takes
 @pytest.mark.parametrize("count_dtype", [np.int32, np.int64])
+# a partly used scale word, counts clamped both ways, one expert, 32 experts with SiLU
 @pytest.mark.parametrize("experts, tokens, k, group, scale, layout, activation, counts", CASES)
 def test_only_the_counted_rows_are_written(
     experts, tokens, k, group, scale, layout, activation, counts, count_dtype
@@ -89,6 +100,7 @@ def test_the_written_rows_equal_the_fused_values_quantized():
     np.testing.assert_array_equal(s[1], s_ref[1])
 
 
+# each way masked_m and expected_m can be wrong
 @pytest.mark.parametrize(
     "x_shape, masked_m, kwargs, error, message",
     [
@@ -197,3 +209,123 @@ def test_masked_property(case):
     )
     np.testing.assert_array_equal(q_buf, q_ref)
     np.testing.assert_array_equal(s_buf, s_ref)
+
+
+# the masked kernel on the GPU against the NumPy backend -------------------------------------------
+
+
+def check_masked(x_host, counts, lib, group_size, dtype, scale, layout, activation, **kwargs):
+    """The masked kernel into poisoned device storage against the NumPy backend into poisoned
+    host storage: every byte, the untouched ones included."""
+    n = x_host.shape[-1] // (2 if activation else 1)
+    geometry = Geometry((*x_host.shape[:-1], n), group_size, layout, False)
+    options = dict(dtype=dtype, scale=scale, layout=layout, activation=activation)
+    q, s, q_buf, s_buf = poisoned_outputs(geometry, lib, dtype)
+    counts_device = to_device(counts, lib)
+    fgq.quantize(to_device(x_host, lib), group_size, **options, masked_m=counts_device, out=q,
+                 scale_out=s, **kwargs)  # fmt: skip
+    hq, hs, hq_buf, hs_buf = host_poisoned(geometry, dtype)
+    fgq.quantize(x_host, group_size, **options, masked_m=counts, out=hq, scale_out=hs)
+    what = f"masked {lib} {x_host.dtype} G={group_size} {dtype} {scale} {layout} {activation} "
+    what += f"{x_host.shape} counts={list(counts)[:8]}"
+    assert_same_bytes(to_host_bytes(q_buf), hq_buf, f"q ({what})")
+    assert_same_bytes(to_host_bytes(s_buf), hs_buf, f"scales ({what})")
+
+
+@pytest.mark.gpu
+# every input type, group size and registered (format, scale, layout)
+@pytest.mark.parametrize("input_dtype, group_size, dtype, scale, layout", COMBINATIONS)
+def test_masked_every_combination(input_dtype, group_size, dtype, scale, layout):
+    index = COMBINATIONS.index((input_dtype, group_size, dtype, scale, layout))
+    lib = ("cupy", "torch")[index % 2]
+    activation = ("silu_mul", None)[index // 2 % 2]
+    rng = np.random.default_rng(2000 + index)
+    width = 3 * group_size * (2 if activation else 1)  # three groups: a partly used word
+    x = activations(rng, (5, 7, width), input_dtype, specials=True)
+    counts = np.array([0, 7, 3, -1, 12], (np.int32, np.int64)[index % 3 == 0])
+    check_masked(x, counts, lib, group_size, dtype, scale, layout, activation)
+    # rows of 64 groups: a block's slots of one step lie within two row tiles, so with at most
+    # 32 experts the kernel keeps the scan in its lanes (kernels/quantize.cu, quantize_masked)
+    x = activations(rng, (5, 7, 64 * group_size * (2 if activation else 1)), input_dtype)
+    check_masked(x, counts, lib, group_size, dtype, scale, layout, activation)
+
+
+@pytest.mark.gpu
+# the 16-bit types: every bit pattern is a gate
+@pytest.mark.parametrize("input_dtype", ["bfloat16", "float16"])
+def test_masked_silu_mul_every_16_bit_gate(input_dtype):
+    # every 16-bit pattern as a gate through the masked kernel (bfloat16: its band table), four
+    # experts of 64 rows with one row left out of each
+    rng = np.random.default_rng(15)
+    gate = np.arange(65536, dtype=np.uint16).view(NP_INPUT[input_dtype]).reshape(4, 64, 256)
+    x = np.concatenate([gate, activations(rng, (4, 64, 256), input_dtype)], axis=-1)
+    counts = np.array([63, 64, 64, 62], np.int32)
+    check_masked(x, counts, "cupy", 128, "e4m3", "ue8m0", "packed", "silu_mul")
+
+
+@pytest.mark.gpu
+# both GPU libraries
+@pytest.mark.parametrize("lib", ["cupy", "torch"])
+def test_masked_many_experts_and_unbalanced_counts(lib):
+    rng = np.random.default_rng(8)
+    x = activations(rng, (32, 64, 2 * 1024), "bfloat16", specials=True)
+    for counts in (
+        rng.integers(0, 65, 32),  # random, some zero, some full
+        np.where(np.arange(32) == 5, 64, 0),  # one expert holds every token
+        np.zeros(32, np.int64),  # nothing at all
+        np.full(32, 64),  # everything
+    ):
+        for hint in ({}, {"expected_m": 1}):  # a small hint still covers every row
+            check_masked(x, counts.astype(np.int32), lib, 128, "e4m3", "ue8m0", "packed",
+                         "silu_mul", **hint)  # fmt: skip
+    one = activations(rng, (1, 300, 7168), "bfloat16")  # E = 1, many rows
+    check_masked(one, np.array([257], np.int64), lib, 128, "e4m3", "float32", "col_tma", None)
+    # 33 and 40 experts: past the 32 that the kernel scans in a warp's lanes (shared memory)
+    for experts in (33, 40):
+        x = activations(rng, (experts, 16, 1024), "bfloat16", specials=True)
+        counts = rng.integers(-2, 19, experts)
+        counts[[0, experts - 1]] = [16, 0]
+        check_masked(x, counts, lib, 128, "e4m3", "ue8m0", "packed", None)
+        check_masked(x, counts, lib, 64, "e5m2", "float32", "row", None, expected_m=3)
+
+
+@pytest.mark.gpu
+def test_masked_replays_in_a_cuda_graph_with_new_counts():
+    import torch
+
+    rng = np.random.default_rng(9)
+    x_host = activations(rng, (8, 32, 2048), "bfloat16", specials=True)
+    x = to_device(x_host, "torch")
+    counts = torch.zeros(8, dtype=torch.int32, device="cuda")
+    geometry = Geometry((8, 32, 1024), 128, "packed", False)
+    q, s, q_buf, s_buf = poisoned_outputs(geometry, "torch", "e4m3")
+    options = dict(scale="ue8m0", layout="packed", activation="silu_mul")
+    fgq.quantize(x, 128, **options, masked_m=counts, out=q, scale_out=s)  # plan and warm up
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fgq.quantize(x, 128, **options, masked_m=counts, out=q, scale_out=s)
+    for step in range(4):
+        new = rng.integers(0, 33, 8).astype(np.int32)
+        counts.copy_(torch.from_numpy(new))
+        q_buf.fill_(helpers.Q_POISON)  # the poisons poisoned_outputs and host_poisoned use
+        s_buf.view(torch.uint8).fill_(helpers.SCALE_POISON)  # bytewise: s_buf is the int32 view
+        graph.replay()
+        torch.cuda.synchronize()
+        hq, hs, hq_buf, hs_buf = host_poisoned(geometry, "e4m3")
+        fgq.quantize(x_host, 128, **options, masked_m=new, out=hq, scale_out=hs)
+        assert_same_bytes(to_host_bytes(q_buf), hq_buf, f"q, replay {step}, counts {new}")
+        assert_same_bytes(to_host_bytes(s_buf), hs_buf, f"scales, replay {step}, counts {new}")
+
+
+@pytest.mark.gpu
+def test_masked_m_must_live_with_x():
+    import cupy
+    import torch
+
+    x = to_device(activations(np.random.default_rng(10), (2, 4, 256), "bfloat16"), "torch")
+    with pytest.raises(ValueError, match="masked_m: expected an array of x's library"):
+        fgq.quantize(x, 128, masked_m=cupy.asarray(np.array([1, 2], np.int32)))
+    with pytest.raises((ValueError, TypeError), match="masked_m"):
+        fgq.quantize(x, 128, masked_m=torch.tensor([1, 2], dtype=torch.int32))  # on the CPU
+    with pytest.raises(TypeError, match="masked_m: expected int32 or int64"):
+        fgq.quantize(x, 128, masked_m=torch.tensor([1, 2], dtype=torch.int16, device="cuda"))

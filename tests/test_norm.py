@@ -1,13 +1,33 @@
-"""Fused RMSNorm (and add) on the CPU: the defined float32 steps, their accuracy, the entry
-point and its checks."""
+"""Fused RMSNorm (and add): the defined float32 steps and their accuracy, the entry point and its
+checks on the NumPy backend and the GPU, the launch policy, and the kernel's instantiations and
+grids on the GPU against the NumPy backend bit for bit."""
 
 import ml_dtypes
 import numpy as np
 import pytest
-from helpers import activations, sums_at_rounding_hazards
+from backends import (
+    COMBINATIONS,
+    NUMPY_AND_GPU,
+    compiled_kernels,  # noqa: F401 - autouse: GPU tests find every kernel loaded
+    e4m3_dtype,
+    poisoned_outputs,
+    to_device,
+    to_host,
+    to_host_bytes,
+    wider_rows,
+)
+from helpers import (
+    NP_INPUT,
+    activations,
+    assert_same_bytes,
+    force_path,
+    host_poisoned,
+    sums_at_rounding_hazards,
+)
 
 import fp8_group_quant as fgq
-from fp8_group_quant import _abi, activation
+from fp8_group_quant import _abi, _jit, _plan, activation
+from fp8_group_quant._layout import Geometry
 from fp8_group_quant._tuning import Tuning
 
 
@@ -30,6 +50,7 @@ def scalar_sum_of_squares(row: np.ndarray, itemsize: int) -> np.float32:
     return fold(warps + [np.float32(0)] * (32 - len(warps)))
 
 
+# 16-bit rows of 16, 448 and 1024 lanes, float32 ones of 16 and 1024: partial and whole warps
 @pytest.mark.parametrize("k, itemsize", [(256, 2), (7168, 2), (16384, 2), (128, 4), (8192, 4)])
 def test_the_sum_of_squares_follows_the_defined_order(k, itemsize):
     rng = np.random.default_rng(k)
@@ -54,6 +75,7 @@ def test_rsqrt_is_within_1_ulp():
     assert np.abs(ordinal(got) - ordinal(exact)).max() <= 1
 
 
+# every input type
 @pytest.mark.parametrize("input_dtype", ["bfloat16", "float16", "float32"])
 def test_rms_norm_is_accurate_and_rounds_once(input_dtype):
     rng = np.random.default_rng(1)
@@ -79,6 +101,7 @@ def round_once(exact: np.ndarray, dtype: str) -> np.ndarray:
     return np.where(np.abs(rounded) > float(info.max), np.copysign(np.inf, rounded), rounded)
 
 
+# the 16-bit types, whose float32 sums may be inexact
 @pytest.mark.parametrize("input_dtype", ["bfloat16", "float16"])
 def test_16_bit_sums_rounded_from_float32_equal_the_exact_sums_rounded_once(input_dtype):
     # the kernel adds x and the residual of 16-bit types with one packed add, which rounds the
@@ -109,6 +132,7 @@ def _two_sum(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return s, np.where(np.isfinite(s), e, 0.0)
 
 
+# the 16-bit types, whose float32 sums may be inexact
 @pytest.mark.parametrize("input_dtype", ["bfloat16", "float16"])
 def test_16_bit_sums_of_every_value_rounded_from_float32_equal_rounded_once(input_dtype):
     # the same agreement, over every value of the type as b against 640 values a spread over
@@ -199,28 +223,54 @@ def test_vllm_style_rounding_differs_in_few_codes():
     assert 0 < differ < 0.05, differ  # docs/spec.md quotes this share
 
 
+W = np.ones(256, ml_dtypes.bfloat16)  # a valid weight for x of 256 columns
+
+
+@pytest.mark.parametrize("backend", NUMPY_AND_GPU)  # the NumPy backend, and the GPU from both
+# each argument the norm adds, wrong in each way that every backend checks alike
 @pytest.mark.parametrize(
     "kwargs, error, message",
     [
         ({"norm": ("w", 1e-6)}, TypeError, "norm"),
         ({"norm": (np.ones(512, ml_dtypes.bfloat16), 1e-6)}, ValueError, r"norm: the weight"),
-        ({"norm": (np.ones(256, np.float32), 1e-6)}, ValueError, r"norm: the weight"),
-        ({"norm": (np.ones(256, ml_dtypes.bfloat16), 0.0)}, ValueError, "norm: eps_norm"),
-        ({"norm": (np.ones(256, ml_dtypes.bfloat16), float("nan"))}, ValueError, "eps_norm"),
-        ({"norm": [np.ones(256, ml_dtypes.bfloat16), 1e-6]}, TypeError, "norm: expected a"),
-        ({"residual": np.ones((4, 256), ml_dtypes.bfloat16)}, ValueError, "residual: the fused"),
-        ({"norm": (np.ones(256, ml_dtypes.bfloat16), 1e-6),
-          "residual": np.ones((4, 128), ml_dtypes.bfloat16)}, ValueError, "residual: expected"),
-        ({"norm": (np.ones(256, ml_dtypes.bfloat16), 1e-6), "activation": "silu_mul"},
-         ValueError, "norm: cannot be combined with activation"),
+        ({"norm": (W[:128], 1e-6)}, ValueError, "norm: the weight must be a bfloat16 array"),
+        ({"norm": (np.ones(256, np.float32), 1e-6)}, ValueError,
+         "norm: the weight must be a bfloat16 array"),
+        ({"norm": (W, 0.0)}, ValueError, "norm: eps_norm must be a positive finite float"),
+        ({"norm": (W, float("nan"))}, ValueError, "norm: eps_norm"),
+        ({"norm": [W, 1e-6]}, TypeError, "norm: expected a"),
+        ({"residual": np.ones((4, 256), ml_dtypes.bfloat16)}, ValueError,
+         "residual: the fused add needs norm"),
+        ({"norm": (W, 1e-6), "residual": np.ones((4, 128), ml_dtypes.bfloat16)}, ValueError,
+         "residual: expected"),
+        ({"norm": (W, 1e-6), "residual": np.ones((2, 256), ml_dtypes.bfloat16)}, ValueError,
+         "residual: expected a bfloat16"),
+        ({"norm": (W, 1e-6), "residual": np.ones((4, 256), np.float32)}, ValueError,
+         "residual: expected"),
+        ({"norm": (W, 1e-6), "activation": "silu_mul"}, ValueError,
+         "norm: cannot be combined with activation"),
     ],
 )  # fmt: skip
-def test_bad_norm_arguments_are_named_and_nothing_is_written(kwargs, error, message):
-    x = activations(np.random.default_rng(5), (4, 256), "bfloat16")
-    out = np.full((4, 256), 0x55, np.uint8).view(ml_dtypes.float8_e4m3fn)
+def test_bad_norm_arguments_are_named_and_nothing_is_written(kwargs, error, message, backend):
+    x_host = activations(np.random.default_rng(5), (4, 256), "bfloat16")
+    x = to_device(x_host, backend)
+    given = {name: on_backend(value, backend) for name, value in kwargs.items()}
+    out = to_device(np.full((4, 256), 0x55, np.uint8), backend).view(e4m3_dtype(backend))
     with pytest.raises(error, match=message):
-        fgq.quantize(x, 128, out=out, **kwargs)
-    assert (out.view(np.uint8) == 0x55).all()
+        fgq.quantize(x, 128, out=out, **given)
+    assert (to_host_bytes(out) == 0x55).all()
+    assert_same_bytes(to_host_bytes(x), x_host, "x")  # read only
+    if "residual" in kwargs:  # nothing written back either
+        assert_same_bytes(to_host_bytes(given["residual"]), kwargs["residual"], "residual")
+
+
+def on_backend(value, backend: str):
+    """``value`` with its numpy arrays (those in tuples too) moved to ``backend``."""
+    if isinstance(value, np.ndarray):
+        return to_device(value, backend)
+    if isinstance(value, tuple):
+        return tuple(on_backend(v, backend) for v in value)
+    return value
 
 
 def test_a_residual_that_cannot_be_written_is_refused_untouched():
@@ -286,11 +336,12 @@ def test_the_kernel_block_holds_a_row_of_the_defined_lanes():
             _plan.norm_threads(*bad)
 
 
+# each side of a one-lane wave (264 rows) and of the residual's window; the knob both ways
 @pytest.mark.parametrize("rows, knob, lanes", [
     (1, None, 1), (264, None, 1), (265, None, 2), (1000, None, 2), (16384, None, 2),
     (16384, 1, 1), (1, 2, 2),
 ])  # fmt: skip
-def test_the_norm_takes_two_lanes_a_thread_on_many_rows(monkeypatch, rows, knob, lanes):
+def test_the_norm_takes_two_lanes_a_thread_on_many_rows(rows, knob, lanes):
     # two 448-thread blocks an SM of one lane, 132 SMs: 264 a wave; with the residual, one
     # lane again between 1.5 and 6.5 waves (397-1716 rows), where its blocks walk
     from fp8_group_quant import _plan
@@ -375,6 +426,7 @@ def test_only_walking_grids_of_16_bit_input_without_a_residual_stash_the_weight(
     assert {k.input_dtype for k in keys} == {"bfloat16", "float16"}
 
 
+# every input type
 @pytest.mark.parametrize("input_dtype", ["bfloat16", "float16", "float32"])
 def test_numpy_backend_matches_the_spec_text_transcribed(input_dtype):
     # spec_model.rms_norm_row follows section 2b's words one float32 step at a time; the NumPy
@@ -452,3 +504,288 @@ def test_norm_arguments_the_review_found_unchecked():
     # warmup names what it cannot compile
     with pytest.raises(ValueError, match="scale_rule: expected one of"):
         api._warmup_options({"scale": "ue8m0", "scale_rule": "bogus"})
+
+
+# the fused RMSNorm kernel on the GPU against the NumPy backend ------------------------------------
+
+
+def check_norm(x_host, weight, eps_norm, residual, lib, group_size, dtype, scale, layout,
+               pad_rows=False, x_device=None):  # fmt: skip
+    """The RMSNorm kernel into poisoned device storage against the NumPy backend into poisoned
+    host storage, every byte, and the residual written back against the NumPy one."""
+    geometry = Geometry(x_host.shape, group_size, layout, pad_rows)
+    options = dict(dtype=dtype, scale=scale, layout=layout, pad_rows=pad_rows)
+    q, s, q_buf, s_buf = poisoned_outputs(geometry, lib, dtype)
+    r_device = None if residual is None else to_device(residual, lib)
+    x_device = to_device(x_host, lib) if x_device is None else x_device
+    fgq.quantize(x_device, group_size, **options, norm=(to_device(weight, lib), eps_norm),
+                 residual=r_device, out=q, scale_out=s)  # fmt: skip
+    hq, hs, hq_buf, hs_buf = host_poisoned(geometry, dtype)
+    r_host = None if residual is None else residual.copy()
+    fgq.quantize(x_host, group_size, **options, norm=(weight, eps_norm), residual=r_host,
+                 out=hq, scale_out=hs)  # fmt: skip
+    what = f"norm {lib} {x_host.dtype} G={group_size} {dtype} {scale} {layout} {x_host.shape}"
+    what += " with residual" if residual is not None else ""
+    assert_same_bytes(to_host_bytes(q_buf), hq_buf, f"q ({what})")
+    assert_same_bytes(to_host_bytes(s_buf), hs_buf, f"scales ({what})")
+    if residual is not None:
+        assert_same_bytes(to_host_bytes(r_device), r_host, f"residual ({what})")
+
+
+# the kernel's two instantiations a combination has: one lane a thread, and two
+@pytest.fixture(params=["one lane, a block a row", "two lanes, one walking block"])
+def norm_kernel(request):
+    """The RMSNorm kernel's two instantiations a combination has (one or two lanes a thread),
+    the second as a single block that walks every row, whatever the rows."""
+    walking = request.param.startswith("two")
+    lanes, waves = (2, 1e-9) if walking else (1, 0.0)  # one block, or a row each
+    with force_path(norm_lanes=lanes, norm_waves=waves):
+        yield walking
+
+
+@pytest.mark.gpu
+# every input type, group size and registered (format, scale, layout)
+@pytest.mark.parametrize("input_dtype, group_size, dtype, scale, layout", COMBINATIONS)
+def test_norm_every_combination(norm_kernel, input_dtype, group_size, dtype, scale, layout):
+    index = COMBINATIONS.index((input_dtype, group_size, dtype, scale, layout))
+    lib = ("cupy", "torch")[(index + norm_kernel) % 2]
+    rng = np.random.default_rng(3000 + index + 500 * norm_kernel)
+    k = 3 * group_size  # three groups: a partly used packed word
+    x = activations(rng, (5, k), input_dtype, specials=index % 3 == 0)
+    weight = activations(rng, (k,), input_dtype)
+    residual = activations(rng, (5, k), input_dtype) if (index + norm_kernel) % 2 else None
+    args = (lib, group_size, dtype, scale, layout)
+    check_norm(x, weight, 1e-6, residual, *args)
+    big = 16384 if input_dtype != "float32" else 8192  # the longest row: 1024 lanes
+    for shape in ((2, 3, 7168), (3 if norm_kernel else 1, big)):
+        x = activations(rng, shape, input_dtype, specials=True)
+        weight = activations(rng, shape[-1:], input_dtype)
+        residual = activations(rng, shape, input_dtype)
+        check_norm(x, weight, 1e-5, residual, *args, pad_rows=True)
+        check_norm(x, weight, 1e-5, None, *args)
+
+
+@pytest.mark.gpu
+# every input type
+@pytest.mark.parametrize("input_dtype", ["bfloat16", "float16", "float32"])
+def test_norm_nan_and_inf_in_any_lane_of_x_and_the_weight(input_dtype):
+    # the quantizer's float maximum keeps NaN, and the residual written back is tested for NaN
+    # only in lanes whose sum of squares is not finite (kernels/quantize.cu, norm_rows): rows of
+    # one NaN, one Inf, squares that overflow to Inf (r = 0), a zero weight under an Inf,
+    # weights holding Inf and NaN, and residuals that make NaN in the sum or bring it
+    rng = np.random.default_rng(77)
+    k = 2688  # 168 lanes of 16-bit input: the second lane of a thread partly past the row
+    big = {"bfloat16": 1e30, "float16": 60000.0, "float32": 1e30}[input_dtype]
+    x = activations(rng, (12, k), input_dtype).astype(np.float32)
+    x[1, 5] = np.nan
+    x[2, k - 1] = np.inf
+    x[3, 1700] = -np.inf
+    x[4, 100:140] = big  # squares overflow: S = Inf, r = 0
+    x[5, 2000] = big
+    x[6, 7] = np.inf  # under a zero weight below
+    x[7] = 0.0
+    weight = activations(rng, (k,), input_dtype).astype(np.float32)
+    weight[7] = 0.0
+    x = x.astype(NP_INPUT[input_dtype])
+    check_norm(x, weight.astype(NP_INPUT[input_dtype]), 1e-6, None, "cupy", 128, "e4m3", "ue8m0",
+               "packed")  # fmt: skip
+    weight[[3, 1500, k - 2]] = [np.inf, np.nan, -np.inf]  # now a weight with Inf and NaN
+    weight = weight.astype(NP_INPUT[input_dtype])
+    check_norm(x, weight, 1e-6, None, "cupy", 128, "e4m3", "ue8m0", "packed")
+    residual = activations(rng, (12, k), input_dtype).astype(np.float32)
+    residual[2, k - 1] = -np.inf  # Inf + -Inf: a NaN made by the sum, written back
+    residual[8, 9] = np.nan  # a NaN from the residual alone, in a row of finite x
+    residual[9, 2600] = np.inf  # an Inf from the residual alone
+    residual = residual.astype(NP_INPUT[input_dtype])
+    check_norm(x, weight, 1e-6, residual, "torch", 64, "e5m2", "float32", "row")
+    check_norm(x, weight, 1e-6, residual, "cupy", 128, "e4m3", "ue8m0", "packed")
+
+
+@pytest.mark.gpu
+# the 16-bit types, whose x + residual is one packed add
+@pytest.mark.parametrize("input_dtype", ["bfloat16", "float16"])
+def test_norm_residual_sums_at_the_rounding_cases(norm_kernel, input_dtype):
+    # 16-bit x + residual is one packed add (the exact sum rounded once; kernels/activation.cuh,
+    # add_residual), the definition the float32 sum rounded: sums whose float32 value is
+    # inexact, ties and near-ties, cancelling, subnormal and overflowing, written back and
+    # normalised, in both kernels (one lane a thread, and two)
+    rng = np.random.default_rng(41 + norm_kernel)
+    for rows, k in ((6, 4096), (40, 2688)):
+        x, residual = sums_at_rounding_hazards(rng, (rows, k), input_dtype)
+        weight = activations(rng, (k,), input_dtype)
+        check_norm(x, weight, 1e-6, residual, "cupy", 128, "e4m3", "ue8m0", "packed")
+        check_norm(x, weight, 1e-6, residual, "torch", 64, "e5m2", "float32", "row")
+
+
+@pytest.mark.gpu
+# the weight-stashing kernel, and (NORM_STASH off) the general one
+@pytest.mark.parametrize("stash", [True, False])
+# one and two 32-byte lanes a thread
+@pytest.mark.parametrize("lanes", [1, 2])
+@pytest.mark.parametrize("waves", [0.0, 0.005, 1.0, 3.0])  # a block a row, a few, the default
+def test_norm_blocks_walk_every_row_of_every_batch(waves, lanes, stash):
+    # the row loop: a grid of a few blocks walks 150 rows over three batches, alternating warp
+    # slot sets; with the residual written back and padded rows zeroed at each batch's end.
+    # Without the residual, two lanes walking take the weight-stashing kernel, or with
+    # NORM_STASH off the general kernel
+    rng = np.random.default_rng(13)
+    x = activations(rng, (3, 50, 2688), "bfloat16", specials=True)
+    weight = activations(rng, (2688,), "bfloat16")
+    residual = activations(rng, (3, 50, 2688), "bfloat16")
+    with force_path(norm_waves=waves, norm_lanes=lanes, norm_stash=stash):
+        args = ("torch", 128, "e4m3", "ue8m0", "packed")
+        check_norm(x, weight, 1e-6, residual, *args, pad_rows=True)
+        check_norm(x, weight, 1e-6, None, "cupy", 64, "e5m2", "float32", "col_tma", pad_rows=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("input_dtype, shape, group_size, dtype, scale, layout", [
+    ("bfloat16", (3, 700, 7168), 128, "e4m3", "ue8m0", "packed"),
+    ("float16", (40, 16384), 128, "e5m2", "float32", "row"),  # 64 KB of shared memory a block
+    ("bfloat16", (333, 2688), 64, "int8", "float32", "col_tma"),  # a thread's second lane short
+    ("float16", (257, 96), 32, "e4m3", "ue8m0", "blocked"),
+])  # fmt: skip
+def test_norm_walking_blocks_keep_the_weight_in_shared_memory(
+    monkeypatch, input_dtype, shape, group_size, dtype, scale, layout
+):
+    # the weight-stashing kernel (16-bit input, no residual, a grid that walks): each thread's
+    # weight values as float32 in shared memory, r from one warp behind a second barrier, the
+    # next row prefetched into L2 while a block has two more; grids of a few blocks walk many
+    # rows (and batches), and the kernel the launch took is checked
+    names, opt_ins = [], []
+    get_function = _jit.get_function
+
+    def spy(source, expression, device):
+        names.append(expression)
+        return get_function(source, expression, device)
+
+    allow_shared = _plan.allow_shared
+
+    def opt_in(handle, shared):
+        opt_ins.append(shared)
+        allow_shared(handle, shared)
+
+    monkeypatch.setattr(_jit, "get_function", spy)
+    monkeypatch.setattr(_plan, "allow_shared", opt_in)
+    rng = np.random.default_rng(sum(shape) + group_size)
+    x = activations(rng, shape, input_dtype, specials=True)
+    weight = activations(rng, shape[-1:], input_dtype)
+    args = (group_size, dtype, scale, layout)
+    with force_path(norm_waves=0.02, norm_lanes=2):  # 10 blocks (4 a 132-SM wave x 0.02)
+        check_norm(x, weight, 1e-6, None, "torch", *args, pad_rows=True)
+        assert any(name.endswith(", 2, true>") for name in names), names
+        assert opt_ins == ([65536] if shape[-1] == 16384 else [])
+        check_norm(x, weight, 1e-6, None, "cupy", *args)
+
+
+@pytest.mark.gpu
+def test_norm_with_the_residual_walks_one_lane_a_thread_by_default(monkeypatch):
+    # the launch policy as shipped (norm_lanes' residual window): 1200 rows of 7168 with the
+    # residual are past 1.5 waves of the one-lane kernel on every GPU with at most 400 SMs and
+    # within 6.5 on every GPU with at least 70, so one lane a thread and a grid of walking
+    # blocks, each taking several rows; the residual written back, every byte checked
+    names, grids = [], []
+    get_function, launch_type = _jit.get_function, _plan.Launch
+
+    def spy(source, expression, device):
+        names.append(expression)
+        return get_function(source, expression, device)
+
+    class Recorded(launch_type):
+        def __init__(self, handle, grid, block, *args, **kwargs):
+            grids.append(grid)
+            super().__init__(handle, grid, block, *args, **kwargs)
+
+    monkeypatch.setattr(_jit, "get_function", spy)
+    monkeypatch.setattr(_plan, "Launch", Recorded)
+    rng = np.random.default_rng(23)
+    x = activations(rng, (1200, 7168), "bfloat16", specials=True)
+    weight = activations(rng, (7168,), "bfloat16")
+    residual = activations(rng, (1200, 7168), "bfloat16")
+    with force_path(fresh_plans=True):  # the policy as shipped, planned afresh
+        check_norm(x, weight, 1e-6, residual, "torch", 128, "e4m3", "ue8m0", "packed")
+    assert names and names[-1].endswith(", 1, false>"), names
+    assert grids and grids[-1][0] < 1200, grids  # fewer blocks than rows: they walk
+
+
+@pytest.mark.gpu
+# both GPU libraries
+@pytest.mark.parametrize("lib", ["cupy", "torch"])
+def test_norm_rows_inside_wider_buffers_many_rows_and_odd_widths(lib):
+    rng = np.random.default_rng(12)
+    x = activations(rng, (1000, 2688), "bfloat16")  # 21 groups: a row of 168 lanes
+    weight = activations(rng, (2688,), "bfloat16")
+    residual = activations(rng, (1000, 2688), "bfloat16")
+    check_norm(x, weight, 1e-6, residual, lib, 128, "e4m3", "ue8m0", "packed",
+               x_device=wider_rows(x, 128, lib, 64))  # fmt: skip
+    tiny = activations(rng, (3, 32), "float32")  # one lane pair, one warp mostly idle
+    check_norm(tiny, activations(rng, (32,), "float32"), 1e-3, None, lib, 32, "int8", "float32",
+               "col")  # fmt: skip
+    zero_rows = np.zeros((4, 512), NP_INPUT["float16"])  # mean 0: r = 1 / sqrt(eps)
+    check_norm(zero_rows, activations(rng, (512,), "float16"), 1e-6, None, lib, 128, "e5m2",
+               "ue8m0", "row")  # fmt: skip
+
+
+@pytest.mark.gpu
+def test_norm_refuses_bad_arguments_before_writing_anything():
+    import cupy
+    import torch
+
+    rng = np.random.default_rng(11)
+    x = to_device(activations(rng, (4, 256), "bfloat16"), "torch")
+    w = torch.ones(256, dtype=torch.bfloat16, device="cuda")
+    residual = torch.zeros_like(x)
+    # what only device arrays can get wrong; test_bad_norm_arguments_are_named_and_nothing_is_
+    # written names the rest on every backend
+    bad = (
+        (dict(norm=(w.cpu(), 1e-6)), (ValueError, TypeError), "norm"),
+        (dict(norm=(cupy.ones(256, cupy.float32), 1e-6)), ValueError, "norm: the weight"),
+        (dict(norm=(w, 1e-6), residual=residual.t().contiguous().t()), ValueError,
+         "residual: the last dimension must be contiguous"),
+        (dict(norm=(w, 1e-6), residual=x), ValueError, "residual: its memory overlaps x"),
+    )  # fmt: skip
+    before = x.clone()
+    for kwargs, error, match in bad:
+        with pytest.raises(error, match=match):
+            fgq.quantize(x, 128, **kwargs)
+    assert not residual.any() and torch.equal(x, before)
+    wide = torch.zeros((4, 264), dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(ValueError, match="x: norm needs a 16-byte aligned input"):
+        fgq.quantize(wide[:, 4:260], 128, norm=(w, 1e-6))
+    with pytest.raises(ValueError, match="norm: the weight must be 16-byte aligned"):
+        fgq.quantize(x, 128, norm=(wide[0, 4:260], 1e-6))
+    with pytest.raises(ValueError, match="x: norm takes rows of at most 16384"):
+        fgq.quantize(
+            torch.zeros((1, 16512), dtype=torch.bfloat16, device="cuda"),
+            128,
+            norm=(torch.ones(16512, dtype=torch.bfloat16, device="cuda"), 1e-6),
+        )
+    q, s = fgq.quantize(x[:0], 128, norm=(w, 1e-6), residual=residual[:0])
+    assert q.shape == (0, 256) and s.shape[0] == 0
+
+
+@pytest.mark.gpu
+def test_norm_captured_in_a_cuda_graph_replays_with_new_inputs():
+    import torch
+
+    rng = np.random.default_rng(13)
+    x = to_device(activations(rng, (64, 2048), "bfloat16"), "torch")
+    w = to_device(activations(rng, (2048,), "bfloat16"), "torch")
+    residual = to_device(activations(rng, (64, 2048), "bfloat16"), "torch")
+    options = dict(scale="ue8m0", layout="packed")
+    q, s = fgq.quantize(x, 128, **options, norm=(w, 1e-6), residual=residual.clone())  # warm
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fgq.quantize(x, 128, **options, norm=(w, 1e-6), residual=residual, out=q, scale_out=s)
+    for seed in (14, 15):
+        fresh_x = activations(np.random.default_rng(seed), (64, 2048), "bfloat16")
+        fresh_r = activations(np.random.default_rng(seed + 10), (64, 2048), "bfloat16")
+        x.copy_(to_device(fresh_x, "torch"))
+        residual.copy_(to_device(fresh_r, "torch"))
+        graph.replay()
+        torch.cuda.synchronize()
+        r_host = fresh_r.copy()
+        hq, hs = fgq.quantize(fresh_x, 128, **options, norm=(to_host(w), 1e-6), residual=r_host)
+        assert_same_bytes(to_host_bytes(q), np.ascontiguousarray(hq), "q after replay")
+        assert_same_bytes(to_host_bytes(s), np.ascontiguousarray(hs), "scales after replay")
+        assert_same_bytes(to_host_bytes(residual), r_host, "residual after replay")

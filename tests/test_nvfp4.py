@@ -1,16 +1,26 @@
 """NVFP4 (docs/spec.md, section 4a) on the NumPy backend against the scalar model: the
-building blocks, quantize(dtype="e2m1") and dequantize, and the checks. tests/test_gpu.py holds
-the kernel against this backend."""
+building blocks, quantize(dtype="e2m1") and dequantize, and the checks; and the kernel on the
+GPU against this backend."""
 
 import ml_dtypes
 import numpy as np
 import pytest
+from backends import (
+    NUMPY_AND_GPU,
+    compiled_kernels,  # noqa: F401 - autouse: GPU tests find every kernel loaded
+    to_device,
+    to_host,
+    to_host_bytes,
+    wider_rows,
+)
+from helpers import assert_same_bytes
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import fp8_group_quant as fgq
 from fp8_group_quant import reference, spec_model
 from fp8_group_quant._layout import Geometry
+from fp8_group_quant._spec import INPUT_TYPES
 
 
 def groups(rng, count: int) -> np.ndarray:
@@ -27,6 +37,7 @@ def groups(rng, count: int) -> np.ndarray:
     return out
 
 
+# the global scale computed from x, and given
 @pytest.mark.parametrize("source", ["computed", "given"])
 def test_the_numpy_backend_matches_the_scalar_model(source):
     rng = np.random.default_rng(51)
@@ -76,6 +87,7 @@ def test_pack_puts_the_first_value_in_the_low_nibble():
     assert values[packed[0] & 0xF] == 0.0 and values[packed[0] >> 4] == 0.5
 
 
+# the computed global scale and two given ones (docs/spec.md quotes each share)
 @pytest.mark.parametrize("given", [None, 3.0, 1.0])
 def test_how_often_a_reciprocal_rule_differs(given):
     # vLLM's and FlashInfer's kernels scale by reciprocals: s = e4m3(g * (amax * (1/6))) and
@@ -133,9 +145,11 @@ def expected_nvfp4(x: np.ndarray, g: float):
     return codes[..., 0::2] | (codes[..., 1::2] << 4), storage.reshape(geometry.scale_shape)
 
 
+# one group, odd rows, past a 128-row tile, batched, empty
 @pytest.mark.parametrize(
     "shape", [(1, 16), (5, 48), (129, 80), (2, 3, 64), (2, 130, 32), (3, 0, 32), (4, 0)]
 )
+# every input type
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
 def test_quantize_writes_nvfp4_as_the_scalar_model(shape, dtype):
     rng = np.random.default_rng(sum(shape) + len(dtype))
@@ -202,6 +216,7 @@ def test_the_kernels_e2m1_rounding_matches_the_spec():
         assert kernel_code(v) == spec_model.e2m1_code(float(v)), v
 
 
+# every option NVFP4 does not take, and each kind of bad global_scale
 @pytest.mark.parametrize(
     "kwargs, error, words",
     [
@@ -248,8 +263,7 @@ def test_nvfp4_input_checks():
         fgq.dequantize(q, s[:, :2], 16, dtype="e2m1", global_scale=g)
 
 
-# inputs where a -ftz comparison would call a subnormal amax or d zero (the kernel compares
-# bits; tests/test_gpu.py runs these through it)
+# inputs where a -ftz comparison would call a subnormal amax or d zero (the kernel compares bits)
 SUBNORMAL_CASES = [
     (np.full((1, 16), 5e-38, np.float32), "bfloat16", None),  # g saturates at FLT_MAX
     (np.full((2, 16), 1e-39, np.float32), "bfloat16", None),  # subnormal amax
@@ -258,10 +272,17 @@ SUBNORMAL_CASES = [
 ]
 
 
-@pytest.mark.parametrize("values, dtype, given", SUBNORMAL_CASES)
-def test_nvfp4_subnormal_edges_follow_the_scalar_model(values, dtype, given):
+@pytest.mark.parametrize("backend", NUMPY_AND_GPU)  # the NumPy backend, and the GPU from both
+@pytest.mark.parametrize("values, dtype, given", SUBNORMAL_CASES)  # SUBNORMAL_CASES says why
+def test_nvfp4_subnormal_edges_follow_the_scalar_model(values, dtype, given, backend):
+    # -ftz=true must not turn a subnormal amax or d into zero (the kernel compares bits): the
+    # GPU writes the NumPy backend's bytes, and both what the scalar model says
     x = values.astype(getattr(ml_dtypes, dtype, None) or np.dtype(dtype))
-    outputs = fgq.quantize(x, 16, dtype="e2m1", scale="e4m3", layout="blocked", global_scale=given)
+    got = nvfp4_call(to_device(x, backend), given)
+    want = nvfp4_call(x, given)  # the NumPy backend
+    for name, a, b in zip(("q", "scales", "global"), got, want):
+        assert_same_bytes(to_host_bytes(a), b, f"{name} ({backend} {dtype} {values[0, 0]})")
+    outputs = [to_host(a) for a in got]
     g = float(outputs[2][0]) if given is None else given
     if given is None:
         assert outputs[2][0] == reference.nvfp4_global_scale(x)
@@ -302,3 +323,68 @@ def test_nvfp4_property(case):
     g = float(outputs[2][0]) if case["given"] is None else case["given"]
     want_q, want_s = expected_nvfp4(x, g)
     assert np.array_equal(outputs[0], want_q) and np.array_equal(outputs[1], want_s)
+
+
+# the kernel on the GPU against the NumPy backend --------------------------------------------------
+
+
+def poison_pool(lib: str, sizes) -> None:
+    """Fill and free blocks of these byte sizes, so that the pool hands them out poisoned next:
+    bytes a kernel leaves unwritten then show up as 0xAB (a best effort: the pools reuse freed
+    blocks of the same size)."""
+    if lib == "cupy":
+        import cupy
+
+        blocks = [cupy.full(n, 0xAB, cupy.uint8) for n in sizes]
+    else:
+        import torch
+
+        blocks = [torch.full((n,), 0xAB, dtype=torch.uint8, device="cuda") for n in sizes]
+    del blocks
+
+
+def nvfp4_call(x, global_scale):
+    return fgq.quantize(x, 16, dtype="e2m1", scale="e4m3", layout="blocked",
+                        global_scale=global_scale)  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("input_dtype", list(INPUT_TYPES))  # every input type
+@pytest.mark.parametrize("lib", ["cupy", "torch"])  # both GPU libraries
+def test_nvfp4_kernel_matches_the_numpy_backend(input_dtype, lib):
+    rng = np.random.default_rng(len(input_dtype) + len(lib))
+    shapes = [(1, 16), (5, 48), (129, 80), (2, 3, 64), (2, 130, 224), (1, 7168), (300, 2048),
+              (4, 0), (3, 0, 32)]  # fmt: skip
+    for shape in shapes:
+        x = nvfp4_inputs(rng, shape, input_dtype)
+        geometry = Geometry(shape, 16, "blocked", False)
+        device_g = to_device(np.array([0.75], np.float32), lib)
+        for device_given, host_given in ((None, None), (3.0, 3.0), (device_g, 0.75)):
+            expected = nvfp4_call(x, host_given)
+            for inputs in (to_device(x, lib), wider_rows(x, 64, lib, 32)):
+                poison_pool(lib, (x.size // 2, geometry.scale_storage, 8))
+                got = nvfp4_call(inputs, device_given)
+                assert len(got) == len(expected)
+                what = f"NVFP4 {lib} {input_dtype} {shape} global={host_given}"
+                for name, a, b in zip(("q", "scales", "global"), got, expected):
+                    assert tuple(a.shape) == b.shape, (what, name)
+                    assert_same_bytes(to_host_bytes(a), b, f"{name} ({what})")
+                got_g = got[2] if device_given is None else device_given
+                back = fgq.dequantize(got[0], got[1], 16, dtype="e2m1", global_scale=got_g)
+                host_g = expected[2] if device_given is None else host_given
+                want = fgq.dequantize(expected[0], expected[1], 16, dtype="e2m1",
+                                      global_scale=host_g)  # fmt: skip
+                assert_same_bytes(to_host_bytes(back), np.asarray(want), f"dequantize ({what})")
+
+
+@pytest.mark.gpu
+def test_nvfp4_device_checks():
+    import cupy
+
+    x = cupy.zeros((4, 64), cupy.float32)
+    with pytest.raises(ValueError, match="16-byte aligned base"):
+        nvfp4_call(x[:, 1:33], 1.0)  # the base 4 bytes past an aligned address
+    with pytest.raises(TypeError, match="global_scale: expected a float or a one-element"):
+        nvfp4_call(x, np.ones(1, np.float32))  # a host array for a GPU call
+    with pytest.raises(ValueError, match="global_scale: expected one float32 element"):
+        nvfp4_call(x, cupy.ones(2, cupy.float32))

@@ -4,7 +4,8 @@
   spec (fp8_group_quant/spec_model.py): every byte of the storage it owns, padding included,
   with outputs poisoned with 0x7F beforehand; and rejected calls raise cleanly and write nothing.
 - GPU (``gpu`` marker): the CUDA kernel on cupy input against the NumPy backend, every byte of
-  the full padded storage, both outputs poisoned.
+  the full padded storage, both outputs poisoned; and the fused kernels (SiLU-and-multiply,
+  RMSNorm and add, the masked layout) on drawn calls, views and kernel paths, the same way.
 
 Hypothesis profiles are set in conftest.py: "ci" by default, "gpu" (many more examples) with
 ``HYPOTHESIS_PROFILE=gpu``.
@@ -12,7 +13,6 @@ Hypothesis profiles are set in conftest.py: "ci" by default, "gpu" (many more ex
 
 from __future__ import annotations
 
-import contextlib
 import math
 import struct
 from dataclasses import dataclass, field
@@ -21,14 +21,28 @@ from functools import cached_property
 import ml_dtypes
 import numpy as np
 import pytest
-from helpers import NP_INPUT
-from hypothesis import example, given
+from backends import (
+    compiled_kernels,  # noqa: F401 - autouse: GPU tests find every kernel loaded
+    poisoned_outputs,
+    to_host_bytes,
+)
+from helpers import (
+    NP_INPUT,
+    PLAIN_PATHS,
+    Q_POISON,
+    SCALE_POISON,
+    activations,
+    assert_same_bytes,
+    force_path,
+    host_poisoned,
+)
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import fp8_group_quant as fgq
 from fp8_group_quant import spec_model
-from fp8_group_quant._layout import SCALE_LAYOUTS
-from fp8_group_quant._spec import GROUP_SIZES, OUTPUT_FORMATS, SCALE_FORMATS
+from fp8_group_quant._layout import SCALE_LAYOUTS, Geometry, supported_combinations
+from fp8_group_quant._spec import GROUP_SIZES, INPUT_TYPES, OUTPUT_FORMATS, SCALE_FORMATS
 from fp8_group_quant.spec_model import FORMATS, Storage, f32, scalar_group
 
 POISON = 0x7F
@@ -722,32 +736,14 @@ def test_rejected_calls_raise_cleanly_and_write_nothing(case, data):
 # the CUDA kernel against the NumPy backend --------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def compiled_kernels():
-    """All instantiations in one NVRTC call, as test_gpu.py does: much faster than one each."""
-    import cupy
-
-    from fp8_group_quant import _jit, _plan
-
-    keys = [key.name_expression for key in _plan.all_kernel_keys()]
-    _jit.preload(_plan.SOURCE, keys, cupy.cuda.runtime.getDevice())
+KERNEL_PATHS = ("as planned", *PLAIN_PATHS)
 
 
-KERNEL_PATHS = ("as planned", "one pass", "row loop")
-
-
-@contextlib.contextmanager
 def kernel_path(path: str):
-    """Force a kernel path as test_gpu.py's ``kernel_path`` fixture does (an unbounded wave limit:
-    every call one-pass; zero: the row loop), with a fresh plan cache; "as planned" keeps the
-    library's choice and its plan cache, so repeated layouts reuse plans with new pointers."""
-    from fp8_group_quant import _tuning
-
-    if path == "as planned":
-        yield
-        return
-    with _tuning.override(one_pass_max_waves=2**62 if path == "one pass" else 0):
-        yield
+    """Force a kernel path (helpers.PLAIN_PATHS), with a fresh plan cache; "as planned" keeps
+    the library's choice and its plan cache, so repeated layouts reuse plans with new
+    pointers."""
+    return force_path(**PLAIN_PATHS.get(path, {}))
 
 
 def device_outputs(storage: Storage, fmt: str):
@@ -762,7 +758,6 @@ def device_outputs(storage: Storage, fmt: str):
 
 
 @pytest.mark.gpu
-@pytest.mark.usefixtures("compiled_kernels")
 @given(case=cases(GPU_SIZES), path=st.sampled_from(KERNEL_PATHS))
 @example(case=tie_case(), path="one pass")
 @example(case=signed_nan_case(), path="row loop")
@@ -794,3 +789,135 @@ def test_kernel_matches_the_numpy_backend(case, path):
     assert same_strides(s_plain, storage.scale_strides)
     assert np.array_equal(cupy.asnumpy(q_plain).view(np.uint8), cupy.asnumpy(q).view(np.uint8))
     assert np.array_equal(cupy.asnumpy(s_plain).view(np.uint32), cupy.asnumpy(s).view(np.uint32))
+
+
+# the fused inputs on drawn shapes, views and options ----------------------------------------------
+
+# each fused path's kernels and grids, forced (helpers.force_path)
+SILU_PATHS = {
+    "as planned": {},
+    "one pass, the table copied by every thread": {"table_by_threads_waves": 0.0},
+    "one pass, six blocks an SM": {"silu_six_blocks_waves": 0.0},
+    "persistent": {"persistent_fused_waves": 0.0},
+}
+NORM_PATHS = {
+    "as planned": {},
+    "one lane, a block a row": {"norm_lanes": 1, "norm_waves": 0.0},
+    "two lanes, a block a row": {"norm_lanes": 2, "norm_waves": 0.0},
+    "one lane, walking blocks": {"norm_lanes": 1, "norm_waves": 0.004},  # one or two blocks
+    "two lanes, walking blocks": {"norm_lanes": 2, "norm_waves": 0.004},
+}
+# (q, scale) poisons: a store the kernel misses shows unless its right value is the poison
+POISONS = [(Q_POISON, SCALE_POISON), (0x00, 0xAB), (0x5A, 0x00)]
+
+
+def wide_view(lib_array, shape, extra: int, offset: int, reverse: bool):
+    """A view of ``shape`` into ``lib_array`` (rows ``extra`` elements wider), ``offset``
+    elements in, its rows in reverse order if ``reverse``."""
+    view = lib_array[..., offset : offset + shape[-1]]
+    return view[..., ::-1, :] if reverse else view
+
+
+def widened(x: np.ndarray, extra: int, offset: int, reverse: bool, fill: float = 0.0):
+    """Host buffer whose view ``wide_view(buffer, x.shape, extra, offset, reverse)`` reads x;
+    the columns outside it hold ``fill``."""
+    wide = np.full(x.shape[:-1] + (x.shape[-1] + extra,), fill, x.dtype)
+    wide_view(wide, x.shape, extra, offset, reverse)[...] = x
+    return wide
+
+
+@st.composite
+def fused_cases(draw):
+    """A fused call: its mode, input type, format, scale, layout, group size, shape, the views x
+    (and the residual) are read through, the kernel path forced or planned, and its options.
+    Sizes stay small for the NumPy reference; the forced paths reach the grids large inputs
+    take."""
+    mode = draw(st.sampled_from(["silu_mul", "norm", "add_norm", "masked", "masked_silu_mul"]))
+    input_dtype = draw(st.sampled_from(sorted(INPUT_TYPES)))
+    fmt, scale, layout = draw(st.sampled_from(supported_combinations()))
+    group = draw(st.sampled_from(GROUP_SIZES))
+    itemsize = NP_INPUT[input_dtype].itemsize
+    silu = mode in ("silu_mul", "masked_silu_mul")
+    norm = mode in ("norm", "add_norm")
+    longest = 32768 // itemsize if norm else 16384  # a norm row: at most 1024 lanes of 32 bytes
+    groups = draw(st.one_of(st.integers(1, 12), st.sampled_from([56, longest // group])))
+    groups = max(1, min(groups, longest // group))
+    k = group * groups * (2 if silu else 1)
+    most = 1_000_000 // k  # rows, for the NumPy reference's time
+    if mode.startswith("masked"):
+        experts = draw(st.integers(1, 40))
+        lead = (experts, max(1, min(draw(st.integers(1, 48)), most // experts)))
+    else:
+        rows = draw(st.one_of(st.integers(1, 20), st.sampled_from([129, 264, 265, 529, 1100])))
+        rows = max(1, min(rows, most))
+        lead = draw(st.sampled_from([(rows,), (1, rows), (2, -(-rows // 2))]))
+    floors = scale == "ue8m0" and OUTPUT_FORMATS[fmt].emax_elem is not None  # scale_rule="floor"
+    vector = 16 // itemsize  # the fused kernels read 16-byte aligned rows
+
+    def view():  # rows `extra` elements wider than K, `offset` in, maybe reversed
+        extra = vector * draw(st.sampled_from([0, 0, 1, 3]))
+        offset = vector * draw(st.integers(0, extra // vector))
+        return dict(extra=extra, offset=offset, reverse=draw(st.booleans()))
+
+    paths = NORM_PATHS if norm else SILU_PATHS if mode == "silu_mul" else {"as planned": {}}
+    return dict(
+        mode=mode, input_dtype=input_dtype, fmt=fmt, scale=scale, layout=layout, group=group,
+        shape=(*lead, k), x_view=view(), r_view=view(), pad_rows=draw(st.booleans()),
+        eps=draw(st.sampled_from([1e-10, 1e-4])),
+        scale_rule=draw(st.sampled_from(["rceil", "floor"])) if floors else "rceil",
+        specials=draw(st.booleans()), eps_norm=draw(st.sampled_from([1e-6, 1e-5, 0.5])),
+        path=draw(st.sampled_from(sorted(paths))), poisons=draw(st.sampled_from(POISONS)),
+        seed=draw(st.integers(0, 2**32 - 1)),
+    )  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.gpu
+@settings(max_examples=200, deadline=None)
+@given(case=fused_cases())
+def test_fused_kernels_match_the_numpy_backend_on_drawn_calls(case):
+    # any fused mode, input type, format, layout, group size, rule, view and kernel path: every
+    # byte of the poisoned device storage, and of the residual's whole buffer, as the NumPy
+    # backend writes them
+    import cupy
+
+    rng = np.random.default_rng(case["seed"])
+    shape, dtype, mode = case["shape"], case["input_dtype"], case["mode"]
+    x = activations(rng, shape, dtype, specials=case["specials"])
+    options = {name: case[name] for name in ("eps", "pad_rows", "scale_rule", "scale", "layout")}
+    options["dtype"] = case["fmt"]
+    host, device = {}, {}
+    if mode in ("silu_mul", "masked_silu_mul"):
+        host["activation"] = device["activation"] = "silu_mul"
+    if mode.startswith("masked"):
+        counts = rng.integers(-2, shape[1] + 3, shape[0]).astype(rng.choice([np.int32, np.int64]))
+        host["masked_m"], device["masked_m"] = counts, cupy.asarray(counts)
+    r_host = r_wide = None
+    if mode in ("norm", "add_norm"):
+        weight = activations(rng, shape[-1:], dtype)
+        host["norm"] = (weight, case["eps_norm"])
+        device["norm"] = (cupy.asarray(weight), case["eps_norm"])
+        if mode == "add_norm":  # in a buffer of its own view, its other columns NaN
+            r_host = activations(rng, shape, dtype)
+            r_wide = cupy.asarray(widened(r_host, **case["r_view"], fill=np.nan))
+            device["residual"] = wide_view(r_wide, shape, **case["r_view"])
+            host["residual"] = r_host
+    n = shape[-1] // (2 if "activation" in host else 1)
+    geometry = Geometry((*shape[:-1], n), case["group"], case["layout"], case["pad_rows"])
+    poisons = case["poisons"]
+    q, s, q_buf, s_buf = poisoned_outputs(geometry, "cupy", case["fmt"], *poisons)
+    x_device = wide_view(cupy.asarray(widened(x, **case["x_view"])), shape, **case["x_view"])
+    paths = NORM_PATHS if "norm" in host else SILU_PATHS if mode == "silu_mul" else {}
+    with force_path(**paths.get(case["path"], {})):
+        q_got, s_got = fgq.quantize(x_device, case["group"], **options, **device, out=q,
+                                    scale_out=s)  # fmt: skip
+    assert q_got is q and s_got is s
+    hq, hs, hq_buf, hs_buf = host_poisoned(geometry, case["fmt"], *poisons)
+    fgq.quantize(x, case["group"], **options, **host, out=hq, scale_out=hs)
+    what = " ".join(f"{k}={v}" for k, v in case.items() if k != "seed")
+    assert_same_bytes(to_host_bytes(q_buf), hq_buf, f"q ({what})")
+    assert_same_bytes(to_host_bytes(s_buf), hs_buf, f"scales ({what})")
+    if r_host is not None:
+        expected = widened(host["residual"], **case["r_view"], fill=np.nan)
+        assert_same_bytes(to_host_bytes(r_wide), expected.view(np.uint8).ravel(),
+                          f"residual's buffer ({what})")  # fmt: skip

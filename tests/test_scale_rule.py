@@ -1,8 +1,17 @@
-"""scale_rule="floor" (OCP MX v1.0) against hand-checked answers and the scalar model (SPEC 3.6)."""
+"""scale_rule="floor" (OCP MX v1.0) against hand-checked answers and the scalar model (SPEC 3.6),
+and the kernels' floor rule on the GPU against the NumPy backend."""
 
 import ml_dtypes
 import numpy as np
 import pytest
+from backends import (
+    COMBINATIONS,
+    check,
+    compiled_kernels,  # noqa: F401 - autouse: GPU tests find every kernel loaded
+    plain_kernel_path,  # noqa: F401 - the fixture kernel_path
+    to_device,
+    wider_rows,
+)
 from helpers import NP_INPUT, activations
 
 import fp8_group_quant as fgq
@@ -32,6 +41,7 @@ def test_floor_takes_amax_exponent_minus_emax_elem_and_saturates():
     assert float(s[0, 0]) == 2.0 ** (3 - 15)
 
 
+# the formats the floor rule is defined for (those with emax_elem)
 @pytest.mark.parametrize("fmt", FLOOR_FORMATS)
 def test_powers_of_two_get_the_same_scale_under_both_rules(fmt):
     for k in range(-30, 30, 7):
@@ -48,7 +58,9 @@ def test_floor_keeps_the_scale_normal_for_tiny_eps():
     assert float(s[0, 0]) == 2.0**-126 and not np.asarray(q).view(np.uint8).any()
 
 
+# the formats the floor rule is defined for (those with emax_elem)
 @pytest.mark.parametrize("fmt", FLOOR_FORMATS)
+# every input type
 @pytest.mark.parametrize("input_dtype", list(NP_INPUT))
 def test_floor_matches_the_scalar_model(fmt, input_dtype):
     rng = np.random.default_rng(21)
@@ -63,6 +75,7 @@ def test_floor_matches_the_scalar_model(fmt, input_dtype):
             assert float(s.reshape(-1)[i]) == want_scale
 
 
+# every layout of UE8M0 scales but blocked (test_blocked.py has it)
 @pytest.mark.parametrize("layout", ["row", "col", "col_tma", "packed", "packed_row"])
 def test_floor_writes_every_ue8m0_layout_alike(layout):
     rng = np.random.default_rng(22)
@@ -84,3 +97,57 @@ def test_bad_scale_rules_are_named():
     for fmt in ("int8", "e4m3fnuz"):
         with pytest.raises(ValueError, match=f"dtype='{fmt}' has no emax_elem"):
             fgq.quantize(x, 128, dtype=fmt, scale="ue8m0", scale_rule="floor")
+
+
+# the GPU: a runtime flag of every UE8M0 kernel, against the NumPy backend -------------------------
+
+# every UE8M0 combination of the formats the floor rule is defined for (those with emax_elem)
+FLOOR_COMBINATIONS = [c for c in COMBINATIONS if c[3] == "ue8m0" and c[2] in ("e4m3", "e5m2")]
+
+
+@pytest.mark.gpu
+# FLOOR_COMBINATIONS' comment says why
+@pytest.mark.parametrize("input_dtype, group_size, dtype, scale, layout", FLOOR_COMBINATIONS)
+def test_floor_rule_every_combination(input_dtype, group_size, dtype, scale, layout, kernel_path):
+    index = FLOOR_COMBINATIONS.index((input_dtype, group_size, dtype, scale, layout))
+    lib = ("cupy", "torch")[index % 2]
+    rng = np.random.default_rng(4000 + index)
+    args = (lib, group_size, dtype, scale, layout)
+    x = activations(rng, (5, 21 * group_size), input_dtype, specials=True)
+    check(x, to_device(x, lib), *args, scale_rule="floor")
+    x = activations(rng, (2, 3, 7168), input_dtype, specials=True)
+    check(x, wider_rows(x, 256, lib, 128), *args, pad_rows=True, scale_rule="floor")
+    x = activations(rng, (7, 2 * group_size), input_dtype)  # the element-wise load path
+    check(x, wider_rows(x, 3, lib, 1), *args, scale_rule="floor")
+    tiny = float(np.finfo(np.float32).tiny)  # exponents clamped at 1
+    check(x * 0, to_device(x * 0, lib), *args, eps=tiny, scale_rule="floor")
+
+
+@pytest.mark.gpu
+def test_floor_rule_in_the_fused_kernels():
+    import cupy
+
+    rng = np.random.default_rng(23)
+    options = dict(dtype="e4m3", scale="ue8m0", layout="packed", scale_rule="floor")
+    x = activations(rng, (3, 4, 2 * 512), "bfloat16", specials=True)
+    counts = np.array([4, 0, 2], np.int32)
+    for kwargs in ({"activation": "silu_mul"}, {"activation": "silu_mul", "masked_m": counts},
+                   {"masked_m": counts}):  # fmt: skip
+        device = {k: cupy.asarray(v) if k == "masked_m" else v for k, v in kwargs.items()}
+        q, s = fgq.quantize(cupy.asarray(x), 128, **options, **device)
+        hq, hs = fgq.quantize(x, 128, **options, **kwargs)
+        got_q, got_s = cupy.asnumpy(q).view(np.uint8), cupy.asnumpy(s)
+        for e in range(3):
+            rows = counts[e] if "masked_m" in kwargs else 4
+            assert np.array_equal(got_q[e, :rows], hq[e, :rows].view(np.uint8)), (kwargs, e)
+            assert np.array_equal(got_s[e, :rows], hs[e, :rows]), (kwargs, e)
+    w = activations(rng, (1024,), "bfloat16")
+    r = activations(rng, (3, 4, 1024), "bfloat16")
+    xn = x[..., :1024].copy()
+    r_device = cupy.asarray(r)
+    q, s = fgq.quantize(cupy.asarray(xn), 128, **options, norm=(cupy.asarray(w), 1e-6),
+                        residual=r_device)  # fmt: skip
+    hq, hs = fgq.quantize(xn, 128, **options, norm=(w, 1e-6), residual=r)
+    assert np.array_equal(cupy.asnumpy(q).view(np.uint8), hq.view(np.uint8))
+    assert np.array_equal(cupy.asnumpy(s), hs)
+    assert np.array_equal(cupy.asnumpy(r_device).view(np.uint16), r.view(np.uint16))
