@@ -65,7 +65,7 @@ def main_job(tokens: int, hidden: int) -> int:
     q_host, s_host = api.quantize_packed(x)  # the NumPy backend
     host_seconds = time.perf_counter() - start
     q_bytes, s_words = np.asarray(q_host).view(np.uint8), np.asarray(s_host)
-    checks, exact, timings = [], True, {}
+    checks, exact, timings = [], True, dict[str, float]()
     if cupy is None:
         backend = "NumPy backend (no CUDA device visible)"
     else:

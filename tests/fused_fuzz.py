@@ -1,7 +1,7 @@
 """Many more drawn fused calls than the GPU suite's 200, with fresh seeds: the Hypothesis test
-(tests/test_properties.py) of the fused kernels against the NumPy backend (every byte of poisoned storage,
-and the residual), N examples a process. A script, not collected by pytest; run from the
-repository root after tools/precompile.py, several processes at once:
+of the fused kernels against the NumPy backend in tests/test_properties.py (every byte of
+poisoned storage, and the residual), N examples a process. A script, not collected by pytest;
+run from the repository root after tools/precompile.py, several processes at once:
 
     PYTHONPATH=$PWD python3 tests/fused_fuzz.py 700
 """
