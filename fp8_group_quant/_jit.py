@@ -188,34 +188,59 @@ _loading: dict[tuple[int, str, str], threading.Lock] = {}  # one lock per functi
 CUPY_CACHE_ENV = "CUPY_CACHE_DIR"
 
 
-def _check_cupy_cache() -> None:
-    """Before CuPy's first import: ``import cupy`` creates ``CUPY_CACHE_DIR`` and fails, half
-    imported, where that path runs through a file. Say so instead, and leave the user's
-    environment as it is (changing it would change it for the whole process)."""
+def _unusable_cupy_cache() -> str | None:
+    """Why ``CUPY_CACHE_DIR`` would break ``import cupy`` (its path runs through a file), or
+    None where it is unset or usable."""
     value = os.environ.get(CUPY_CACHE_ENV)
-    if "cupy" in sys.modules or not value:
-        return
+    if not value:
+        return None
     path = Path(value).absolute()
     for part in (path, *path.parents):
         if part.exists():
-            if not part.is_dir():
-                raise GpuUnavailableError(
-                    f"{CUPY_CACHE_ENV}={value}: {part} is a file, so CuPy cannot be imported; "
-                    f"point {CUPY_CACHE_ENV} at a directory or unset it"
-                )
-            return
+            return None if part.is_dir() else f"{part} is a file"
+    return None
 
 
 def cupy_module():
-    """``cupy``, or GpuUnavailableError saying how to install it."""
-    _check_cupy_cache()
+    """``cupy``, or GpuUnavailableError saying how to install it.
+
+    NOTES: ``import cupy`` creates ``CUPY_CACHE_DIR`` and fails, half imported, where that path
+    runs through a file. Then CuPy is imported against a private directory, with one warning,
+    and the variable is set back at once: the user's environment is not changed for the process.
+    """
+    if "cupy" not in sys.modules:
+        problem = _unusable_cupy_cache()
+        if problem is not None:
+            return _import_cupy_with_private_cache(problem)
     try:
         import cupy
     except ImportError as error:  # pragma: no cover - depends on the machine
-        raise GpuUnavailableError(
-            "GPU arrays need CuPy and NVRTC: pip install 'fp8_group_quant[cuda12]' "
-            "(or [cuda13] for CUDA 13)"
-        ) from error
+        raise GpuUnavailableError(_CUPY_HINT) from error
+    return cupy
+
+
+_CUPY_HINT = (
+    "GPU arrays need CuPy and NVRTC: pip install 'fp8_group_quant[cuda12]' (or [cuda13] for "
+    "CUDA 13)"
+)
+
+
+def _import_cupy_with_private_cache(problem: str):
+    value = os.environ[CUPY_CACHE_ENV]
+    private = tempfile.mkdtemp(prefix="fp8_group_quant-cupy-")
+    os.environ[CUPY_CACHE_ENV] = private
+    try:
+        import cupy
+    except ImportError as error:  # pragma: no cover - depends on the machine
+        raise GpuUnavailableError(_CUPY_HINT) from error
+    finally:
+        os.environ[CUPY_CACHE_ENV] = value
+    warnings.warn(
+        f"fp8_group_quant: {CUPY_CACHE_ENV}={value} cannot be used ({problem}); CuPy's own "
+        f"cache is {private} in this process (the variable is left as it is)",
+        RuntimeWarning,
+        stacklevel=3,
+    )
     return cupy
 
 
@@ -307,7 +332,7 @@ def driver_error(status: int) -> str:
 
 
 def _nvrtc():
-    _check_cupy_cache()  # on some installs cupy_backends imports cupy
+    cupy_module()  # CuPy whole before cupy_backends: importing that first can half-import cupy
     try:
         from cupy_backends.cuda.libs import nvrtc
     except ImportError as error:

@@ -85,9 +85,9 @@ def test_pdl_is_on_for_sm90_and_off_by_switch():
     x = to_device(activations(np.random.default_rng(14), (8, 1024), "bfloat16"), "torch")
     sm90 = torch.cuda.get_device_capability(device)[0] >= 9
     with force_path(fresh_plans=True):  # as configured (the default: on)
-        assert fgq.prepare(x)._plan.launch.pdl == sm90
+        assert [launch.pdl for launch in fgq.prepare(x)._plan.launches] == [sm90]
     with force_path(pdl=False):  # FP8_GROUP_QUANT_PDL=0
-        assert fgq.prepare(x)._plan.launch.pdl is False
+        assert [launch.pdl for launch in fgq.prepare(x)._plan.launches] == [False]
 
 
 @pytest.mark.parametrize("pdl", [True, False])  # the quantizer launched with PDL and without
