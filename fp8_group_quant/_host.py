@@ -60,9 +60,10 @@ def run(request: Request, x: np.ndarray, x_info: ArrayInfo, out, scale_out, oper
                                           residual)  # fmt: skip
         if residual is not None and new is not None:
             residual[...] = new.astype(residual.dtype)
-    elif request.mode.name == "silu_mul":
+    elif request.mode.name is not None:  # a gated activation: gate then up
         n = geometry.k
-        values = activation.silu_mul(x[..., :n], x[..., n:], request.input_dtype)
+        values = activation.gated_mul(request.mode.name, x[..., :n], x[..., n:],
+                                      request.input_dtype)  # fmt: skip
     storages = (_flat(q_info, geometry.q_storage).view(np.uint8),
                 _flat(s_info, geometry.scale_storage))  # fmt: skip
     arguments = (values, geometry, request.fmt, request.scale, request.eps, *storages)

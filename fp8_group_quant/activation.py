@@ -122,6 +122,45 @@ def silu(g: np.ndarray) -> np.ndarray:
     return _canonical_nan(result.astype(F32))
 
 
+# GELU, tanh approximation (docs/spec.md, section 2c): float32 IEEE steps, no table ------------
+
+GELU_C0 = F32(np.sqrt(2 / np.pi))  # RN(sqrt(2 / pi))
+GELU_C1 = F32(0.044715)
+GELU_CLAMP = F32(10.0)  # tanh(a) rounds to 1 in float32 from a = 9.01
+LOG2E = F32(1 / np.log(2))
+LN2_HI = F32(0.693359375)  # ln 2 to 10 bits: k * LN2_HI is exact for the |k| <= 29 used here
+LN2_LO = F32(np.log(2) - 0.693359375)
+EXP_TAYLOR = tuple(F32(1 / f) for f in (5040, 720, 120, 24, 6, 2, 1, 1))  # 1/7! down to 1/0!
+
+
+def exp_of_negative(x: np.ndarray) -> np.ndarray:
+    """exp(x) for float32 x in [-20, 0]: ``k = rint(x * RN(1/ln 2))``, ``r = (x - k * LN2_HI) -
+    k * LN2_LO``, a degree-7 Taylor polynomial in r by Horner's rule (a multiply and an add a
+    step), times 2^k (exact)."""
+    x = np.asarray(x, F32)
+    k = np.rint(x * LOG2E).astype(np.int64)
+    kf = k.astype(F32)
+    r = (x - kf * LN2_HI) - kf * LN2_LO
+    p = np.full_like(r, EXP_TAYLOR[0])
+    for c in EXP_TAYLOR[1:]:
+        p = (p * r) + c
+    return p * _power_of_two(k)
+
+
+def gelu_tanh(g: np.ndarray) -> np.ndarray:
+    """``0.5 * g * (1 + tanh(sqrt(2/pi) * (g + 0.044715 * g^3)))`` in float32 steps, with
+    ``tanh(u) = sign(u) * (1 - E) / (1 + E)``, ``E = exp(-2 * min(|u|, 10))``."""
+    g = np.asarray(g, F32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        u = GELU_C0 * (g + GELU_C1 * ((g * g) * g))
+        a = np.where(np.isnan(u), F32(0.0), np.minimum(np.abs(u), GELU_CLAMP)).astype(F32)
+        e = exp_of_negative(-(a + a))
+        t = np.copysign((F32(1.0) - e) / (F32(1.0) + e), u)
+        y = (F32(0.5) * g) * (F32(1.0) + t)
+        y = np.where(g == -np.inf, F32(-0.0), y)
+    return _canonical_nan(y.astype(F32))
+
+
 def round_to(values: np.ndarray, input_dtype: str) -> np.ndarray:
     """float32 ``values`` rounded to nearest even in ``input_dtype`` and back (exact)."""
     numpy_dtype = INPUT_TYPES[input_dtype].numpy_dtype
@@ -129,12 +168,21 @@ def round_to(values: np.ndarray, input_dtype: str) -> np.ndarray:
         return np.asarray(values, F32).astype(numpy_dtype).astype(F32)
 
 
-def silu_mul(gate: np.ndarray, up: np.ndarray, input_dtype: str) -> np.ndarray:
-    """``round(round(silu(gate)) * up)`` in ``input_dtype``, returned as float32 values."""
-    s = round_to(silu(np.asarray(gate).astype(F32)), input_dtype)
+GATES = {"silu_mul": silu, "gelu_tanh_mul": gelu_tanh}  # activation= -> the gate's function
+
+
+def gated_mul(name: str, gate: np.ndarray, up: np.ndarray, input_dtype: str) -> np.ndarray:
+    """``round(round(f(gate)) * up)`` in ``input_dtype`` for the activation ``name``, as float32
+    values: the activation rounded to the input dtype, then the product rounded again."""
+    s = round_to(GATES[name](np.asarray(gate).astype(F32)), input_dtype)
     with np.errstate(over="ignore", under="ignore", invalid="ignore"):
         y = _canonical_nan(s * np.asarray(up).astype(F32))
     return _canonical_nan(round_to(y, input_dtype))
+
+
+def silu_mul(gate: np.ndarray, up: np.ndarray, input_dtype: str) -> np.ndarray:
+    """``round(round(silu(gate)) * up)`` in ``input_dtype``, returned as float32 values."""
+    return gated_mul("silu_mul", gate, up, input_dtype)
 
 
 def _canonical_nan(values: np.ndarray) -> np.ndarray:

@@ -1,5 +1,5 @@
 """Markers: gpu tests run wherever a CUDA device is visible and skip only where none is;
-multi_gpu tests need two devices."""
+multi_gpu tests need two devices. ``--compile-all`` runs the exhaustive NVRTC compile."""
 
 import os
 
@@ -16,6 +16,14 @@ def _gpu_count() -> int:
         return cupy.cuda.runtime.getDeviceCount()
     except Exception:
         return 0
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--compile-all",
+        action="store_true",
+        help="compile every kernel instantiation for each architecture (minutes; CI's own step)",
+    )
 
 
 def pytest_collection_modifyitems(config, items):
