@@ -7,6 +7,7 @@
 // reads them from this file and compares.
 #pragma once
 #include "common.cuh"
+#include "formats.cuh"
 #include "silu_band_bf16.cuh"
 
 namespace fgq {
@@ -123,22 +124,6 @@ __device__ __forceinline__ float silu(float g, const ExpTable& table) {
   }
   return canonical_nan(s);
 }
-
-// float32 -> the input type and back (round to nearest even; no flush of subnormals)
-template <int kIn> __device__ __forceinline__ float round_to_input(float v);
-template <> __device__ __forceinline__ float round_to_input<kBF16>(float v) {
-  // NOTES: one cvt: v rounded into the high half of a word whose low half is +0's, which is the
-  // float32 of the rounded value (a cvt to 16 bits took a second instruction to shift it back)
-  u32 r;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(v), "f"(0.0f));
-  return __uint_as_float(r);
-}
-template <> __device__ __forceinline__ float round_to_input<kF16>(float v) {
-  u16 h;
-  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
-  return Input<kF16>::half_to_f32(h);
-}
-template <> __device__ __forceinline__ float round_to_input<kF32>(float v) { return v; }
 
 // round_to_input(silu(g)): the tables a block holds in shared memory for kSiluMul ---------------
 
@@ -303,72 +288,6 @@ struct ActivationTable<kBF16, kSiluMul> {
   typedef SiluBandTable Type;
 };
 
-// two float32 values rounded to nearest even into one word of a 16-bit input type, lo in the
-// low half; a NaN becomes what cvt writes (0x7fff, seen on the H200 in the residual the fused
-// add-RMSNorm writes back), which map_lane then canonicalises
-template <int kIn> __device__ __forceinline__ u32 input_pair(float lo, float hi);
-template <> __device__ __forceinline__ u32 input_pair<kBF16>(float lo, float hi) {
-  u32 r;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-  return r;
-}
-template <> __device__ __forceinline__ u32 input_pair<kF16>(float lo, float hi) {
-  u32 r;
-  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-  return r;
-}
-
-// the NaN halves (or words) of `words`, in the input type, made the positive quiet NaN
-template <int kIn>
-__device__ __forceinline__ void canonicalise_nan(u32 (&words)[kLaneWords]) {
-  typedef Input<kIn> In;
-#pragma unroll
-  for (int w = 0; w < kLaneWords; ++w) {
-    if constexpr (In::kBytes == 2) {
-      constexpr u32 kQuietNaN = kIn == kBF16 ? 0x7fc0u : 0x7e00u;
-      u32 lo = words[w] & 0xffffu, hi = words[w] >> 16;
-      if ((lo & 0x7fffu) > In::kInf) lo = kQuietNaN;
-      if ((hi & 0x7fffu) > In::kInf) hi = kQuietNaN;
-      words[w] = lo | (hi << 16);
-    } else {
-      if ((words[w] & 0x7fffffffu) > In::kInf) words[w] = 0x7fc00000u;
-    }
-  }
-}
-
-// per value of one lane: bits of the input type, made by `value` from the i-th float32 value;
-// NaN is the positive quiet NaN (0x7fc0, 0x7e00, 0x7fc00000), as NumPy converts float32's.
-// kCheck false: the caller knows whether a value may be NaN and passes `maybe_nan`, and no
-// value is tested unless it is true
-// NOTES: 16-bit types convert two values with one cvt and canonicalise NaN on a path taken only
-// by a lane that made one (before: per value a cvt, two NaN selects, a shift and an or)
-template <int kIn, bool kCheck = true, typename F>
-__device__ __forceinline__ void map_lane(u32 (&words)[kLaneWords], F value, bool maybe_nan = true) {
-  typedef Input<kIn> In;
-  u32 out[kLaneWords];
-  bool nan = false;
-#pragma unroll
-  for (int w = 0; w < kLaneWords; ++w) {
-    if constexpr (In::kBytes == 2) {
-      const float lo = value(2 * w), hi = value(2 * w + 1);
-      if constexpr (kCheck) nan |= lo != lo || hi != hi;
-      out[w] = input_pair<kIn>(lo, hi);
-    } else {
-      const float v = value(w);
-      if constexpr (kCheck) nan |= v != v;
-      out[w] = __float_as_uint(v);
-    }
-  }
-  if (__builtin_expect(kCheck ? nan : maybe_nan, 0)) canonicalise_nan<kIn>(out);
-#pragma unroll
-  for (int w = 0; w < kLaneWords; ++w) words[w] = out[w];
-}
-
-template <int kIn>
-__device__ __forceinline__ float value_of(const u32 (&words)[kLaneWords], int i) {
-  return __uint_as_float(Input<kIn>::f32_bits(words, i));
-}
-
 // gate words in, y words out (the input's encoding), given the matching up words
 template <int kIn, typename Table>
 __device__ __forceinline__ void silu_mul_lane(u32 (&words)[kLaneWords], const u32 (&up)[kLaneWords],
@@ -387,99 +306,29 @@ __device__ __forceinline__ void silu_mul_lane(u32 (&words)[kLaneWords], const u3
   }
 }
 
-// fused RMSNorm (docs/spec.md, section 2b; the definition is activation.rms_norm) ---------------
-
-// x = round(x + residual), in the input type, NaN as the hardware writes it: the caller makes it
-// the positive quiet NaN (norm_rows, only where the lane's sum of squares is not finite)
-// NOTES: 16-bit types add two values with one packed add (sm_80 and newer), which rounds the
-// exact sum once where the definition rounds it to float32 first; both give the same value.
-// Take 2^e <= |a| < 2^(e+1) for the larger value a and p the type's significant bits (8 for
-// bfloat16, 11 for float16). Sums that cancel below 2^(e-1) are exact (Sterbenz), and an
-// inexact float32 sum needs b smaller than the sum's float32 unit times 2^(p-1), so it stays
-// below 2^(e+1) and |b| < 2^(e+p-24). Every midpoint of the type's grid (the overflow
-// threshold above its largest value among them) lies at least 2^(e-p-1) from a, so such a sum
-// lies at least 2^(e-p-2) from each, beyond float32's rounding (at most 2^(e-24)): no tie is
-// made or moved. Sums past float32's range are Inf both ways. tests/test_norm.py checks every
-// value of the type against 640 others over every exponent (every pair was checked once). The
-// float path took about seven instructions a pair (four unpacks, two adds, a pack): fused
-// step 23
-template <int kIn>
-__device__ __forceinline__ void add_residual(u32 (&words)[kLaneWords], const u32 (&residual)[kLaneWords]) {
-#if __CUDA_ARCH__ >= 800
-  if constexpr (Input<kIn>::kBytes == 2) {
-#pragma unroll
-    for (int w = 0; w < kLaneWords; ++w) {
-      if constexpr (kIn == kBF16) {
-        // a * 1 + b rounded once (fma.rn.bf16x2 is sm_80's; add.rn.bf16x2 needs sm_90)
-        asm("fma.rn.bf16x2 %0, %1, %2, %3;"
-            : "=r"(words[w]) : "r"(words[w]), "r"(0x3f803f80u), "r"(residual[w]));
-      } else {
-        asm("add.rn.f16x2 %0, %1, %2;" : "=r"(words[w]) : "r"(words[w]), "r"(residual[w]));
-      }
-    }
-    return;
-  }
-#endif
-  u32 x[kLaneWords];
-#pragma unroll
-  for (int w = 0; w < kLaneWords; ++w) x[w] = words[w];
-  map_lane<kIn, false>(words, [&](int i) { return add_rn(value_of<kIn>(x, i), value_of<kIn>(residual, i)); }, false);
+// one lane's input bytes: its 32 bytes of x, and with kSiluMul the up bytes x_up_offset
+// elements further (in `up`; unused otherwise)
+template <int kIn, bool kVec16, int kAct>
+__device__ __forceinline__ void load_inputs(const Params& p, const typename Input<kIn>::Storage* src,
+                                            u32 (&words)[kLaneWords], u32 (&up)[kLaneWords]) {
+  load_lane<kIn, kVec16>(src, words);
+  if constexpr (kAct == kSiluMul) load_lane<kIn, kVec16>(src + p.x_up_offset, up);
 }
 
-// a[i] += a[i + kWidth] for i < kWidth, then the same for half the width, down to a[0]
-// NOTES: one template step a width: written as a loop over `width /= 2`, NVRTC kept the outer
-// loop and indexed the registers through predicated moves, about 240 instructions a lane
-// (docs/perf.md, fused step 6)
-template <int kWidth>
-__device__ __forceinline__ void fold_in_half(float* a) {
-  if constexpr (kWidth >= 1) {
-#pragma unroll
-    for (int i = 0; i < kWidth; ++i) a[i] = add_rn(a[i], a[i + kWidth]);
-    fold_in_half<kWidth / 2>(a);
-  }
+// the values quantized, from the loaded bytes: x itself, or SiLU(gate) * up
+template <int kIn, int kAct, typename Table>
+__device__ __forceinline__ void apply_activation(u32 (&words)[kLaneWords], const u32 (&up)[kLaneWords],
+                                                 const Table& table) {
+  if constexpr (kAct == kSiluMul) silu_mul_lane<kIn>(words, up, table);
 }
 
-// the lane's squares RN(v * v), folded in half: value i plus value i + n/2, down to one
-template <int kIn>
-__device__ __forceinline__ float lane_sum_of_squares(const u32 (&words)[kLaneWords]) {
-  constexpr int kValues = kLaneWords * 4 / Input<kIn>::kBytes;
-  float a[kValues];
-#pragma unroll
-  for (int i = 0; i < kValues; ++i) {
-    const float v = value_of<kIn>(words, i);
-    a[i] = mul_rn(v, v);
-  }
-  fold_in_half<kValues / 2>(a);
-  return a[0];
-}
-
-// the 32 values of a warp folded in half (lane i plus lane i + 16, and so on): xor shuffles
-// with offsets 16 to 1 leave that sum in every lane, since a + b and b + a round alike
-__device__ __forceinline__ float warp_fold(float v) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) v = add_rn(v, __shfl_xor_sync(0xffffffffu, v, offset));
-  return v;
-}
-
-// y = round(RN(x * r) * w), in the input type; weight(i) is w's value i as float32 (from the
-// loaded words, or from the float32 copy a walking block keeps: quantize_norm); `maybe_nan`
-// false promises that no product is NaN (see quantize_norm)
-template <int kIn, typename Weight>
-__device__ __forceinline__ void normalize_lane(u32 (&words)[kLaneWords], Weight weight, float r, bool maybe_nan) {
-  u32 x[kLaneWords];
-#pragma unroll
-  for (int w = 0; w < kLaneWords; ++w) x[w] = words[w];
-  map_lane<kIn, false>(words, [&](int i) { return mul_rn(mul_rn(value_of<kIn>(x, i), r), weight(i)); }, maybe_nan);
-}
-
-// y = round(RN(x * r) * w) for each value of a lane, rounded to the input type and kept as
-// float32 for the quantizer (FloatLane, whose NaN it encodes as +NaN, the canonical NaN the
-// definition gives); weight as above
-template <int kIn, int kValues, typename Weight>
-__device__ __forceinline__ void normalize_lane(const u32 (&x)[kLaneWords], Weight weight, float r,
-                                               FloatLane<kValues>& y) {
-#pragma unroll
-  for (int i = 0; i < kValues; ++i) y.v[i] = round_to_input<kIn>(mul_rn(mul_rn(value_of<kIn>(x, i), r), weight(i)));
+// one lane's values of a group: load_inputs, then apply_activation
+template <int kIn, bool kVec16, int kAct, typename Table>
+__device__ __forceinline__ void load_values(const Params& p, const typename Input<kIn>::Storage* src,
+                                            const Table& table, u32 (&words)[kLaneWords]) {
+  u32 up[kLaneWords];
+  load_inputs<kIn, kVec16, kAct>(p, src, words, up);
+  apply_activation<kIn, kAct>(words, up, table);
 }
 
 }  // namespace fgq
