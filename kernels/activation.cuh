@@ -269,25 +269,6 @@ struct SiluBandTable {
   }
 };
 
-// what a block of each input type and activation holds; kIdentity needs nothing
-struct NoTable {
-  __device__ __forceinline__ void fill() {}
-  __device__ __forceinline__ void start(bool) {}
-  __device__ __forceinline__ void wait(bool) const {}
-};
-template <int kIn, int kAct>
-struct ActivationTable {
-  typedef NoTable Type;
-};
-template <int kIn>
-struct ActivationTable<kIn, kSiluMul> {
-  typedef SiluByArithmetic Type;
-};
-template <>
-struct ActivationTable<kBF16, kSiluMul> {
-  typedef SiluBandTable Type;
-};
-
 // gate words in, y words out (the input's encoding), given the matching up words
 template <int kIn, typename Table>
 __device__ __forceinline__ void silu_mul_lane(u32 (&words)[kLaneWords], const u32 (&up)[kLaneWords],
@@ -306,29 +287,86 @@ __device__ __forceinline__ void silu_mul_lane(u32 (&words)[kLaneWords], const u3
   }
 }
 
-// one lane's input bytes: its 32 bytes of x, and with kSiluMul the up bytes x_up_offset
-// elements further (in `up`; unused otherwise)
-template <int kIn, bool kVec16, int kAct>
-__device__ __forceinline__ void load_inputs(const Params& p, const typename Input<kIn>::Storage* src,
-                                            u32 (&words)[kLaneWords], u32 (&up)[kLaneWords]) {
-  load_lane<kIn, kVec16>(src, words);
-  if constexpr (kAct == kSiluMul) load_lane<kIn, kVec16>(src + p.x_up_offset, up);
-}
+// the activation trait -----------------------------------------------------------------------
+// What the kernels ask of an activation: one struct per activation, and ActivationTrait<kAct>
+// maps the template code Python passes (fgq::kIdentity, fgq::kSiluMul) to it. A new activation
+// is an Activation code, its struct and its ActivationTrait, plus its NumPy definition.
+//   kInputs       input lanes a lane of values reads: x alone, or a gated activation's gate
+//                 and up
+//   kUnsignedNaN  every NaN of the values is +NaN, whatever its sign bit (patch_nonfinite)
+//   kSixBlocks    may run at six 256-thread blocks an SM (40 registers) where the rest of the
+//                 instantiation fits them (min_blocks_per_sm)
+//   kMaskedSlots  group slots a thread of quantize_masked loads together
+//   Table<kIn>    what a block holds in shared memory: fill() for the walking grids, start()
+//                 before the loads and wait() after them for the one-pass grid
+//   load          issue a lane's loads: x into `words`, or the gate there and the up lane
+//                 x_up_offset elements further into `up`
+//   apply         what load() read -> the values quantized, in `words`
+// NOTES: the numbers are enumerators, not static constexpr members: under CuPy's
+// --device-as-default-execution-space such a member is a device variable that the module
+// carries, and each one moves the constant-bank slots the kernels read table addresses from
 
-// the values quantized, from the loaded bytes: x itself, or SiLU(gate) * up
-template <int kIn, int kAct, typename Table>
-__device__ __forceinline__ void apply_activation(u32 (&words)[kLaneWords], const u32 (&up)[kLaneWords],
-                                                 const Table& table) {
-  if constexpr (kAct == kSiluMul) silu_mul_lane<kIn>(words, up, table);
-}
+// what a block holds for an activation without a table: nothing
+struct NoTable {
+  __device__ __forceinline__ void fill() {}
+  __device__ __forceinline__ void start(bool) {}
+  __device__ __forceinline__ void wait(bool) const {}
+};
 
-// one lane's values of a group: load_inputs, then apply_activation
+// x as loaded
+struct IdentityActivation {
+  enum : int { kInputs = 1, kMaskedSlots = kMaskedUnroll };
+  enum : bool { kUnsignedNaN = false, kSixBlocks = true };
+  template <int kIn> using Table = NoTable;
+  template <int kIn, bool kVec16>
+  __device__ static __forceinline__ void load(const Params& p, const typename Input<kIn>::Storage* src,
+                                              u32 (&words)[kLaneWords], u32 (&up)[kLaneWords]) {
+    load_lane<kIn, kVec16>(src, words);
+  }
+  template <int kIn, typename Shared>
+  __device__ static __forceinline__ void apply(u32 (&words)[kLaneWords], const u32 (&up)[kLaneWords],
+                                               const Shared& table) {}
+};
+
+// SiLU(gate) * up. Its table: bfloat16's band of results, the exponential's for float16 and
+// float32. kMaskedSlots: two slots of gate and up (64 bytes each) fit the 64 registers of
+// eight resident blocks without a spill, as three of x alone do
+template <int kIn> struct SiluTable {
+  typedef SiluByArithmetic Type;
+};
+template <> struct SiluTable<kBF16> {
+  typedef SiluBandTable Type;
+};
+
+struct SiluMulActivation {
+  enum : int { kInputs = 2, kMaskedSlots = kMaskedUnrollSilu };
+  enum : bool { kUnsignedNaN = true, kSixBlocks = false };
+  template <int kIn> using Table = typename SiluTable<kIn>::Type;
+  template <int kIn, bool kVec16>
+  __device__ static __forceinline__ void load(const Params& p, const typename Input<kIn>::Storage* src,
+                                              u32 (&words)[kLaneWords], u32 (&up)[kLaneWords]) {
+    load_lane<kIn, kVec16>(src, words);
+    load_lane<kIn, kVec16>(src + p.x_up_offset, up);
+  }
+  template <int kIn, typename Shared>
+  __device__ static __forceinline__ void apply(u32 (&words)[kLaneWords], const u32 (&up)[kLaneWords],
+                                               const Shared& table) {
+    silu_mul_lane<kIn>(words, up, table);
+  }
+};
+
+template <int kAct> struct ActivationTrait;
+template <> struct ActivationTrait<kIdentity> : IdentityActivation {};
+template <> struct ActivationTrait<kSiluMul> : SiluMulActivation {};
+
+// one lane's values: the activation's loads, then its arithmetic
 template <int kIn, bool kVec16, int kAct, typename Table>
 __device__ __forceinline__ void load_values(const Params& p, const typename Input<kIn>::Storage* src,
                                             const Table& table, u32 (&words)[kLaneWords]) {
+  typedef ActivationTrait<kAct> Act;
   u32 up[kLaneWords];
-  load_inputs<kIn, kVec16, kAct>(p, src, words, up);
-  apply_activation<kIn, kAct>(words, up, table);
+  Act::template load<kIn, kVec16>(p, src, words, up);
+  Act::template apply<kIn>(words, up, table);
 }
 
 }  // namespace fgq

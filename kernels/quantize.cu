@@ -53,7 +53,7 @@ constexpr int min_blocks_per_sm() {
   // float scales of 16-bit input (1.07 to 1.09-1.15x: their three extra instructions a value
   // want the row loop's prefetch), which keep five blocks, and so the loop past 16 waves
   constexpr bool one_pass_six = kOnePass && (kScale != kFloat32Scale || kIn == kF32);
-  return kVec16 && kAct == kIdentity && (lean || one_pass_six) ? 6 : 5;
+  return kVec16 && ActivationTrait<kAct>::kSixBlocks && (lean || one_pass_six) ? 6 : 5;
 }
 
 // kBlocks: resident blocks of kMaxThreads threads an SM the compiler fits the kernel to; 0 takes
@@ -70,6 +70,7 @@ __global__ void __launch_bounds__(kMaxThreads,
                                   (kBlocks != 0 ? kBlocks
                                                 : min_blocks_per_sm<kIn, kOut, kScale, kVec16, kOnePass, kAct>()))
     quantize_groups(const __grid_constant__ Params p) {
+  typedef ActivationTrait<kAct> Act;
   typedef Input<kIn> In;
   typedef typename In::Storage Storage;
   constexpr int kValues = kLaneWords * 4 / In::kBytes;  // 16 (16-bit input) or 8 (float32)
@@ -77,15 +78,15 @@ __global__ void __launch_bounds__(kMaxThreads,
   static_assert(kLanes >= 2 && kLanes <= 32 && (kLanes & (kLanes - 1)) == 0, "lanes per group");
   static_assert(kLayout != kPackedExponents || kScale == kUE8M0Scale,
                 "a packed word holds UE8M0 exponent bytes only");
-  static_assert(!kFlat || (kOnePass && kAct == kIdentity), "the linear load: plain input, one pass");
+  static_assert(!kFlat || (kOnePass && Act::kInputs == 1), "the linear load: plain input, one pass");
 
   const int lane = threadIdx.x % kLanes;
   const int tile_rows_log2 = p.tile_rows_log2;
-  __shared__ typename ActivationTable<kIn, kAct>::Type table;
+  __shared__ typename Act::template Table<kIn> table;
   // NOTES: the one-pass path starts the table's copy before its loads and waits for it (a
   // barrier) after them (a barrier before them would hold them back: docs/perf.md, fused steps
   // 5 and 27); the row loop fills it here, before any thread returns
-  if constexpr (kAct == kSiluMul && !kOnePass) table.fill();
+  if constexpr (!kOnePass) table.fill();
 
   if constexpr (kOnePass) {
     one_pass_group<kIn, kGroup, kOut, kScale, kLayout, kVec16, kAct, kFlat>(p, table);
@@ -150,7 +151,7 @@ __global__ void __launch_bounds__(kMaxThreads,
     } else {
       signal_dependents();  // this slot's last load is issued
     }
-    quantize_group<kIn, kGroup, kOut, kScale, kLayout, false, kAct == kSiluMul>(
+    quantize_group<kIn, kGroup, kOut, kScale, kLayout, false, Act::kUnsignedNaN>(
         p, words, mask, row < rows, p.q + batch * p.q_batch_stride + row * k + value0,
         row < p.q_rows, ScaleLayout<kLayout>::at(p, batch, row, group),
         lane == 0 && row < p.scale_rows, group);
@@ -172,25 +173,19 @@ __global__ void __launch_bounds__(kMaxThreads,
 // pointer) every batch has p.rows rows: the plain fused SiLU-and-multiply path's grid for
 // large inputs without padding rows, one table copy per resident block instead of one per
 // 16 groups (_launch.fused_takes_persistent; docs/perf.md, fused step 12).
-// slots per thread and iteration, their loads issued together: three of x alone, two of gate
-// and up (64 bytes each), which fit the 64 registers of eight resident blocks without a spill
-template <int kAct>
-constexpr int masked_unroll() {
-  return kAct == kIdentity ? kMaskedUnroll : kMaskedUnrollSilu;
-}
-
 template <int kIn, int kGroup, int kOut, int kScale, int kLayout, int kAct>
 __global__ void __launch_bounds__(kMaskedThreads, 8) quantize_masked(const __grid_constant__ Params p) {
+  typedef ActivationTrait<kAct> Act;
   typedef Input<kIn> In;
   typedef typename In::Storage Storage;
   constexpr int kValues = kLaneWords * 4 / In::kBytes;
   constexpr int kLanes = kGroup / kValues;
   constexpr int kWarps = kMaskedThreads / 32;
-  __shared__ typename ActivationTable<kIn, kAct>::Type table;
+  __shared__ typename Act::template Table<kIn> table;
   __shared__ u32 first_tile[kMaxExperts + 1];  // row tiles of the experts before e
   __shared__ u32 expert_rows[kMaxExperts];     // clamped masked_m
   __shared__ u32 warp_totals[kWarps];
-  if constexpr (kAct == kSiluMul) table.fill();
+  table.fill();
 
   const u32 experts = p.batches;
   const int tile_rows_log2 = p.tile_rows_log2;
@@ -279,7 +274,7 @@ __global__ void __launch_bounds__(kMaskedThreads, 8) quantize_masked(const __gri
   // Each iteration takes kUnroll slots a grid apart and issues all their loads before it
   // quantizes any, so a persistent block keeps as many bytes in flight as the one-pass kernel's
   // fuller grid (docs/perf.md, fused step 2)
-  constexpr int kUnroll = masked_unroll<kAct>();
+  constexpr int kUnroll = Act::kMaskedSlots;
   for (u32 base = blockIdx.x * slots_per_block; base < total_slots; base += kUnroll * grid_slots) {
     u32 words[kUnroll][kLaneWords], up[kUnroll][kLaneWords];
     u32 batch[kUnroll], row[kUnroll];
@@ -320,16 +315,16 @@ __global__ void __launch_bounds__(kMaskedThreads, 8) quantize_masked(const __gri
       row[u] = ((tile - first) << tile_rows_log2) + (within & (tile_rows - 1u));
       // rows is at least 1: the expert owns this tile
       active[u] = slot_raw < total_slots && row[u] < rows;
-      load_inputs<kIn, true, kAct>(
+      Act::template load<kIn, true>(
           p, static_cast<const Storage*>(p.x) + lo * p.x_batch_stride +
                  min(row[u], rows - 1u) * p.x_row_stride + static_cast<i64>(group[u]) * kGroup +
                  lane * kValues, words[u], up[u]);
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      apply_activation<kIn, kAct>(words[u], up[u], table);
+      Act::template apply<kIn>(words[u], up[u], table);
       const i64 value0 = static_cast<i64>(group[u]) * kGroup + lane * kValues;
-      quantize_group<kIn, kGroup, kOut, kScale, kLayout, true, kAct == kSiluMul>(
+      quantize_group<kIn, kGroup, kOut, kScale, kLayout, true, Act::kUnsignedNaN>(
           p, words[u], 0xffffffffu, true, p.q + batch[u] * p.q_batch_stride + row[u] * k + value0,
           active[u], ScaleLayout<kLayout>::at(p, batch[u], row[u], group[u]),
           active[u] && lane == 0, group[u]);

@@ -24,6 +24,7 @@ namespace fgq {
 template <int kIn, int kGroup, int kOut, int kScale, int kLayout, bool kVec16, int kAct, bool kFlat,
           typename Table>
 __device__ __forceinline__ void one_pass_group(const Params& p, Table& table) {
+  typedef ActivationTrait<kAct> Act;
   typedef typename Input<kIn>::Storage Storage;
   constexpr int kValues = kLaneWords * 4 / Input<kIn>::kBytes;
   constexpr int kLanes = kGroup / kValues;
@@ -42,7 +43,7 @@ __device__ __forceinline__ void one_pass_group(const Params& p, Table& table) {
   table.start(p.table_by_threads != 0u);
   wait_for_producer();
   if constexpr (kFlat) {
-    load_inputs<kIn, kVec16, kAct>(p, x + static_cast<i64>(slot) * kGroup + lane * kValues, words, up);
+    Act::template load<kIn, kVec16>(p, x + static_cast<i64>(slot) * kGroup + lane * kValues, words, up);
   }
   const u32 tile = divide_u31(slot, p.tile_slots_magic, p.tile_slots_shift);
   const u32 within = slot - tile * p.tile_slots;
@@ -55,14 +56,14 @@ __device__ __forceinline__ void one_pass_group(const Params& p, Table& table) {
   const i64 value0 = static_cast<i64>(group) * kGroup + lane * kValues;
   const i64 k = static_cast<i64>(p.groups_per_row) * kGroup;
   if constexpr (!kFlat) {
-    load_inputs<kIn, kVec16, kAct>(
+    Act::template load<kIn, kVec16>(
         p, x + static_cast<i64>(batch) * p.x_batch_stride32 +
                static_cast<i64>(static_cast<int>(read_row)) * p.x_row_stride32 + value0, words,
         up);
   }
   signal_dependents();
   table.wait(p.table_by_threads != 0u);
-  apply_activation<kIn, kAct>(words, up, table);
+  Act::template apply<kIn>(words, up, table);
   u8* q_batch = p.q + batch * p.q_batch_stride + value0;
   // NOTES: the stores' addresses are computed here, while the load is in flight, and pinned
   // (an empty asm that "modifies" them); the compiler otherwise recomputed them after the
@@ -80,7 +81,7 @@ __device__ __forceinline__ void one_pass_group(const Params& p, Table& table) {
   if (active && row == p.rows - 1u) {
     zero_padding_rows<kValues, kLanes, kLayout>(p, q_batch, k, batch, row, group, lane);
   }
-  quantize_group<kIn, kGroup, kOut, kScale, kLayout, true, kAct == kSiluMul, true>(
+  quantize_group<kIn, kGroup, kOut, kScale, kLayout, true, Act::kUnsignedNaN, true>(
       p, words, 0xffffffffu, true, q_dst, stores & 1u, scale_at, stores & 2u, group);
 }
 
