@@ -79,7 +79,7 @@ struct ExpTable {
 
 // v * 2^n for n in [-190, 127], rounded once: one multiply, or for n < -126 an exact scaling
 // by 2^-64 first
-__device__ __forceinline__ float power_of_two(int e) { return __uint_as_float(static_cast<u32>(e + 127) << 23); }
+__device__ __forceinline__ float power_of_two(int e) { return __uint_as_float(static_cast<u32>(e + kF32Bias) << 23); }
 
 __device__ __forceinline__ float scale_by_power_of_two(float v, int n) {
   if (n < -126) return mul_rn(mul_rn(v, power_of_two(-64)), power_of_two(n + 64));
@@ -92,7 +92,6 @@ __device__ __forceinline__ float scale_by_power_of_two(float v, int n) {
 // first, which rounds ties to even as cvt.rni does, and k is the difference of the sum's bits
 // from the constant's: two adds and an integer subtract instead of the quarter-rate F2I and I2F.
 // k * kLn2Over64Hi is exact (9 significant bits times |k| < 2^14), so x minus it is one fma.
-constexpr float kRoundMagic = 12582912.0f;  // 1.5 * 2^23
 __device__ __forceinline__ float exp_parts(float x, const ExpTable& table, int& n) {
   const float biased = add_rn(mul_rn(x, kInvLn2x64), kRoundMagic);
   const int k = static_cast<int>(__float_as_uint(biased) - __float_as_uint(kRoundMagic));
@@ -105,20 +104,22 @@ __device__ __forceinline__ float exp_parts(float x, const ExpTable& table, int& 
 }
 
 __device__ __forceinline__ float canonical_nan(float v) {
-  return v != v ? __uint_as_float(0x7fc00000u) : v;
+  return v != v ? __uint_as_float(kF32QuietNaN) : v;
 }
 
 // SiLU in float32, as activation.silu
 __device__ __forceinline__ float silu(float g, const ExpTable& table) {
-  const bool far = g < -64.0f;
-  float x = g >= 0.0f ? -fminf(g, 110.0f) : -g;
-  if (far) x = fmaxf(g, -110.0f);
+  constexpr float kSplit = -64.0f;  // activation.SPLIT
+  constexpr float kLimit = 110.0f;  // activation.NEG_LIMIT is -kLimit
+  const bool far = g < kSplit;
+  float x = g >= 0.0f ? -fminf(g, kLimit) : -g;
+  if (far) x = fmaxf(g, -kLimit);
   if (g != g) x = 0.0f;
   int n;
   const float m = exp_parts(x, table, n);
   float s;
   if (far) {
-    s = g < -110.0f ? -0.0f : scale_by_power_of_two(mul_rn(g, m), n);
+    s = g < -kLimit ? -0.0f : scale_by_power_of_two(mul_rn(g, m), n);
   } else {
     s = div_rn(g, add_rn(1.0f, scale_by_power_of_two(m, n)));
   }
@@ -249,12 +250,13 @@ struct SiluBandTable {
                   "an entry is the sign at bit 11 and 11 bits of offset");
     constexpr u32 kPair = 0x10001u;
     u32 half, above;  // RN(g * 0.5) and max.NaN(g, -0), both halves
-    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(half) : "r"(gate), "r"(0x3f003f00u), "r"(kMinusZeros));
+    constexpr u32 kHalves = 0x3f003f00u;  // bfloat16 0.5 in both halves
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(half) : "r"(gate), "r"(kHalves), "r"(kMinusZeros));
     asm("max.NaN.bf16x2 %0, %1, %2;" : "=r"(above) : "r"(gate), "r"(kMinusZeros));
     // per half t = 0x8000 + |h| - first, with no carry between the halves (|h| <= 0x7fff):
     // bit 15 set from the band's first gate up, and inside the band its low 11 bits are the
     // offset; u = t - band (no borrow: t >= 0x8000 - first > band) has bit 15 past the band
-    const u32 t = (gate & 0x7fff7fffu) + kPair * (0x8000u - kSiluBandFirst);
+    const u32 t = (gate & kHalfMagnitudes) + kPair * (0x8000u - kSiluBandFirst);
     const u32 u = t - kPair * kSiluBand;
     const u32 not_below = halves_signs(t);
     const u32 in_band = halves_signs(t & ~u);

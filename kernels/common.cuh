@@ -17,6 +17,28 @@ typedef unsigned short u16;
 typedef unsigned int u32;
 typedef long long i64;
 
+// numbers ----------------------------------------------------------------------------------------
+// NOTES: under CuPy's --device-as-default-execution-space a constexpr variable at namespace scope
+// is a device variable that the module carries, and each one added before the SiLU tables moves
+// the constant-bank slot from which the kernels read a table's address: new numbers are
+// enumerators, a constexpr function or constants local to their one user. The variables
+// (kRoundMagic, kMinFastDivisor here) are the module's own
+enum : u32 {
+  kAllLanes = 0xffffffffu,     // every lane of a warp: a shuffle, vote or ballot mask
+  kF32Sign = 0x80000000u,      // float32's sign bit
+  kF32Inf = 0x7f800000u,       // +Inf; a larger magnitude is NaN
+  kF32QuietNaN = 0x7fc00000u,  // the positive quiet NaN, as NumPy writes it
+  kF32Mantissa = 0x007fffffu,  // float32's mantissa bits
+};
+enum : int { kF32Bias = 127 };  // float32's exponent bias
+
+// the largest finite float32 (std::numeric_limits<float>::max(); NVRTC has no <limits>)
+__device__ __forceinline__ constexpr float float32_max() { return 3.4028234663852886e38f; }
+
+// 1.5 * 2^23: for |t| < 2^22, RN(t + kRoundMagic) holds round-half-even(t) in its low mantissa
+// bits, so the rounded integer is the sum's bits minus the constant's
+constexpr float kRoundMagic = 12582912.0f;
+
 
 // exact float32 arithmetic ---------------------------------------------------------------------
 
@@ -70,7 +92,7 @@ __device__ __forceinline__ float divide_fast(float v, float s, float r) {
   const float q = mul_rn(v, r);
   const float residual = fma_rn(-q, s, v);
   const float rounded = fma_rn(residual, r, q);
-  return __uint_as_float(__float_as_uint(rounded) | (__float_as_uint(v) & 0x80000000u));
+  return __uint_as_float(__float_as_uint(rounded) | (__float_as_uint(v) & kF32Sign));
 }
 
 // n / d for n < 2^31, as a multiply and a shift: magic = ceil(2^shift / d) with

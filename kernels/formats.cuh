@@ -10,6 +10,8 @@ enum InputType : int { kBF16 = 0, kF16 = 1, kF32 = 2 };
 enum OutputType : int { kE4M3 = 0, kE5M2 = 1, kInt8 = 2, kE4M3FNUZ = 3 };
 enum ScaleFormat : int { kFloat32Scale = 0, kUE8M0Scale = 1 };
 
+enum : u32 { kHalfMagnitudes = 0x7fff7fffu };  // the magnitude bits of a word's two 16-bit halves
+
 // input types --------------------------------------------------------------------------------------
 // A lane holds kLaneWords words. raw(words, i) is the encoding of value i; f32_bits(words, i) its
 // exact float32 bits. Magnitudes (encodings without the sign bit) order like the values they
@@ -29,9 +31,9 @@ template <> struct Input<kBF16> {
     return i % 2 ? w[i / 2] & 0xffff0000u : w[i / 2] << 16;
   }
   __device__ static __forceinline__ u32 max_magnitude(const u32 (&w)[kLaneWords]) {
-    u32 m = w[0] & 0x7fff7fffu;
+    u32 m = w[0] & kHalfMagnitudes;
 #pragma unroll
-    for (int i = 1; i < kLaneWords; ++i) m = max_u16x2(m, w[i] & 0x7fff7fffu);
+    for (int i = 1; i < kLaneWords; ++i) m = max_u16x2(m, w[i] & kHalfMagnitudes);
     return max(m & 0xffffu, m >> 16);
   }
   __device__ static __forceinline__ float magnitude_to_f32(u32 m) { return __uint_as_float(m << 16); }
@@ -62,14 +64,14 @@ template <> struct Input<kF16> {
 template <> struct Input<kF32> {
   typedef u32 Storage;
   static constexpr int kBytes = 4;
-  static constexpr u32 kSign = 0x80000000u;
-  static constexpr u32 kInf = 0x7f800000u;
+  static constexpr u32 kSign = kF32Sign;
+  static constexpr u32 kInf = kF32Inf;
   __device__ static __forceinline__ u32 raw(const u32 (&w)[kLaneWords], int i) { return w[i]; }
   __device__ static __forceinline__ u32 f32_bits(const u32 (&w)[kLaneWords], int i) { return w[i]; }
   __device__ static __forceinline__ u32 max_magnitude(const u32 (&w)[kLaneWords]) {
-    u32 m = w[0] & 0x7fffffffu;
+    u32 m = w[0] & (kSign - 1u);
 #pragma unroll
-    for (int i = 1; i < kLaneWords; ++i) m = max(m, w[i] & 0x7fffffffu);
+    for (int i = 1; i < kLaneWords; ++i) m = max(m, w[i] & (kSign - 1u));
     return m;
   }
   __device__ static __forceinline__ float magnitude_to_f32(u32 m) { return __uint_as_float(m); }
@@ -156,11 +158,11 @@ __device__ __forceinline__ void canonicalise_nan(u32 (&words)[kLaneWords]) {
     if constexpr (In::kBytes == 2) {
       constexpr u32 kQuietNaN = kIn == kBF16 ? 0x7fc0u : 0x7e00u;
       u32 lo = words[w] & 0xffffu, hi = words[w] >> 16;
-      if ((lo & 0x7fffu) > In::kInf) lo = kQuietNaN;
-      if ((hi & 0x7fffu) > In::kInf) hi = kQuietNaN;
+      if ((lo & (In::kSign - 1u)) > In::kInf) lo = kQuietNaN;
+      if ((hi & (In::kSign - 1u)) > In::kInf) hi = kQuietNaN;
       words[w] = lo | (hi << 16);
     } else {
-      if ((words[w] & 0x7fffffffu) > In::kInf) words[w] = 0x7fc00000u;
+      if ((words[w] & (In::kSign - 1u)) > In::kInf) words[w] = kF32QuietNaN;
     }
   }
 }
@@ -224,7 +226,7 @@ template <int kIn> struct LaneValues<kIn, u32[kLaneWords]> {
 
 template <int kIn, int kValues> struct LaneValues<kIn, FloatLane<kValues>> {
   static_assert(kValues == kLaneWords * 4 / Input<kIn>::kBytes, "a lane's values");
-  static constexpr u32 kInf = 0x7f800000u;
+  static constexpr u32 kInf = kF32Inf;
   __device__ static __forceinline__ float value(const FloatLane<kValues>& f, int i) { return f.v[i]; }
   static constexpr int kRawType = kF32;
   __device__ static __forceinline__ u32 raw(const FloatLane<kValues>& f, int i) {
@@ -246,7 +248,7 @@ template <int kIn, int kValues> struct LaneValues<kIn, FloatLane<kValues>> {
     u32 m = 0u;
 #pragma unroll
     for (int i = 0; i < kValues; ++i) {
-      const u32 magnitude = __float_as_uint(f.v[i]) & 0x7fffffffu;
+      const u32 magnitude = __float_as_uint(f.v[i]) & (kF32Sign - 1u);
       m = max(m, magnitude < kInf ? magnitude : 0u);
     }
     return m;
@@ -301,7 +303,8 @@ template <> struct Output<kE4M3FNUZ> {
   __device__ static __forceinline__ u32 encode4(const float (&t2)[4]) {
     const u32 codes = Output<kE4M3>::encode4(t2);
     // a byte of zero magnitude (+0 or -0) becomes +0
-    return codes & __vcmpne4(codes & 0x7f7f7f7fu, 0u);
+    constexpr u32 kByteMagnitudes = 0x7f7f7f7fu;
+    return codes & __vcmpne4(codes & kByteMagnitudes, 0u);
   }
 };
 
@@ -317,7 +320,7 @@ template <> struct Output<kInt8> {
     // patched afterwards. This replaces two FMNMX, an F2I (quarter rate) and a mask per value.
     u32 b[4];
 #pragma unroll
-    for (int j = 0; j < 4; ++j) b[j] = __float_as_uint(add_rn(t[j], 12582912.0f));
+    for (int j = 0; j < 4; ++j) b[j] = __float_as_uint(add_rn(t[j], kRoundMagic));
     return __byte_perm(__byte_perm(b[0], b[1], 0x0040), __byte_perm(b[2], b[3], 0x0040), 0x5410);
   }
 };
@@ -343,14 +346,14 @@ __device__ __forceinline__ u32 patch_nonfinite(u32 code, u32 raw, u32 codes) {
 // residual stay normal; amax >= 2^-60 keeps both far from the subnormal range (the default eps,
 // 1e-10, always takes this path). Smaller maxima, reachable only with a tiny eps, take div.rn.
 __device__ __forceinline__ float divide_by_max(float amax, float fmax, float inverse_fmax) {
-  if (amax >= 8.673617379884035e-19f) {  // 2^-60
+  constexpr float kMinFastAmax = 8.673617379884035e-19f;  // 2^-60
+  if (amax >= kMinFastAmax) {
     return divide_fast(amax, fmax, inverse_fmax);
   }
   return div_rn(amax, fmax);
 }
 
-// NVFP4's formats (docs/spec.md, section 4a): the largest e2m1 value and the largest e4m3 scale
-constexpr float kE2M1Max = 6.0f;
+// e4m3's largest finite value, NVFP4's largest scale (docs/spec.md, section 4a)
 constexpr float kE4M3Max = 448.0f;
 
 // UE8M0 scales -----------------------------------------------------------------------------------
@@ -371,9 +374,9 @@ constexpr float kE4M3Max = 448.0f;
 // float32 amax for the four formats' fmax: no difference).
 __device__ __forceinline__ u32 ue8m0_exponent(float amax, float fmax, float floor) {
   const u32 a = __float_as_uint(amax), f = __float_as_uint(fmax), b = __float_as_uint(floor);
-  const int ceiling = static_cast<int>(a >> 23) - (static_cast<int>(f >> 23) - 127) +
-                      ((a & 0x7fffffu) > (f & 0x7fffffu));
-  const int floor_ceiling = static_cast<int>(b >> 23) + ((b & 0x7fffffu) != 0u);
+  const int ceiling = static_cast<int>(a >> 23) - (static_cast<int>(f >> 23) - kF32Bias) +
+                      ((a & kF32Mantissa) > (f & kF32Mantissa));
+  const int floor_ceiling = static_cast<int>(b >> 23) + ((b & kF32Mantissa) != 0u);
   return static_cast<u32>(max(ceiling, floor_ceiling));
 }
 

@@ -126,7 +126,8 @@ __device__ __forceinline__ void finish_group(const Params& p, const V& values, u
     const u32 rceil = ue8m0_exponent(amax, p.fmax, p.ue8m0_floor);
     exponent = p.floor_emax != 0u ? floor_rule : rceil;
     scale = __uint_as_float(exponent << 23);
-    const float inverse = __uint_as_float((254u + Output<kOut>::kCodeExponent - exponent) << 23);
+    const float inverse =
+        __uint_as_float((2u * kF32Bias + Output<kOut>::kCodeExponent - exponent) << 23);
     encode_lane<kIn, kOut, kMultiply, kValues>(values, scale, inverse, codes);
   }
   if (__builtin_expect(patch, 0)) patch_group<kIn, kUnsignedNaN, kValues>(p, values, codes);

@@ -31,8 +31,9 @@ __device__ __forceinline__ void add_residual(u32 (&words)[kLaneWords], const u32
     for (int w = 0; w < kLaneWords; ++w) {
       if constexpr (kIn == kBF16) {
         // a * 1 + b rounded once (fma.rn.bf16x2 is sm_80's; add.rn.bf16x2 needs sm_90)
+        constexpr u32 kOnes = 0x3f803f80u;  // bfloat16 1.0 in both halves
         asm("fma.rn.bf16x2 %0, %1, %2, %3;"
-            : "=r"(words[w]) : "r"(words[w]), "r"(0x3f803f80u), "r"(residual[w]));
+            : "=r"(words[w]) : "r"(words[w]), "r"(kOnes), "r"(residual[w]));
       } else {
         asm("add.rn.f16x2 %0, %1, %2;" : "=r"(words[w]) : "r"(words[w]), "r"(residual[w]));
       }
@@ -77,7 +78,7 @@ __device__ __forceinline__ float lane_sum_of_squares(const u32 (&words)[kLaneWor
 // with offsets 16 to 1 leave that sum in every lane, since a + b and b + a round alike
 __device__ __forceinline__ float warp_fold(float v) {
 #pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) v = add_rn(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  for (int offset = 16; offset > 0; offset /= 2) v = add_rn(v, __shfl_xor_sync(kAllLanes, v, offset));
   return v;
 }
 
@@ -239,7 +240,7 @@ __device__ __forceinline__ void norm_rows(const Params& p, float (&warp_sums)[2]
       Storage* r_row = residual_lane + batch * p.r_batch_stride + row * p.r_row_stride;
 #pragma unroll
       for (int j = 0; j < kPer; ++j) {
-        if (__builtin_expect(!(lane_sums[j] <= 3.4028234663852886e38f), 0)) canonicalise_nan<kIn>(words[j]);
+        if (__builtin_expect(!(lane_sums[j] <= float32_max()), 0)) canonicalise_nan<kIn>(words[j]);
         if (in_row[j]) {
           uint4* dst = reinterpret_cast<uint4*>(r_row + j * second);
           dst[0] = make_uint4(words[j][0], words[j][1], words[j][2], words[j][3]);
@@ -294,7 +295,7 @@ __device__ __forceinline__ void norm_rows(const Params& p, float (&warp_sums)[2]
       // then only to Inf); a finite lane sum means finite x, and r is finite unless the total
       // is NaN. So only such lanes test their results for NaN (about 12 instructions a lane).
       const bool maybe_nan =
-          !(lane_sums[j] <= 3.4028234663852886e38f && r <= 3.4028234663852886e38f) || weight_nonfinite[j];
+          !(lane_sums[j] <= float32_max() && r <= float32_max()) || weight_nonfinite[j];
       FloatLane<kValues> y;
       auto normalize = [&](auto weight_of) {
         if constexpr (kFloat) {
@@ -323,10 +324,10 @@ __device__ __forceinline__ void norm_rows(const Params& p, float (&warp_sums)[2]
       u8* scale_at = ScaleLayout<kLayout>::at(p, batch, row, group[j]);
       if constexpr (kFloat) {
         quantize_group<kIn, kGroup, kOut, kScale, kLayout, true, true>(
-            p, y, 0xffffffffu, true, q_dst, in_row[j], scale_at, in_row[j] && lane == 0, group[j]);
+            p, y, kAllLanes, true, q_dst, in_row[j], scale_at, in_row[j] && lane == 0, group[j]);
       } else {
         quantize_group<kIn, kGroup, kOut, kScale, kLayout, true>(
-            p, words[j], 0xffffffffu, true, q_dst, in_row[j], scale_at, in_row[j] && lane == 0, group[j]);
+            p, words[j], kAllLanes, true, q_dst, in_row[j], scale_at, in_row[j] && lane == 0, group[j]);
       }
     }
 

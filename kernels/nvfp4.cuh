@@ -8,6 +8,9 @@
 namespace fgq {
 
 // NVFP4 (docs/spec.md, section 4a) ------------------------------------------------------------
+constexpr float kE2M1Max = 6.0f;  // e2m1's largest value
+enum : int { kNvfp4Group = 16 };  // values a scale covers
+enum : u32 { kE2M1Sign = 8u, kE2M1MaxCode = 7u, kE4M3Bias = 7u };  // an e2m1 code's sign bit, 6's code
 
 // the e4m3 byte of u >= 0, rounded to nearest even (subnormals included), saturated to 448
 __device__ __forceinline__ u32 e4m3_byte(float u) {
@@ -19,8 +22,9 @@ __device__ __forceinline__ u32 e4m3_byte(float u) {
 // the float32 value of a non-negative e4m3 byte (exact)
 __device__ __forceinline__ float e4m3_value(u32 byte) {
   const u32 exponent = (byte >> 3) & 15u, mantissa = byte & 7u;
-  if (exponent == 0u) return mul_rn(static_cast<float>(mantissa), 0.001953125f);  // m * 2^-9
-  return __uint_as_float(((exponent + 120u) << 23) | (mantissa << 20));
+  constexpr float kSubnormalStep = 0.001953125f;  // 2^-9
+  if (exponent == 0u) return mul_rn(static_cast<float>(mantissa), kSubnormalStep);
+  return __uint_as_float(((exponent + (kF32Bias - kE4M3Bias)) << 23) | (mantissa << 20));
 }
 
 // the three magnitude bits of the e2m1 code of m >= 0 (not NaN): m rounded to nearest on
@@ -32,8 +36,8 @@ __device__ __forceinline__ float e4m3_value(u32 byte) {
 __device__ __forceinline__ u32 e2m1_magnitude(float m) {
   const u32 k = (m >= 2.0f) + (m >= 4.0f);
   const float step = __uint_as_float(0x40000000u - (k << 23));  // 2^(1-k)
-  const u32 rounded = __float_as_uint(fma_rn(m, step, 12582912.0f)) - 0x4B400000u;
-  return min(rounded + 2u * k, 7u);
+  const u32 rounded = __float_as_uint(fma_rn(m, step, kRoundMagic)) - __float_as_uint(kRoundMagic);
+  return min(rounded + 2u * k, static_cast<u32>(kE2M1MaxCode));
 }
 
 // eight 4-bit codes in one word, code i in bits 4i to 4i + 3
@@ -59,8 +63,8 @@ __device__ __forceinline__ float nvfp4_global(const Params& p) {
   // NOTES: compared as bits: CuPy compiles with -ftz=true, where a subnormal amax == 0.0f
   if (amax_bits == 0u) return 1.0f;
   const float amax = __uint_as_float(amax_bits);
-  const float g = div_rn(448.0f * 6.0f, amax);
-  return g == __int_as_float(0x7f800000) ? 3.4028234663852886e38f : g;
+  const float g = div_rn(kE4M3Max * kE2M1Max, amax);
+  return g == __uint_as_float(kF32Inf) ? float32_max() : g;
 }
 
 // quantize_nvfp4's body: one group (or half of one) a thread
@@ -72,7 +76,7 @@ __device__ __forceinline__ void nvfp4_quantize_group(const Params p) {
   typedef Input<kIn> In;
   typedef typename In::Storage Storage;
   constexpr int kValues = kLaneWords * 4 / In::kBytes;  // 16 (16-bit input) or 8 (float32)
-  constexpr int kLanes = 16 / kValues;
+  constexpr int kLanes = kNvfp4Group / kValues;
   typedef ScaleLayout<kBlockedExponents> Layout;
 
   const u32 slot_in_grid = blockIdx.x * (blockDim.x / kLanes) + threadIdx.x / kLanes;
@@ -86,7 +90,7 @@ __device__ __forceinline__ void nvfp4_quantize_group(const Params p) {
   u32 words[kLaneWords];
   wait_for_producer();
   load_lane<kIn, true>(static_cast<const Storage*>(p.x) + batch * p.x_batch_stride +
-                           row * p.x_row_stride + group * 16 + lane * kValues, words);
+                           row * p.x_row_stride + group * kNvfp4Group + lane * kValues, words);
   const float g = nvfp4_global(p);
   signal_dependents();
   if (active && row == p.rows - 1u) Layout::zero_rows(p, batch, row + 1u, group, lane, kLanes);
@@ -96,19 +100,21 @@ __device__ __forceinline__ void nvfp4_quantize_group(const Params p) {
 
   // amax over the finite values (the slow path only for a warp holding Inf or NaN, as in
   // quantize_group), then s, S and d
-  u32 magnitude = group_max<kLanes>(In::max_magnitude(words), 0xffffffffu);
+  u32 magnitude = group_max<kLanes>(In::max_magnitude(words), kAllLanes);
   const bool nonfinite = magnitude >= In::kInf;
-  if (__builtin_expect(__any_sync(0xffffffffu, nonfinite), 0)) {
-    const u32 finite = group_max<kLanes>(max_finite_magnitude<kIn>(words), 0xffffffffu);
+  if (__builtin_expect(__any_sync(kAllLanes, nonfinite), 0)) {
+    const u32 finite = group_max<kLanes>(max_finite_magnitude<kIn>(words), kAllLanes);
     if (nonfinite) magnitude = finite;
   }
   const float amax = In::magnitude_to_f32(magnitude);
   // RN(RN(g * amax) / 6): Markstein's division by 6 with RN(1/6), exact where divide_by_max is
-  const float u = divide_by_max(mul_rn(g, amax), kE2M1Max, __uint_as_float(0x3e2aaaabu));
+  constexpr float kInverseE2M1Max = 0x1.555556p-3f;  // RN(1 / 6)
+  const float u = divide_by_max(mul_rn(g, amax), kE2M1Max, kInverseE2M1Max);
   const u32 s_byte = e4m3_byte(u);
   // d = RN(S / g): the reciprocal path while S / g stays normal (S >= 2^-9 or 0)
   const float S = e4m3_value(s_byte);
-  const float d = g >= kMinFastDivisor && g <= 1.152921504606847e18f  // 2^60
+  constexpr float kMaxFastGlobal = 1.152921504606847e18f;  // 2^60
+  const float d = g >= kMinFastDivisor && g <= kMaxFastGlobal
                       ? divide_fast(S, g, rcp_rn(g))
                       : div_rn(S, g);
   // NOTES: with u <= 448 the scale did not saturate, so |v / d| <= amax / d stays below 10
@@ -141,7 +147,7 @@ __device__ __forceinline__ void nvfp4_quantize_group(const Params p) {
     u32 codes[8];
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      const u32 sign = (In::raw(words, 8 * w + j) & In::kSign) != 0u ? 8u : 0u;
+      const u32 sign = (In::raw(words, 8 * w + j) & In::kSign) != 0u ? kE2M1Sign : 0u;
       codes[j] = e2m1_magnitude(m[8 * w + j]) | sign;
     }
     packed[w] = pack_nibbles(codes);
@@ -151,15 +157,16 @@ __device__ __forceinline__ void nvfp4_quantize_group(const Params p) {
     for (int i = 0; i < kValues; ++i) {
       const u32 raw = In::raw(words, i), magnitude_i = raw & (In::kSign - 1u);
       if (magnitude_i >= In::kInf) {
-        const u32 code = magnitude_i == In::kInf ? (7u | ((raw & In::kSign) != 0u ? 8u : 0u)) : 0u;
+        const u32 code =
+            magnitude_i == In::kInf ? (kE2M1MaxCode | ((raw & In::kSign) != 0u ? kE2M1Sign : 0u)) : 0u;
         const int shift = 4 * (i % 8);
         packed[i / 8] = (packed[i / 8] & ~(0xfu << shift)) | (code << shift);
       }
     }
   }
   if (!active) return;
-  u8* q = p.q + batch * p.q_batch_stride + row * (static_cast<i64>(p.groups_per_row) * 8) +
-          group * 8 + lane * (kValues / 2);
+  u8* q = p.q + batch * p.q_batch_stride + row * (static_cast<i64>(p.groups_per_row) * (kNvfp4Group / 2)) +
+          group * (kNvfp4Group / 2) + lane * (kValues / 2);
   if constexpr (kValues == 16) {
     *reinterpret_cast<uint2*>(q) = make_uint2(packed[0], packed[1]);
   } else {
@@ -175,7 +182,7 @@ __device__ __forceinline__ void nvfp4_amax_walk(const Params& p) {
   typedef Input<kIn> In;
   typedef typename In::Storage Storage;
   constexpr int kValues = kLaneWords * 4 / In::kBytes;
-  const u32 lanes_per_row = static_cast<u32>(p.groups_per_row) * (16 / kValues);
+  const u32 lanes_per_row = static_cast<u32>(p.groups_per_row) * (kNvfp4Group / kValues);
   wait_for_producer();
   u32 best = 0u;
   for (u32 i = blockIdx.x * blockDim.x + threadIdx.x; i < p.slots; i += gridDim.x * blockDim.x) {
@@ -189,7 +196,7 @@ __device__ __forceinline__ void nvfp4_amax_walk(const Params& p) {
     best = max(best, __float_as_uint(In::magnitude_to_f32(max_finite_magnitude<kIn>(words))));
   }
   signal_dependents();
-  best = group_max<32>(best, 0xffffffffu);
+  best = group_max<32>(best, kAllLanes);
   if ((threadIdx.x & 31u) == 0u && best != 0u) atomicMax(static_cast<u32*>(const_cast<void*>(p.global_ptr)), best);
 }
 

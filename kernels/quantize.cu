@@ -110,7 +110,7 @@ __global__ void __launch_bounds__(kMaxThreads,
   const i64 k = static_cast<i64>(p.groups_per_row) * kGroup;
   const i64 value0 = static_cast<i64>(group) * kGroup + lane * kValues;
   const u32 warp_lane = threadIdx.x & 31u;
-  const u32 mask = kLanes == 32 ? 0xffffffffu
+  const u32 mask = kLanes == 32 ? kAllLanes
                                 : ((1u << kLanes) - 1u) << (warp_lane & ~static_cast<u32>(kLanes - 1));
   const Storage* x_lane = static_cast<const Storage*>(p.x) + value0;
 
@@ -204,7 +204,7 @@ __global__ void __launch_bounds__(kMaskedThreads, 8) quantize_masked(const __gri
   auto warp_scan = [&](u32 value) {
 #pragma unroll
     for (int offset = 1; offset < 32; offset *= 2) {
-      const u32 before = __shfl_up_sync(0xffffffffu, value, offset);
+      const u32 before = __shfl_up_sync(kAllLanes, value, offset);
       if (warp_lane >= static_cast<u32>(offset)) value += before;
     }
     return value;
@@ -229,7 +229,7 @@ __global__ void __launch_bounds__(kMaskedThreads, 8) quantize_masked(const __gri
     const u32 tiles = (rows + tile_rows - 1u) >> tile_rows_log2;
     const u32 inclusive = warp_scan(tiles);
     if (warp_lane < experts) lane_first = inclusive - tiles;
-    total_tiles = __shfl_sync(0xffffffffu, inclusive, 31);
+    total_tiles = __shfl_sync(kAllLanes, inclusive, 31);
     // the warp's own copy of the scan (entries 32 * warp + e), read after a slot's ballots
     expert_rows[threadIdx.x] = rows;
     first_tile[threadIdx.x] = lane_first;
@@ -296,8 +296,8 @@ __global__ void __launch_bounds__(kMaskedThreads, 8) quantize_masked(const __gri
         // the block's first slot of this step: its tile or the next holds every slot's
         const u32 block_tile =
             divide_u31(min(base + u * grid_slots, total_slots - 1u), p.tile_slots_magic, p.tile_slots_shift);
-        const u32 at_first = __ballot_sync(0xffffffffu, lane_first <= block_tile);
-        const u32 at_next = __ballot_sync(0xffffffffu, lane_first <= block_tile + 1u);
+        const u32 at_first = __ballot_sync(kAllLanes, lane_first <= block_tile);
+        const u32 at_next = __ballot_sync(kAllLanes, lane_first <= block_tile + 1u);
         lo = static_cast<u32>(__popc(tile == block_tile ? at_first : at_next)) - 1u;
         first = first_tile[32u * warp + lo];
         rows = expert_rows[32u * warp + lo];
@@ -325,7 +325,7 @@ __global__ void __launch_bounds__(kMaskedThreads, 8) quantize_masked(const __gri
       Act::template apply<kIn>(words[u], up[u], table);
       const i64 value0 = static_cast<i64>(group[u]) * kGroup + lane * kValues;
       quantize_group<kIn, kGroup, kOut, kScale, kLayout, true, Act::kUnsignedNaN>(
-          p, words[u], 0xffffffffu, true, p.q + batch[u] * p.q_batch_stride + row[u] * k + value0,
+          p, words[u], kAllLanes, true, p.q + batch[u] * p.q_batch_stride + row[u] * k + value0,
           active[u], ScaleLayout<kLayout>::at(p, batch[u], row[u], group[u]),
           active[u] && lane == 0, group[u]);
     }

@@ -82,7 +82,7 @@ __device__ __forceinline__ void one_pass_group(const Params& p, Table& table) {
     zero_padding_rows<kValues, kLanes, kLayout>(p, q_batch, k, batch, row, group, lane);
   }
   quantize_group<kIn, kGroup, kOut, kScale, kLayout, true, Act::kUnsignedNaN, true>(
-      p, words, 0xffffffffu, true, q_dst, stores & 1u, scale_at, stores & 2u, group);
+      p, words, kAllLanes, true, q_dst, stores & 1u, scale_at, stores & 2u, group);
 }
 
 }  // namespace fgq
