@@ -1,4 +1,6 @@
-// The fused SiLU-and-multiply input: y = round(round(silu(gate)) * up), op by op in float32.
+// Activations: what turns the loaded bytes into the values quantized. The kernels call the
+// activation trait at the end of this file; the rest is the fused SiLU-and-multiply input,
+// y = round(round(silu(gate)) * up), op by op in float32, and its shared-memory tables.
 //
 // NOTES: the definition is fp8_group_quant/activation.py (docs/spec.md, section 2a); every step
 // here is the same IEEE operation in the same order (mul.rn / add.rn / div.rn, never contracted
@@ -12,7 +14,10 @@
 
 namespace fgq {
 
+// template codes; the Python registry (_spec.INPUT_MODES) names them in its rows
 enum Activation : int { kIdentity = 0, kSiluMul = 1 };
+
+// SiLU in float32 ---------------------------------------------------------------------------------
 
 constexpr float kInvLn2x64 = 0x1.715476p+6f;  // RN(64 / ln 2)
 constexpr float kLn2Over64Hi = 0x1.63p-7f;  // ln 2 / 64, 9 significant bits
@@ -21,8 +26,8 @@ constexpr float kOneSixth = 0x1.555556p-3f;  // RN(1 / 6)
 
 // 2^(j / 64) = hi + lo: RN(2^(j / 64)) and RN(2^(j / 64) - hi), interleaved
 // NOTES: in global memory, read once per block (ExpTable::fill), not in constant memory: a
-// variable in the constant space anywhere in the module cost every kernel launched from it
-// 0.10-0.23 us a launch, whether the kernel read it or not (docs/perf.md step 27);
+// variable in the constant space anywhere in the module costs every kernel launched from it
+// 0.1-0.2 us a launch, whether the kernel reads it or not (docs/perf.md);
 // tests/test_compile.py checks that the module declares none
 __device__ __align__(8) const float kExpTable[128] = {
     0x1p+0f, 0x0p+0f, 0x1.02c9a4p+0f, -0x1.887fap-28f,
@@ -64,8 +69,8 @@ __device__ __align__(8) const float kExpTable[128] = {
 struct ExpTable {
   float2 entries[64];
   __device__ __forceinline__ void fill() {
-    // NOTES: a loop, so that blocks of fewer than 64 threads (FP8_GROUP_QUANT_ONE_PASS_THREADS
-    // allows 32) fill every entry too
+    // NOTES: a loop, so that blocks of fewer than 64 threads (Tuning.one_pass_threads allows
+    // 32) fill every entry too
     for (int i = threadIdx.x; i < 64; i += blockDim.x) {
       entries[i] = __ldg(reinterpret_cast<const float2*>(kExpTable) + i);
     }
@@ -79,7 +84,9 @@ struct ExpTable {
 
 // v * 2^n for n in [-190, 127], rounded once: one multiply, or for n < -126 an exact scaling
 // by 2^-64 first
-__device__ __forceinline__ float power_of_two(int e) { return __uint_as_float(static_cast<u32>(e + kF32Bias) << 23); }
+__device__ __forceinline__ float power_of_two(int e) {
+  return __uint_as_float(static_cast<u32>(e + kF32Bias) << 23);
+}
 
 __device__ __forceinline__ float scale_by_power_of_two(float v, int n) {
   if (n < -126) return mul_rn(mul_rn(v, power_of_two(-64)), power_of_two(n + 64));
@@ -87,10 +94,10 @@ __device__ __forceinline__ float scale_by_power_of_two(float v, int n) {
 }
 
 // exp(x) ~ m * 2^n for x in [-110, 110]; returns m, sets n
-// NOTES: the same operations as the definition, in cheaper instructions (docs/perf.md, fused
-// step 1): rint(t) for |t| < 2^22 is RN(t + 1.5 * 2^23) - 1.5 * 2^23, both steps exact but the
-// first, which rounds ties to even as cvt.rni does, and k is the difference of the sum's bits
-// from the constant's: two adds and an integer subtract instead of the quarter-rate F2I and I2F.
+// NOTES: the same operations as the definition, in cheaper instructions: rint(t) for
+// |t| < 2^22 is RN(t + kRoundMagic) - kRoundMagic, both steps exact but the first, which rounds
+// ties to even as cvt.rni does, and k is the difference of the sum's bits from the constant's:
+// two adds and an integer subtract instead of the quarter-rate F2I and I2F.
 // k * kLn2Over64Hi is exact (9 significant bits times |k| < 2^14), so x minus it is one fma.
 __device__ __forceinline__ float exp_parts(float x, const ExpTable& table, int& n) {
   const float biased = add_rn(mul_rn(x, kInvLn2x64), kRoundMagic);
@@ -107,10 +114,10 @@ __device__ __forceinline__ float canonical_nan(float v) {
   return v != v ? __uint_as_float(kF32QuietNaN) : v;
 }
 
-// SiLU in float32, as activation.silu
+// SiLU in float32, as activation.silu; kSplit and kLimit are that module's SPLIT and -NEG_LIMIT
 __device__ __forceinline__ float silu(float g, const ExpTable& table) {
-  constexpr float kSplit = -64.0f;  // activation.SPLIT
-  constexpr float kLimit = 110.0f;  // activation.NEG_LIMIT is -kLimit
+  constexpr float kSplit = -64.0f;  // below: g * exp(g), as exp(-g) would pass 2^92
+  constexpr float kLimit = 110.0f;  // below -kLimit: -0; exp's argument range
   const bool far = g < kSplit;
   float x = g >= 0.0f ? -fminf(g, kLimit) : -g;
   if (far) x = fmaxf(g, -kLimit);
@@ -126,7 +133,7 @@ __device__ __forceinline__ float silu(float g, const ExpTable& table) {
   return canonical_nan(s);
 }
 
-// round_to_input(silu(g)): the tables a block holds in shared memory for kSiluMul ---------------
+// round_to_input(silu(g)): the tables a block holds in shared memory for kSiluMul -----------------
 
 // float16 and float32 gates: the arithmetic, with its exp table
 struct SiluByArithmetic : ExpTable {
@@ -144,8 +151,7 @@ struct SiluByArithmetic : ExpTable {
 // RN_bf16(RN_f32(s * up)) equals the one correctly rounded bf16 product, since the exact product
 // of two bfloat16 values has at most 16 significant bits (docs/spec.md, section 2a). A NaN
 // this makes may carry a sign; quantize_group then encodes every NaN as +NaN (kUnsignedNaN).
-// About 10 instructions a value (12 with a branch-free per-half lookup, session 8; 23 in
-// float32, docs/perf.md fused steps 5 and 12).
+// About 10 instructions a value, against 23 for the float32 arithmetic (docs/perf.md).
 struct SiluBandTable {
   static_assert(kSiluBandWords == 2048, "the band table: 4,096 entries, any 12-bit index");
   uint4 vectors[kSiluBandWords / 4];
@@ -154,18 +160,15 @@ struct SiluBandTable {
   // wait(), so start() goes before the block's own loads: its requests (the table is read
   // from L2) then do not queue behind theirs (from DRAM). With `by_threads` false (and on
   // sm_90 and newer) one thread copies it with one bulk copy (the TMA engine) that completes
-  // on an mbarrier; a copy by every thread through registers took about 90 instructions a
-  // thread (docs/perf.md, fused step 5). With `by_threads` every thread issues cp.async for
-  // its 16-byte pieces, which measured faster in grids of many blocks an SM and slower in
-  // grids of a few; the launch layer chooses (_launch.TABLE_BY_THREADS_WAVES; docs/perf.md,
-  // fused step 27). The table is constant data: no producer writes it, so start() may come
-  // before wait_for_producer(). Blocks of the one-pass grid take the module's
-  // kSiluBandReplicas copies of the table in turn (start); the walking grids' blocks, which
-  // copy once each, the first (fill).
-  // NOTES: with one copy, read by every block of a one-pass grid from the same L2 lines, the
-  // grid took 0.1-0.4 us longer at M = 1024-2048, N = 7168, and in one harness 1.1 us at 2048;
-  // the persistent grid's blocks, all copying as it starts, took 0.2 us longer at M = 4096
-  // spread over the copies (docs/perf.md, fused step 28)
+  // on an mbarrier, where a copy by every thread through registers costs about 90
+  // instructions a thread. With `by_threads` every thread issues cp.async for its 16-byte
+  // pieces, faster in grids of many blocks an SM and slower in grids of a few: the plan
+  // chooses (Tuning.silu_table_waves; docs/perf.md). The table is constant data: no producer
+  // writes it, so start() may come before wait_for_producer(). Blocks of the one-pass grid
+  // take the module's kSiluBandReplicas copies of the table in turn (start); the walking
+  // grids' blocks, which copy once each, the first (fill).
+  // NOTES: several copies, since with one, read by every block of a one-pass grid from the
+  // same L2 lines, the grid ran 0.1-0.4 us longer at M = 1024-2048, N = 7168 (docs/perf.md)
   __device__ __forceinline__ void start(bool by_threads) {
     copy(by_threads, reinterpret_cast<const uint4*>(kSiluBandBF16[blockIdx.x % kSiluBandReplicas]));
   }
@@ -244,7 +247,7 @@ struct SiluBandTable {
   static constexpr u32 kMinusZeros = 0x80008000u;
   // NOTES: both gates of the word at once, each step one instruction for the pair but the
   // two reads and their addresses: the band classes as masks of the halves, the result chosen
-  // by bitwise selects (docs/perf.md, fused step 12; activation.silu_bf16_by_table replays it)
+  // by bitwise selects (activation.silu_bf16_by_table replays it)
   __device__ __forceinline__ u32 silu_mul_pair(u32 base, u32 gate, u32 up) const {
     static_assert(kSiluBand <= 0x800u && kSiluNegativeEntry == 0x800u && kSiluBandFirst <= 0x8000u - kSiluBand,
                   "an entry is the sign at bit 11 and 11 bits of offset");
@@ -271,7 +274,8 @@ struct SiluBandTable {
   }
 };
 
-// gate words in, y words out (the input's encoding), given the matching up words
+// SiLU(gate) * up for a lane: gate words in, y words out (the input's encoding), given the
+// matching up words
 template <int kIn, typename Table>
 __device__ __forceinline__ void silu_mul_lane(u32 (&words)[kLaneWords], const u32 (&up)[kLaneWords],
                                               const Table& table) {
@@ -289,7 +293,7 @@ __device__ __forceinline__ void silu_mul_lane(u32 (&words)[kLaneWords], const u3
   }
 }
 
-// the activation trait -----------------------------------------------------------------------
+// the activation trait ----------------------------------------------------------------------------
 // What the kernels ask of an activation: one struct per activation, and ActivationTrait<kAct>
 // maps the template code Python passes (fgq::kIdentity, fgq::kSiluMul) to it. A new activation
 // is an Activation code, its struct and its ActivationTrait, plus its NumPy definition.
@@ -321,13 +325,14 @@ struct IdentityActivation {
   enum : bool { kUnsignedNaN = false, kSixBlocks = true };
   template <int kIn> using Table = NoTable;
   template <int kIn, bool kVec16>
-  __device__ static __forceinline__ void load(const Params& p, const typename Input<kIn>::Storage* src,
+  __device__ static __forceinline__ void load(const Params& p,
+                                              const typename Input<kIn>::Storage* src,
                                               u32 (&words)[kLaneWords], u32 (&up)[kLaneWords]) {
     load_lane<kIn, kVec16>(src, words);
   }
   template <int kIn, typename Shared>
-  __device__ static __forceinline__ void apply(u32 (&words)[kLaneWords], const u32 (&up)[kLaneWords],
-                                               const Shared& table) {}
+  __device__ static __forceinline__ void apply(u32 (&words)[kLaneWords],
+                                               const u32 (&up)[kLaneWords], const Shared& table) {}
 };
 
 // SiLU(gate) * up. Its table: bfloat16's band of results, the exponential's for float16 and
@@ -345,14 +350,15 @@ struct SiluMulActivation {
   enum : bool { kUnsignedNaN = true, kSixBlocks = false };
   template <int kIn> using Table = typename SiluTable<kIn>::Type;
   template <int kIn, bool kVec16>
-  __device__ static __forceinline__ void load(const Params& p, const typename Input<kIn>::Storage* src,
+  __device__ static __forceinline__ void load(const Params& p,
+                                              const typename Input<kIn>::Storage* src,
                                               u32 (&words)[kLaneWords], u32 (&up)[kLaneWords]) {
     load_lane<kIn, kVec16>(src, words);
     load_lane<kIn, kVec16>(src + p.x_up_offset, up);
   }
   template <int kIn, typename Shared>
-  __device__ static __forceinline__ void apply(u32 (&words)[kLaneWords], const u32 (&up)[kLaneWords],
-                                               const Shared& table) {
+  __device__ static __forceinline__ void apply(u32 (&words)[kLaneWords],
+                                               const u32 (&up)[kLaneWords], const Shared& table) {
     silu_mul_lane<kIn>(words, up, table);
   }
 };
@@ -363,7 +369,8 @@ template <> struct ActivationTrait<kSiluMul> : SiluMulActivation {};
 
 // one lane's values: the activation's loads, then its arithmetic
 template <int kIn, bool kVec16, int kAct, typename Table>
-__device__ __forceinline__ void load_values(const Params& p, const typename Input<kIn>::Storage* src,
+__device__ __forceinline__ void load_values(const Params& p,
+                                            const typename Input<kIn>::Storage* src,
                                             const Table& table, u32 (&words)[kLaneWords]) {
   typedef ActivationTrait<kAct> Act;
   u32 up[kLaneWords];

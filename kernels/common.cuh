@@ -1,13 +1,13 @@
-// Device helpers shared by the kernels: exact float32 arithmetic, input decoding, output
-// encodings and UE8M0 scales. No kernels live here, and no CUDA header is included, so NVRTC needs
-// nothing but itself (no cuda_fp8.h / cuda_bf16.h version pairing).
+// What every kernel header uses: the integer types, the numbers, exact float32 arithmetic and
+// the warp and launch helpers. No CUDA header is included, so NVRTC needs nothing but itself (no
+// cuda_fp8.h / cuda_bf16.h version pairing).
 //
 // NOTES: CuPy always appends -ftz=true to NVRTC options. Every float operation whose result can be
 // subnormal is therefore written as PTX without .ftz (div.rn.f32, mul.rn.f32, fma.rn.f32), and
 // magnitudes are compared as integers, so the kernels match the IEEE reference whatever flag the
 // driver or CuPy passes.
 #pragma once
-// abi.cuh (the constants and Params) is written by fp8_group_quant/_abi.py
+// the constants Python and the kernels share, and struct Params: written by fp8_group_quant/_abi.py
 #include "abi.cuh"
 
 namespace fgq {
@@ -17,12 +17,13 @@ typedef unsigned short u16;
 typedef unsigned int u32;
 typedef long long i64;
 
-// numbers ----------------------------------------------------------------------------------------
-// NOTES: under CuPy's --device-as-default-execution-space a constexpr variable at namespace scope
-// is a device variable that the module carries, and each one added before the SiLU tables moves
-// the constant-bank slot from which the kernels read a table's address: new numbers are
-// enumerators, a constexpr function or constants local to their one user. The variables
-// (kRoundMagic, kMinFastDivisor here) are the module's own
+// numbers -----------------------------------------------------------------------------------------
+// NOTES: CuPy compiles with --device-as-default-execution-space, so a constexpr variable at
+// namespace scope (or a static constexpr member of a class) is a device variable that the module
+// carries, and each one declared before the SiLU tables moves the constant-bank slot from which
+// the kernels read a table's address: that changes their machine code. So numbers are
+// enumerators, a constexpr function, or constants local to their one user; the variables here
+// (kRoundMagic, kMinFastDivisor), in abi.cuh and beside the tables are the module's as they were
 enum : u32 {
   kAllLanes = 0xffffffffu,     // every lane of a warp: a shuffle, vote or ballot mask
   kF32Sign = 0x80000000u,      // float32's sign bit
@@ -39,8 +40,7 @@ __device__ __forceinline__ constexpr float float32_max() { return 3.402823466385
 // bits, so the rounded integer is the sum's bits minus the constant's
 constexpr float kRoundMagic = 12582912.0f;
 
-
-// exact float32 arithmetic ---------------------------------------------------------------------
+// exact float32 arithmetic ------------------------------------------------------------------------
 
 __device__ __forceinline__ float div_rn(float a, float b) {
   float r;
@@ -80,7 +80,7 @@ __device__ __forceinline__ float rcp_rn(float a) {
   return r;
 }
 
-// Divisors at least this large take the reciprocal path of divide_fast.
+// divisors at least this large take the reciprocal path of divide_fast
 constexpr float kMinFastDivisor = 8.271806125530277e-25f;  // 2^-80
 
 // RN(v / s) given r = RN(1 / s), in three instructions instead of a full division.
@@ -96,12 +96,14 @@ __device__ __forceinline__ float divide_fast(float v, float s, float r) {
 }
 
 // n / d for n < 2^31, as a multiply and a shift: magic = ceil(2^shift / d) with
-// shift = 31 + ceil(log2 d), both from _launch.divisor() on the host.
+// shift = 31 + ceil(log2 d), both from _plan.divisor() on the host.
 // NOTES: Granlund and Montgomery (1994), theorem 4.2 with N = 31: magic * d - 2^shift < d, which
 // makes the quotient exact for every n < 2^31; magic < 2^32 holds for every d >= 1.
 __device__ __forceinline__ u32 divide_u31(u32 n, u32 magic, u32 shift) {
   return static_cast<u32>((static_cast<unsigned long long>(n) * magic) >> shift);
 }
+
+// warp and launch helpers -------------------------------------------------------------------------
 
 // Programmatic Dependent Launch (sm_90 and newer; no-ops before, and when the launch did not ask
 // for it). wait: block until the grid this one depends on has finished and its writes are

@@ -1,18 +1,20 @@
-// Input decoding and output encodings: input and format traits, the lanes of values the
-// quantizer reads, the float32 -> input type conversions, UE8M0 scales.
+// The number formats: input types (decoding, loading a lane, float32 -> the input type), the
+// lanes of values the quantizer reads, the output encodings and UE8M0 scales. A trait holds a
+// format's instructions; its numbers (fmax, the codes of NaN and Inf) are one Python table,
+// _spec.OUTPUT_FORMATS, and reach the kernels through Params.
 #pragma once
 #include "common.cuh"
 
 namespace fgq {
 
-// Template codes; the Python registries (_spec.py, _layout.py) name them in their rows.
+// template codes; the Python registries (_spec.py) name them in their rows
 enum InputType : int { kBF16 = 0, kF16 = 1, kF32 = 2 };
 enum OutputType : int { kE4M3 = 0, kE5M2 = 1, kInt8 = 2, kE4M3FNUZ = 3 };
 enum ScaleFormat : int { kFloat32Scale = 0, kUE8M0Scale = 1 };
 
 enum : u32 { kHalfMagnitudes = 0x7fff7fffu };  // the magnitude bits of a word's two 16-bit halves
 
-// input types --------------------------------------------------------------------------------------
+// input types -------------------------------------------------------------------------------------
 // A lane holds kLaneWords words. raw(words, i) is the encoding of value i; f32_bits(words, i) its
 // exact float32 bits. Magnitudes (encodings without the sign bit) order like the values they
 // encode, so the group maximum is an integer maximum; magnitudes >= kInf are Inf or NaN.
@@ -77,7 +79,7 @@ template <> struct Input<kF32> {
   __device__ static __forceinline__ float magnitude_to_f32(u32 m) { return __uint_as_float(m); }
 };
 
-// largest finite magnitude of a lane: the slow path, for groups holding Inf or NaN
+// the largest finite magnitude of a lane: the slow path, for groups holding Inf or NaN
 template <int kIn>
 __device__ __forceinline__ u32 max_finite_magnitude(const u32 (&w)[kLaneWords]) {
   typedef Input<kIn> In;
@@ -113,10 +115,13 @@ __device__ __forceinline__ void load_lane(const void* src, u32 (&words)[kLaneWor
   }
 }
 
+// value i of a loaded lane, as float32
 template <int kIn>
 __device__ __forceinline__ float value_of(const u32 (&words)[kLaneWords], int i) {
   return __uint_as_float(Input<kIn>::f32_bits(words, i));
 }
+
+// float32 -> the input type -----------------------------------------------------------------------
 
 // float32 -> the input type and back (round to nearest even; no flush of subnormals)
 template <int kIn> __device__ __forceinline__ float round_to_input(float v);
@@ -171,8 +176,8 @@ __device__ __forceinline__ void canonicalise_nan(u32 (&words)[kLaneWords]) {
 // NaN is the positive quiet NaN (0x7fc0, 0x7e00, 0x7fc00000), as NumPy converts float32's.
 // kCheck false: the caller knows whether a value may be NaN and passes `maybe_nan`, and no
 // value is tested unless it is true
-// NOTES: 16-bit types convert two values with one cvt and canonicalise NaN on a path taken only
-// by a lane that made one (before: per value a cvt, two NaN selects, a shift and an or)
+// NOTES: 16-bit types convert two values with one cvt, and only a lane that made a NaN takes
+// the path that canonicalises it, instead of NaN selects on every value
 template <int kIn, bool kCheck = true, typename F>
 __device__ __forceinline__ void map_lane(u32 (&words)[kLaneWords], F value, bool maybe_nan = true) {
   typedef Input<kIn> In;
@@ -194,6 +199,8 @@ __device__ __forceinline__ void map_lane(u32 (&words)[kLaneWords], F value, bool
 #pragma unroll
   for (int w = 0; w < kLaneWords; ++w) words[w] = out[w];
 }
+
+// the lanes of values the quantizer reads ---------------------------------------------------------
 
 // a lane's values as float32, each exact in the input type (the fused RMSNorm's: they come out
 // of float32 arithmetic rounded to the input type, so packing them into its encoding only for
@@ -234,9 +241,8 @@ template <int kIn, int kValues> struct LaneValues<kIn, FloatLane<kValues>> {
   }
   // NOTES: a float maximum that keeps NaN (max.NaN, one instruction a value as fmaxf, which
   // skips NaN): a lane holding NaN reports NaN, whose magnitude bits lie above kInf, so it takes
-  // the slow path as Inf does, and the caller need not say whether its values may be NaN (the
-  // RMSNorm kernel tested its weight and sums for that: fused step 21). Under CuPy's -ftz it
-  // reads a subnormal as 0, which changes nothing: amax is at least eps, a normal float
+  // the slow path as Inf does, and the caller need not test its inputs for NaN. Under CuPy's
+  // -ftz it reads a subnormal as 0, which changes nothing: amax is at least eps, a normal float
   // (docs/spec.md section 3)
   __device__ static __forceinline__ u32 max_magnitude(const FloatLane<kValues>& f) {
     float m = fabsf(f.v[0]);
@@ -256,15 +262,17 @@ template <int kIn, int kValues> struct LaneValues<kIn, FloatLane<kValues>> {
   __device__ static __forceinline__ float magnitude_to_f32(u32 m) { return __uint_as_float(m); }
 };
 
-// output encodings -------------------------------------------------------------------------------
-// A format's trait holds its instructions only: encode4(t) returns the codes of four scaled values
-// t = v / s, t[j] in bits 8j to 8j + 7, for finite inputs. Its numbers (fmax, the codes of NaN and
-// Inf) live in one Python table, _spec.OUTPUT_FORMATS, and reach the kernel through Params.
-// kLean: the format's encoding fits the 40-register budget of six resident blocks per SM.
+// output encodings --------------------------------------------------------------------------------
+// encode4(t) returns the codes of four scaled values t = v / s, t[j] in bits 8j to 8j + 7, for
+// finite inputs (patch_nonfinite gives the others theirs).
+// kLean: the format's encoding fits the 40-register budget of six resident blocks an SM.
 // kCodeExponent: encode4 takes t * 2^kCodeExponent, so that a caller multiplying by a power of
 // two folds the factor into its own multiply (exact: |t| <= fmax, far from overflow).
 
 template <int kOut> struct Output;
+
+// e4m3's largest finite value: its satfinite clamp, and NVFP4's largest scale
+constexpr float kE4M3Max = 448.0f;
 
 // float8 formats: one cvt rounds and saturates two values at a time
 template <int kOut>
@@ -315,9 +323,9 @@ template <> struct Output<kInt8> {
     // NOTES: the spec's clamp to +-127 never binds for a finite input: |v| <= amax and
     // s >= RN(amax / 127) (a power of two at least that for UE8M0), so |v / s| <= 127.002 even
     // when s is subnormal (relative error <= 1.5e-5 for amax >= eps >= 2^-126), and the rounded
-    // code stays in [-127, 127]. Rounding is then one add: RN(t + 1.5 * 2^23) is the float whose
-    // low mantissa byte holds round-half-even(t) in two's complement. Non-finite inputs are
-    // patched afterwards. This replaces two FMNMX, an F2I (quarter rate) and a mask per value.
+    // code stays in [-127, 127]. Rounding is then one add: RN(t + kRoundMagic) is the float whose
+    // low mantissa byte holds round-half-even(t) in two's complement, in place of two FMNMX, an
+    // F2I (quarter rate) and a mask per value. Non-finite inputs are patched afterwards.
     u32 b[4];
 #pragma unroll
     for (int j = 0; j < 4; ++j) b[j] = __float_as_uint(add_rn(t[j], kRoundMagic));
@@ -353,10 +361,7 @@ __device__ __forceinline__ float divide_by_max(float amax, float fmax, float inv
   return div_rn(amax, fmax);
 }
 
-// e4m3's largest finite value, NVFP4's largest scale (docs/spec.md, section 4a)
-constexpr float kE4M3Max = 448.0f;
-
-// UE8M0 scales -----------------------------------------------------------------------------------
+// UE8M0 scales ------------------------------------------------------------------------------------
 // The exponent byte of docs/spec.md section 3 item 3: y = max(RN(amax / fmax), floor), then
 // y's biased exponent plus one if any mantissa bit is set (the smallest power of two >= y),
 // computed from the bits of amax, fmax and floor without the division. amax is a positive,

@@ -1,4 +1,7 @@
-// The per-group work: the group maximum, the scale, the codes and their stores.
+// The per-group work every kernel shares: a group of kGroup values is held by kLanes
+// consecutive lanes of a warp, 32 bytes a lane; the lanes reduce the group maximum with xor
+// shuffles among themselves, compute the scale, encode in registers and store their codes with
+// one store, and the group's first lane stores the scale. No shared memory, no atomics.
 #pragma once
 #include "common.cuh"
 #include "formats.cuh"
@@ -6,7 +9,7 @@
 
 namespace fgq {
 
-// maximum over the lanes of one group ------------------------------------------------------------
+// the maximum over the lanes of one group ---------------------------------------------------------
 // NOTES: the xor offsets stay below kLanes, so each group reduces among its own lanes; `mask`
 // names the lanes that run the call together.
 template <int kLanes>
@@ -18,7 +21,7 @@ __device__ __forceinline__ u32 group_max(u32 value, u32 mask) {
   return value;
 }
 
-// scale and encode one lane's values ---------------------------------------------------------------
+// scale and encode one lane's values --------------------------------------------------------------
 enum ScaleOp : int { kMultiply = 0, kDivideFast = 1, kDivideExact = 2 };
 
 template <int kIn, int kOut, int kOp, int kValues, typename V>
@@ -96,7 +99,7 @@ __device__ __forceinline__ void patch_group(const Params& p, const V& values,
   }
 }
 
-// scale, encode and store one group ----------------------------------------------------------------
+// scale, encode and store one group ---------------------------------------------------------------
 // From `magnitude`, the group's maximum magnitude over finite values; `patch` gives the
 // non-finite values their codes before the stores (see quantize_group for the arguments).
 // Leaves the codes in `codes`.
@@ -118,14 +121,15 @@ __device__ __forceinline__ void finish_group(const Params& p, const V& values, u
     }
   } else {
     // NOTES: both rules from amax's bits, no division (ue8m0_exponent says why that is the
-    // spec's quotient; it took 10 dependent instructions through Markstein's division), both
-    // computed, then selected: a uniform branch between them sat on the group's chain.
+    // spec's quotient; Markstein's division is 10 dependent instructions), both computed, then
+    // selected: a uniform branch between them would sit on the group's chain.
     // scale_rule="floor": amax's biased exponent minus emax_elem, at least 1
     const u32 floor_rule = static_cast<u32>(
         max(static_cast<int>(__float_as_uint(amax) >> 23) - static_cast<int>(p.floor_emax), 1));
     const u32 rceil = ue8m0_exponent(amax, p.fmax, p.ue8m0_floor);
     exponent = p.floor_emax != 0u ? floor_rule : rceil;
     scale = __uint_as_float(exponent << 23);
+    // 2^-(exponent - bias) times the format's 2^kCodeExponent, as float32 bits
     const float inverse =
         __uint_as_float((2u * kF32Bias + Output<kOut>::kCodeExponent - exponent) << 23);
     encode_lane<kIn, kOut, kMultiply, kValues>(values, scale, inverse, codes);
@@ -137,7 +141,7 @@ __device__ __forceinline__ void finish_group(const Params& p, const V& values, u
                                                         real_row, store_scale);
 }
 
-// quantize one group (this lane's share) and store it -------------------------------------------
+// quantize one group (this lane's share) and store it ---------------------------------------------
 // `values` are this lane's values (as loaded, or a FloatLane: LaneValues); `mask` names the
 // lanes that run this call together (the group's own lanes, or with kWholeWarp all 32);
 // `real_row` false quantizes a padding row's zeros. The codes go to q_dst when store_q, the
@@ -145,9 +149,9 @@ __device__ __forceinline__ void finish_group(const Params& p, const V& values, u
 // patch_nonfinite. kStraightTail (the one-pass kernel's, whose register budget allows it): no
 // branch between the group's scale and its stores. The codes of non-finite values are patched
 // after the stores and stored again by the same thread (its second store is the one that
-// remains); the branch around the patch had been a jump over 2.9 KB of code on the common
-// path, and the scale is stored by predicated stores (layouts.cuh) rather than under a branch
-// on lane 0 (docs/perf.md step 22).
+// remains), so the common path does not jump over the patch (2.9 KB of code), and the scale
+// is stored by predicated stores (layouts.cuh) rather than under a branch on lane 0
+// (docs/perf.md).
 template <int kIn, int kGroup, int kOut, int kScale, int kLayout, bool kWholeWarp,
           bool kUnsignedNaN = false, bool kStraightTail = false, typename V>
 __device__ __forceinline__ void quantize_group(const Params& p, const V& values, u32 mask,
@@ -157,7 +161,7 @@ __device__ __forceinline__ void quantize_group(const Params& p, const V& values,
   constexpr int kValues = kLaneWords * 4 / Input<kIn>::kBytes;
   constexpr int kLanes = kGroup / kValues;
 
-  // the group maximum over finite values ---------------------------------------------------------
+  // reduce the group maximum over finite values
   u32 magnitude = group_max<kLanes>(L::max_magnitude(values), mask);
   const bool nonfinite = magnitude >= L::kInf;  // uniform over the group
   if constexpr (kWholeWarp) {
@@ -172,6 +176,7 @@ __device__ __forceinline__ void quantize_group(const Params& p, const V& values,
       magnitude = group_max<kLanes>(L::max_finite_magnitude(values), mask);
     }
   }
+  // scale, encode, store
   u32 codes[kValues / 4];
   finish_group<kIn, kOut, kScale, kLayout, kUnsignedNaN, kStraightTail, kValues>(
       p, values, magnitude, nonfinite && !kStraightTail, real_row, q_dst, store_q, scale_at,

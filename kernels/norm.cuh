@@ -1,4 +1,5 @@
-// Fused (add-)RMSNorm: the row's arithmetic and the walk over rows.
+// Fused (add-)RMSNorm (docs/spec.md, section 2b; the definition is activation.rms_norm): the
+// lane's arithmetic, then norm_rows, quantize_norm's walk over the rows.
 #pragma once
 #include "common.cuh"
 #include "formats.cuh"
@@ -7,7 +8,7 @@
 
 namespace fgq {
 
-// fused RMSNorm (docs/spec.md, section 2b; the definition is activation.rms_norm) ---------------
+// a lane's arithmetic -----------------------------------------------------------------------------
 
 // x = round(x + residual), in the input type, NaN as the hardware writes it: the caller makes it
 // the positive quiet NaN (norm_rows, only where the lane's sum of squares is not finite)
@@ -20,9 +21,8 @@ namespace fgq {
 // threshold above its largest value among them) lies at least 2^(e-p-1) from a, so such a sum
 // lies at least 2^(e-p-2) from each, beyond float32's rounding (at most 2^(e-24)): no tie is
 // made or moved. Sums past float32's range are Inf both ways. tests/test_norm.py checks every
-// value of the type against 640 others over every exponent (every pair was checked once). The
-// float path took about seven instructions a pair (four unpacks, two adds, a pack): fused
-// step 23
+// value of the type against 640 others over every exponent. The float path costs about seven
+// instructions a pair (four unpacks, two adds, a pack)
 template <int kIn>
 __device__ __forceinline__ void add_residual(u32 (&words)[kLaneWords], const u32 (&residual)[kLaneWords]) {
 #if __CUDA_ARCH__ >= 800
@@ -48,9 +48,8 @@ __device__ __forceinline__ void add_residual(u32 (&words)[kLaneWords], const u32
 }
 
 // a[i] += a[i + kWidth] for i < kWidth, then the same for half the width, down to a[0]
-// NOTES: one template step a width: written as a loop over `width /= 2`, NVRTC kept the outer
-// loop and indexed the registers through predicated moves, about 240 instructions a lane
-// (docs/perf.md, fused step 6)
+// NOTES: one template step a width: written as a loop over `width /= 2`, NVRTC keeps the outer
+// loop and indexes the registers through predicated moves, about 240 instructions a lane
 template <int kWidth>
 __device__ __forceinline__ void fold_in_half(float* a) {
   if constexpr (kWidth >= 1) {
@@ -83,8 +82,8 @@ __device__ __forceinline__ float warp_fold(float v) {
 }
 
 // y = round(RN(x * r) * w), in the input type; weight(i) is w's value i as float32 (from the
-// loaded words, or from the float32 copy a walking block keeps: quantize_norm); `maybe_nan`
-// false promises that no product is NaN (see quantize_norm)
+// loaded words, or from the float32 copy a walking block keeps: kStash); `maybe_nan` false
+// promises that no product is NaN (norm_rows)
 template <int kIn, typename Weight>
 __device__ __forceinline__ void normalize_lane(u32 (&words)[kLaneWords], Weight weight, float r, bool maybe_nan) {
   u32 x[kLaneWords];
@@ -103,43 +102,44 @@ __device__ __forceinline__ void normalize_lane(const u32 (&x)[kLaneWords], Weigh
   for (int i = 0; i < kValues; ++i) y.v[i] = round_to_input<kIn>(mul_rn(mul_rn(value_of<kIn>(x, i), r), weight(i)));
 }
 
-// fused (add-)RMSNorm: a row at a time ------------------------------------------------------------
+// the walk over rows ------------------------------------------------------------------------------
 // NOTES: a row's sum of squares needs the whole row before any group can be scaled, so a block
 // holds whole rows, kPer 32-byte lanes a thread: thread t holds lanes t and, with kPer = 2,
 // t + blockDim.x (a multiple of 32, so each warp holds whole warps of lanes and the same lane of
 // a group in both), at most 1024 lanes a row (K <= 16384 for 16-bit input). It reduces in the
 // order docs/spec.md (section 2b) defines: each lane folds its squares in half, each warp of
 // lanes folds its 32 lanes with xor shuffles, one shared slot per warp of lanes; warp 0 folds
-// the 32 slots again, computes r and passes it on behind a second barrier (fused step 21). Two
-// lanes a thread halve the per-row work a lane (the second fold, the division, square root and
-// reciprocal, the addresses and the loop), which pays where many rows keep the SMs issuing; one
-// lane a thread keeps twice the warps on a row, which pays where few rows leave them waiting on
-// the row's chain (_launch.norm_lanes; docs/perf.md, fused step 13).
+// the 32 slots again, computes r and passes it on behind a second barrier. Two lanes a thread
+// halve the per-row work a lane (the second fold, the division, square root and reciprocal, the
+// addresses and the loop), which pays where many rows keep the SMs issuing; one lane a thread
+// keeps twice the warps on a row, which pays where few rows leave them waiting on the row's
+// chain (_plan.norm_lanes; docs/perf.md).
 // The grid is a block a row or at most one resident wave of blocks that walk the rows (over all
-// batches) with a stride of the grid (_launch.norm_blocks). In the source a walking block loads
+// batches) with a stride of the grid (_plan.norm_blocks). In the source a walking block loads
 // its next row after it has stored the current one; the compiler (sm_90) issues those loads at
 // the top of the iteration into registers of their own, so the next row is in flight while the
-// current one is worked on. Written by hand (fused step 7), that second set of words kept the
-// two-lane kernel at 80 registers, three blocks an SM; as it stands it fits 72, four blocks
-// (fused step 18; a shared-memory stash filled by cp.async instead ran the walk at 39.0 us at
-// M = 4096, K = 7168, against 30.9). The warp slots and r alternate between two sets (from
-// when one barrier a row sufficed; one set of slots measured no faster, fused step 19). Lanes past the row's last work on a
-// copy of that lane, add +0 to the sums and store nothing, so the group shuffles name the
-// whole warp. The last real row of each batch zeroes the padding rows below it. A walking grid
-// of 16-bit input without a residual takes the kStash instantiation (quantize_norm).
+// current one is worked on. Written by hand, that second set of words needs 80 registers in the
+// two-lane kernel, three blocks an SM, where this fits 72, four blocks (a shared-memory stash
+// filled by cp.async instead is slower: docs/perf.md). The warp slots and r alternate between
+// two sets (one set of slots is no faster). Lanes past the row's last work on a copy of that
+// lane, add +0 to the sums and store nothing, so the group shuffles name the whole warp. The
+// last real row of each batch zeroes the padding rows below it. A walking grid of 16-bit input
+// without a residual takes the kStash instantiation (quantize_norm).
 
 // whether a lane's normalised values reach the quantizer as float32 (FloatLane) rather than
 // packed in the input type
-// NOTES: float32 skips the pack, the unpack and the maximum over packed halves: RMSNorm at
-// M = 4096 (two lanes a thread, bfloat16 to e4m3, packed scales) 37.4 -> 31.0 us (docs/perf.md,
-// fused step 16). It holds more registers: with two lanes a thread (72 registers, fused step
-// 18) the blocked layout keeps the packed words (float32 lanes spilled four words there in
-// every input type), every other two-lane instantiation fits float32 lanes
+// NOTES: float32 skips the pack, the unpack and the maximum over packed halves (RMSNorm at
+// M = 4096, two lanes a thread: 31.0 us against 37.4, docs/perf.md). It holds more registers:
+// with two lanes a thread (72 registers) the blocked layout keeps the packed words (float32
+// lanes spill four words there in every input type); every other two-lane instantiation fits
+// float32 lanes
 template <int kIn, int kGroup, int kOut, int kLayout, int kPer>
 constexpr bool norm_float_lanes() {
   return kPer == 1 || kLayout != kBlockedExponents;
 }
 
+// quantize_norm's body: kAdd adds the residual (and writes the sum back), kStash keeps the
+// weight as float32 in shared memory (norm_stash)
 template <int kIn, int kGroup, int kOut, int kScale, int kLayout, int kPer, bool kAdd, bool kStash>
 __device__ __forceinline__ void norm_rows(const Params& p, float (&warp_sums)[2][32], float (&row_r)[2],
                                           float4* norm_stash) {
@@ -190,15 +190,15 @@ __device__ __forceinline__ void norm_rows(const Params& p, float (&warp_sums)[2]
   u32 words[kPer][kLaneWords], other[kOtherLanes][kLaneWords];
   wait_for_producer();  // PDL, as in quantize_groups
   load_row(flat, batch, row, words, other);
-  // NOTES: the weight is read again each row (an L1 hit): held in registers, it took both
+  // the weight
+  // NOTES: the weight is read again each row (an L1 hit): held in registers, it takes both
   // instantiations past their register limits with spills, with the residual too. With kStash
-  // (quantize_norm) the thread keeps its weight values as float32 in shared memory instead: four
-  // shared loads a lane a row replace two loads and 16 unpacks (fused step 19). No barrier: a
-  // thread reads only what it wrote. Lanes handed to the quantizer as float32 (kFloat) need no
-  // test of the weight for Inf and NaN (the quantizer's maximum keeps NaN), so the general
-  // kernel reads none of it here (fused step 21) but after r, from L2 on its first row: the L1
-  // prefetch a lane it issued here until fused step 25 cost add-RMSNorm 1% at M = 512 and
-  // gained nothing anywhere
+  // the thread keeps its weight values as float32 in shared memory instead: four shared loads
+  // a lane a row replace two loads and 16 unpacks. No barrier: a thread reads only what it
+  // wrote. Lanes handed to the quantizer as float32 (kFloat) need no test of the weight for Inf
+  // and NaN (the quantizer's maximum keeps NaN), so the general kernel reads none of it here
+  // but after r, from L2 on its first row (an L1 prefetch here cost add-RMSNorm 1% at M = 512
+  // and gained nothing: docs/perf.md)
   const Storage* weight_lane = static_cast<const Storage*>(p.weight) + value0[0];
   constexpr int kChunks = kValues / 4;  // float4 chunks a lane
   // each warp's chunks together, chunk c of its thread i at c * 32 + i: one address a thread,
@@ -225,6 +225,7 @@ __device__ __forceinline__ void norm_rows(const Params& p, float (&warp_sums)[2]
     const bool more = flat + gridDim.x < total_rows;
     if (!more) signal_dependents();  // this block's last loads are issued
 
+    // x + residual
     if constexpr (kAdd) {
 #pragma unroll
       for (int j = 0; j < kPer; ++j) add_residual<kIn>(words[j], other[j]);
@@ -234,9 +235,10 @@ __device__ __forceinline__ void norm_rows(const Params& p, float (&warp_sums)[2]
 #pragma unroll
     for (int j = 0; j < kPer; ++j) lane_sums[j] = in_row[j] ? lane_sum_of_squares<kIn>(words[j]) : 0.0f;
     if constexpr (kAdd) {
-      // NOTES: the sum x + residual is written back with NaN as the positive quiet NaN; a lane
-      // holding NaN has a NaN sum of squares, so only a lane whose sum is not finite looks for
-      // it (add_residual's test of each pair took about 3 instructions a pair: fused step 22)
+      // write x + residual back
+      // NOTES: with NaN as the positive quiet NaN; a lane holding NaN has a NaN sum of squares,
+      // so only a lane whose sum is not finite looks for it (a test in add_residual costs
+      // about 3 instructions a pair)
       Storage* r_row = residual_lane + batch * p.r_batch_stride + row * p.r_row_stride;
 #pragma unroll
       for (int j = 0; j < kPer; ++j) {
@@ -255,17 +257,15 @@ __device__ __forceinline__ void norm_rows(const Params& p, float (&warp_sums)[2]
     }
     __syncthreads();
     if constexpr (kStash) {
+      // prefetch the block's next row into L2
       // NOTES: the next row's x is loaded after this row's stores (below), and the compiler
       // leaves those loads there (in the general kernel it issues them at the top of the
-      // iteration, into registers of their own: the stash kernel's instantiations spilled with
-      // such registers at 72 and 80, NVRTC 12). So one thread asks for the block's next row
-      // into L2 here, one bulk prefetch, once this row has arrived (every lane sum is in its
-      // warp's slot), so that it streams from DRAM while this row is worked on and does not
-      // share the bandwidth with this row's own loads. Issued at the top of the iteration
-      // instead (fused step 19), where it slowed the row it overlapped, it was skipped for a
-      // block's last-but-one row; here every row with a next one prefetches it: RMSNorm at
-      // M = 1024 / 2048 / 4096 (K = 7168, without PDL) 9.51-9.63 / 16.49-16.74 / 28.20-28.30
-      // -> 9.38-9.45 / 15.59-15.61 / 27.24-27.52 us (docs/perf.md, fused step 26)
+      // iteration, into registers of their own, which made the stash kernel spill at 72 and 80
+      // registers). So one thread asks for the block's next row into L2 here, one bulk
+      // prefetch, once this row has arrived (every lane sum is in its warp's slot), so that it
+      // streams from DRAM while this row is worked on and does not share the bandwidth with
+      // this row's own loads; at the top of the iteration it slows the row it overlaps. 1-6%
+      // faster at M = 1024-4096, K = 7168 (docs/perf.md)
       if (t == 0 && more) {
         const u32 next = flat + gridDim.x;
         const u32 next_batch = p.batches == 1u ? 0u : next / p.rows;
@@ -275,9 +275,8 @@ __device__ __forceinline__ void norm_rows(const Params& p, float (&warp_sums)[2]
       }
     }
     // r = 1 / sqrt(mean + eps): one warp computes it and passes it on through shared memory
-    // behind a second barrier, about 80 instructions a row fewer in each other warp (fused step
-    // 19 for walking blocks; step 21 for a block a row, whose SMs are as busy issuing once the
-    // rows have arrived: docs/experiments/norm_timeline.py)
+    // behind a second barrier, about 80 instructions a row fewer in each other warp (also for
+    // a block a row, whose SMs are busy issuing once the rows have arrived: docs/perf.md)
     float r = 0.0f;
     if (t < 32) {
       const float total = warp_fold(warp_slot ? warp_sums[set][t & 31] : 0.0f);
@@ -287,6 +286,7 @@ __device__ __forceinline__ void norm_rows(const Params& p, float (&warp_sums)[2]
     }
     __syncthreads();
     r = row_r[set];
+    // normalise, quantize and store each lane
     u8* q_batch = p.q + batch * p.q_batch_stride;
 #pragma unroll
     for (int j = 0; j < kPer; ++j) {
@@ -331,6 +331,7 @@ __device__ __forceinline__ void norm_rows(const Params& p, float (&warp_sums)[2]
       }
     }
 
+    // the block's next row
     if (!more) break;
     flat += gridDim.x;
     load_row(flat, batch, row, words, other);

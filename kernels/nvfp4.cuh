@@ -1,4 +1,6 @@
-// NVFP4: e2m1 codes two to a byte, e4m3 scales in the blocked layout.
+// NVFP4 (docs/spec.md, section 4a): e2m1 codes two to a byte, an e4m3 scale per 16 values in
+// the blocked layout, a float32 global scale. The formats' arithmetic, then the bodies of
+// quantize_nvfp4 and nvfp4_amax.
 #pragma once
 #include "common.cuh"
 #include "formats.cuh"
@@ -7,10 +9,14 @@
 
 namespace fgq {
 
-// NVFP4 (docs/spec.md, section 4a) ------------------------------------------------------------
+// the formats -------------------------------------------------------------------------------------
 constexpr float kE2M1Max = 6.0f;  // e2m1's largest value
 enum : int { kNvfp4Group = 16 };  // values a scale covers
-enum : u32 { kE2M1Sign = 8u, kE2M1MaxCode = 7u, kE4M3Bias = 7u };  // an e2m1 code's sign bit, 6's code
+enum : u32 {
+  kE2M1Sign = 8u,     // an e2m1 code's sign bit
+  kE2M1MaxCode = 7u,  // the magnitude bits of 6
+  kE4M3Bias = 7u,     // e4m3's exponent bias
+};
 
 // the e4m3 byte of u >= 0, rounded to nearest even (subnormals included), saturated to 448
 __device__ __forceinline__ u32 e4m3_byte(float u) {
@@ -31,7 +37,7 @@ __device__ __forceinline__ float e4m3_value(u32 byte) {
 // 0, 0.5, 1, 1.5, 2, 3, 4, 6, ties to the even code, saturating at 6 (the sign is bit 3)
 // NOTES: the grid has step 2^(k-1) on [2^k, 2^(k+1)) for k = 1, 2 and 0.5 below 2, so with
 // k = (m >= 2) + (m >= 4) the code is RNE(m * 2^(1-k)) + 2k, capped at 7: the scaling is
-// exact and the add of 1.5 * 2^23 rounds once, to nearest even (the integer in the low
+// exact and the add of kRoundMagic rounds once, to nearest even (the integer in the low
 // mantissa bits). Checked against the scalar model at every tie (tests/test_nvfp4.py).
 __device__ __forceinline__ u32 e2m1_magnitude(float m) {
   const u32 k = (m >= 2.0f) + (m >= 4.0f);
@@ -49,7 +55,7 @@ __device__ __forceinline__ u32 pack_nibbles(const u32 (&c)[8]) {
   return (b0 + (b1 << 8)) + ((b2 + (b3 << 8)) << 16);
 }
 
-// NVFP4: e2m1 codes two to a byte, e4m3 scales in the blocked layout ------------------------
+// the kernels' bodies -----------------------------------------------------------------------------
 // NOTES: a group is 16 values, one 32-byte lane of 16-bit input (two of float32), so a thread
 // owns a group (or half of one): the one-pass grid's slot numbering with one-row tiles, no
 // loop. The arithmetic is docs/spec.md section 4a, one IEEE float32 operation per step; the
@@ -68,9 +74,9 @@ __device__ __forceinline__ float nvfp4_global(const Params& p) {
 }
 
 // quantize_nvfp4's body: one group (or half of one) a thread
-// NOTES: p by value, a copy the compiler removes: through a reference it did not know the
-// fields readable before a branch and kept two branches where the kernel's own parameter
-// gives one (tools/same_code.py)
+// NOTES: p by value, a copy the compiler removes. Through a reference (as the other kernels'
+// helpers take it) the compiler did not hoist the load of p.rows above the padding test, and
+// compiled two branches where the kernel's own parameter gives one
 template <int kIn>
 __device__ __forceinline__ void nvfp4_quantize_group(const Params p) {
   typedef Input<kIn> In;
@@ -79,6 +85,7 @@ __device__ __forceinline__ void nvfp4_quantize_group(const Params p) {
   constexpr int kLanes = kNvfp4Group / kValues;
   typedef ScaleLayout<kBlockedExponents> Layout;
 
+  // the slot: past the grid's last slot, a thread works on the last one and stores nothing
   const u32 slot_in_grid = blockIdx.x * (blockDim.x / kLanes) + threadIdx.x / kLanes;
   const int lane = threadIdx.x % kLanes;
   const bool active = slot_in_grid < p.slots;
@@ -87,12 +94,14 @@ __device__ __forceinline__ void nvfp4_quantize_group(const Params p) {
   const int group = static_cast<int>(slot - flat_row * static_cast<u32>(p.groups_per_row));
   const u32 batch = divide_u31(flat_row, p.batch_tiles_magic, p.batch_tiles_shift);
   const u32 row = flat_row - batch * p.rows;
+  // load
   u32 words[kLaneWords];
   wait_for_producer();
   load_lane<kIn, true>(static_cast<const Storage*>(p.x) + batch * p.x_batch_stride +
                            row * p.x_row_stride + group * kNvfp4Group + lane * kValues, words);
   const float g = nvfp4_global(p);
   signal_dependents();
+  // zero the padding rows' scales; publish a computed global scale
   if (active && row == p.rows - 1u) Layout::zero_rows(p, batch, row + 1u, group, lane, kLanes);
   if (p.global_mode == 2u && slot_in_grid == 0u && lane == 0) {
     *reinterpret_cast<float*>(p.global_out) = g;
@@ -141,6 +150,7 @@ __device__ __forceinline__ void nvfp4_quantize_group(const Params p) {
       m[i] = fabsf(__float_as_uint(d) == 0u ? 0.0f : div_rn(v, d));  // d >= 0; bits, not -ftz
     }
   }
+  // the codes
   u32 packed[kValues / 8];
 #pragma unroll
   for (int w = 0; w < kValues / 8; ++w) {
@@ -157,16 +167,19 @@ __device__ __forceinline__ void nvfp4_quantize_group(const Params p) {
     for (int i = 0; i < kValues; ++i) {
       const u32 raw = In::raw(words, i), magnitude_i = raw & (In::kSign - 1u);
       if (magnitude_i >= In::kInf) {
-        const u32 code =
-            magnitude_i == In::kInf ? (kE2M1MaxCode | ((raw & In::kSign) != 0u ? kE2M1Sign : 0u)) : 0u;
+        const u32 code = magnitude_i == In::kInf
+                             ? (kE2M1MaxCode | ((raw & In::kSign) != 0u ? kE2M1Sign : 0u))
+                             : 0u;
         const int shift = 4 * (i % 8);
         packed[i / 8] = (packed[i / 8] & ~(0xfu << shift)) | (code << shift);
       }
     }
   }
+  // store
   if (!active) return;
-  u8* q = p.q + batch * p.q_batch_stride + row * (static_cast<i64>(p.groups_per_row) * (kNvfp4Group / 2)) +
-          group * (kNvfp4Group / 2) + lane * (kValues / 2);
+  constexpr int kGroupBytes = kNvfp4Group / 2;
+  u8* q = p.q + batch * p.q_batch_stride + row * (static_cast<i64>(p.groups_per_row) * kGroupBytes) +
+          group * kGroupBytes + lane * (kValues / 2);
   if constexpr (kValues == 16) {
     *reinterpret_cast<uint2*>(q) = make_uint2(packed[0], packed[1]);
   } else {

@@ -1,30 +1,37 @@
-// Per-token group quantization: one kernel family for every input type, group size, output
-// format and scale layout. Python picks the instantiation (_launch.py) and the scale strides.
+// The kernels' entry points: the __global__ templates that Python instantiates by name
+// (_plan.KernelKey.name_expression, _plan.nvfp4_names). What they are built from:
+//   common.cuh      integer types, numbers, exact float32 arithmetic, warp and launch helpers
+//   formats.cuh     input types, the lanes of values the quantizer reads, output encodings,
+//                   UE8M0 scales
+//   layouts.cuh     where the scale of (batch, row, group) is stored, and the padding zeros
+//   activation.cuh  the activation trait (kIdentity, kSiluMul): SiLU's arithmetic and tables
+//   group.cuh       the per-group work: the maximum, the scale, the codes and their stores
+//   one_pass.cuh    quantize_groups' one-pass grid walk
+//   norm.cuh        RMSNorm's arithmetic and quantize_norm's walk over the rows
+//   nvfp4.cuh       NVFP4's formats and the bodies of its two kernels
 //
-// Work split: a group of kGroup values is held by kLanes consecutive lanes of a warp, 32 bytes
-// (two 16-byte loads) per lane. The lanes reduce the group maximum with xor-shuffles limited to
-// their own lanes, compute the scale, quantize in registers and store their codes with one store.
-// No shared memory, no __syncthreads, no atomics.
-//
-// Grid, two paths from one template (docs/perf.md steps 14 and 17). kOnePass: the group slots
-// of the real rows are numbered flat over a 1-D grid, one group per lane set and no loop, so
-// every block but the last is full whatever K is; the launch layer takes it for every grid of
-// the instantiations that fit six blocks per SM (min_blocks_per_sm) and for grids of a few
-// waves of the others. Otherwise the row loop:
-// a block covers a tile of tile_rows consecutive rows by groups_per_block groups, y splits a
-// row's groups over blocks, and x holds a few resident waves of blocks that walk the row tiles
-// with a stride of the grid, each lane loading its next row before it quantizes the current
-// one, which keeps more bytes in flight for the heavier instantiations. In both, the slots of
-// a tile run rows fastest, so with tile_rows > 1 a warp holds the same groups of consecutive
-// rows and the column-major scale layouts are stored as contiguous runs (one sector for eight
-// float scales) instead of one scattered 4-byte store per group.
+// quantize_groups: every input type, group size, output format, scale layout and activation,
+// two grid walks from one template (docs/perf.md). kOnePass: the group slots of the real rows
+// are numbered flat over a 1-D grid, one group per lane set and no loop, so every block but the
+// last is full whatever K is; the plan takes it for every grid of the instantiations that fit
+// six blocks an SM (min_blocks_per_sm) and for grids of a few waves of the others. Otherwise
+// the row loop: a block covers a tile of tile_rows consecutive rows by groups_per_block groups,
+// y splits a row's groups over blocks, and x holds a few resident waves of blocks that walk the
+// row tiles with a stride of the grid, each lane loading its next row before it quantizes the
+// current one, which keeps more bytes in flight for the heavier instantiations. In both, the
+// slots of a tile run rows fastest, so with tile_rows > 1 a warp holds the same groups of
+// consecutive rows and the column-major scale layouts are stored as contiguous runs (one
+// sector for eight float scales) instead of one scattered 4-byte store per group.
 // Rows in [rows, grid_rows) of each batch are padding rows: the kernel writes zeros there (to q
 // below q_rows, to the scales below scale_rows), so callers may allocate with empty and no memset
 // is launched. The one-pass path has no slots for them: the last real row's slots write them.
 //
-// kAct (activation.cuh) turns the loaded bytes into the values quantized: kIdentity, or
-// kSiluMul, which loads a gate lane and its up lane and computes the engines' silu_and_mul.
-// quantize_masked, at the end, is the masked MoE layout's persistent kernel over the same steps.
+// quantize_masked: the masked MoE layout's persistent kernel over the same per-group work.
+// quantize_norm: the fused (add-)RMSNorm. quantize_nvfp4 and nvfp4_amax: NVFP4.
+//
+// NOTES: the row loop and the masked walk are written inside their kernels, not in functions
+// beside the one-pass walk: moved into functions that take the parameters by reference, they
+// compiled to different code (one_pass.cuh).
 #include "activation.cuh"
 #include "common.cuh"
 #include "formats.cuh"
@@ -32,26 +39,29 @@
 #include "layouts.cuh"
 #include "norm.cuh"
 #include "nvfp4.cuh"
-#include "schedulers.cuh"
-
+#include "one_pass.cuh"
 
 namespace fgq {
 
+// quantize_groups ---------------------------------------------------------------------------------
+
+// resident blocks of 256 threads an SM that quantize_groups is compiled for
 // NOTES: six resident blocks of 256 threads cap a kernel at 40 registers, five at 48. The lean
 // instantiations (16-bit input to float8 with power-of-two scales, vector loads) fit 40 with no
 // spill and keep six blocks, in both paths. So does the one-pass path of every vector-load
-// instantiation of plain input (no spill since session 7 computes its store addresses once),
-// and it takes six where that measured faster (below); the fused SiLU path keeps five. In the
-// row loop, int8 output, exact float scales and float32 input, and anywhere the element-wise
-// load fallback, need up to 48 and spilled 4 to 56 bytes at 40 (ptxas -v), so they take five:
-// no instantiation spills (tests/test_compile.py checks it for sm_90).
+// instantiation of plain input (it computes its store addresses once: one_pass_group), and it
+// takes six where that is faster (below); the fused SiLU path keeps five (its trait's
+// kSixBlocks). In the row loop, int8 output, exact float scales and float32 input, and anywhere
+// the element-wise load fallback, need up to 48 and spill 4 to 56 bytes at 40 (ptxas -v), so
+// they take five: no instantiation spills (tests/test_compile.py checks it for sm_90).
 template <int kIn, int kOut, int kScale, bool kVec16, bool kOnePass, int kAct>
 constexpr int min_blocks_per_sm() {
   constexpr bool lean = kIn != kF32 && Output<kOut>::kLean && kScale != kFloat32Scale;
-  // one pass at six blocks measured faster for int8 and float32 input (session 7, run 4: int8
-  // with UE8M0 scales from 1.06 to 1.02x the headline per byte at M = 8192) and slower for exact
-  // float scales of 16-bit input (1.07 to 1.09-1.15x: their three extra instructions a value
-  // want the row loop's prefetch), which keep five blocks, and so the loop past 16 waves
+  // one pass at six blocks: faster for int8 and float32 input (int8 with UE8M0 scales at
+  // M = 8192: 1.02x the headline's time per byte, against 1.06x at five), slower for exact
+  // float scales of 16-bit input (1.09-1.15x against 1.07x: their three extra instructions a
+  // value want the row loop's prefetch), which keep five blocks and the row loop past 16 waves
+  // (docs/perf.md)
   constexpr bool one_pass_six = kOnePass && (kScale != kFloat32Scale || kIn == kF32);
   return kVec16 && ActivationTrait<kAct>::kSixBlocks && (lean || one_pass_six) ? 6 : 5;
 }
@@ -59,11 +69,11 @@ constexpr int min_blocks_per_sm() {
 // kBlocks: resident blocks of kMaxThreads threads an SM the compiler fits the kernel to; 0 takes
 // min_blocks_per_sm's. The one-pass bfloat16 SiLU-and-multiply kernels have a second
 // instantiation at six (40 registers, against 48 at five) for large grids
-// NOTES: at 40 registers that kernel measured 3-5% faster from M = 896 (N = 7168: more blocks
-// an SM, more bytes in flight) and 5-7% slower at M = 512, where each block's longer chain
-// shows; so the launch layer takes it past _launch.SILU_SIX_BLOCKS_WAVES (docs/perf.md, fused
-// step 29). kFlat: the one-pass kernel of plain input with the load linear in the slot
-// (one_pass_group), which the launch layer takes for contiguous rows (_launch.flat_slots)
+// NOTES: at 40 registers that kernel is 3-5% faster from M = 896 (N = 7168: more blocks an SM,
+// more bytes in flight) and 5-7% slower at M = 512, where each block's longer chain shows; so
+// the plan takes it past Tuning.silu_six_blocks_waves (docs/perf.md). kFlat: the one-pass
+// kernel of plain input with the load linear in the slot (one_pass_group), which the plan takes
+// for contiguous rows (_plan.flat_slots)
 template <int kIn, int kGroup, int kOut, int kScale, int kLayout, bool kVec16, bool kOnePass,
           int kAct, int kBlocks = 0, bool kFlat = false>
 __global__ void __launch_bounds__(kMaxThreads,
@@ -78,14 +88,15 @@ __global__ void __launch_bounds__(kMaxThreads,
   static_assert(kLanes >= 2 && kLanes <= 32 && (kLanes & (kLanes - 1)) == 0, "lanes per group");
   static_assert(kLayout != kPackedExponents || kScale == kUE8M0Scale,
                 "a packed word holds UE8M0 exponent bytes only");
-  static_assert(!kFlat || (kOnePass && Act::kInputs == 1), "the linear load: plain input, one pass");
+  static_assert(!kFlat || (kOnePass && Act::kInputs == 1),
+                "the linear load: plain input, one pass");
 
   const int lane = threadIdx.x % kLanes;
   const int tile_rows_log2 = p.tile_rows_log2;
   __shared__ typename Act::template Table<kIn> table;
   // NOTES: the one-pass path starts the table's copy before its loads and waits for it (a
-  // barrier) after them (a barrier before them would hold them back: docs/perf.md, fused steps
-  // 5 and 27); the row loop fills it here, before any thread returns
+  // barrier) after them: a barrier before them would hold them back (docs/perf.md). The row
+  // loop fills it here, before any thread returns
   if constexpr (!kOnePass) table.fill();
 
   if constexpr (kOnePass) {
@@ -93,15 +104,16 @@ __global__ void __launch_bounds__(kMaxThreads,
     return;
   }
 
+  // the row loop
   const int slot = threadIdx.x / kLanes;  // the group slot: rows fastest, then groups
   const int groups_per_block = blockDim.x / kLanes >> tile_rows_log2;
   const int slot_group = blockIdx.y * groups_per_block + (slot >> tile_rows_log2);
   // the slot's first row over all batches
   const u32 slot_row = (blockIdx.x << tile_rows_log2) + (slot & ((1 << tile_rows_log2) - 1));
 
-  // the row loop: each slot walks the rows (padding rows included) of all batches with a
-  // stride of the grid, loading the next row before it quantizes the current one, so loads stay
-  // in flight while it computes
+  // each slot walks the rows (padding rows included) of all batches with a stride of the grid,
+  // loading the next row before it quantizes the current one, so loads stay in flight while it
+  // computes
   const int group = slot_group;
   const u32 row_step = gridDim.x << tile_rows_log2;
   const u32 rows = p.rows, grid_rows = p.grid_rows, batches = p.batches;
@@ -151,6 +163,7 @@ __global__ void __launch_bounds__(kMaxThreads,
     } else {
       signal_dependents();  // this slot's last load is issued
     }
+    // quantize and store this row's group
     quantize_group<kIn, kGroup, kOut, kScale, kLayout, false, Act::kUnsignedNaN>(
         p, words, mask, row < rows, p.q + batch * p.q_batch_stride + row * k + value0,
         row < p.q_rows, ScaleLayout<kLayout>::at(p, batch, row, group),
@@ -162,17 +175,17 @@ __global__ void __launch_bounds__(kMaxThreads,
   }
 }
 
-// the masked MoE layout: x [E, T, K], only rows t < masked_m[e] of expert e --------------------
+// quantize_masked: the masked MoE layout, x [E, T, K], only rows t < masked_m[e] of expert e ------
 // NOTES: a persistent grid whose work scales with sum(masked_m), not with E * T, and which
 // reads masked_m on the device (no host synchronisation, so a CUDA graph replays it with new
 // counts). Each block clamps the counts to [0, T] and scans their row tiles (in each warp's
 // lanes for up to 32 experts, else into shared memory); the group slots of the real tiles are
 // numbered as in the one-pass kernel and walked with a stride of the grid; a slot finds its
-// expert by two ballots over the lanes (docs/perf.md, fused step 15) or by binary search. Rows at
-// or past masked_m[e], and TMA padding rows, are not written. Without masked_m (a null
-// pointer) every batch has p.rows rows: the plain fused SiLU-and-multiply path's grid for
-// large inputs without padding rows, one table copy per resident block instead of one per
-// 16 groups (_launch.fused_takes_persistent; docs/perf.md, fused step 12).
+// expert by two ballots over the lanes or by binary search. Rows at or past masked_m[e], and
+// TMA padding rows, are not written. Without masked_m (a null pointer) every batch has p.rows
+// rows: the plain fused SiLU-and-multiply path's grid for large inputs without padding rows,
+// one table copy per resident block instead of one per 16 groups (_plan.fused_takes_persistent;
+// docs/perf.md).
 template <int kIn, int kGroup, int kOut, int kScale, int kLayout, int kAct>
 __global__ void __launch_bounds__(kMaskedThreads, 8) quantize_masked(const __grid_constant__ Params p) {
   typedef ActivationTrait<kAct> Act;
@@ -187,6 +200,7 @@ __global__ void __launch_bounds__(kMaskedThreads, 8) quantize_masked(const __gri
   __shared__ u32 warp_totals[kWarps];
   table.fill();
 
+  // the experts' row counts and the scan of their row tiles
   const u32 experts = p.batches;
   const int tile_rows_log2 = p.tile_rows_log2;
   const u32 tile_rows = 1u << tile_rows_log2;
@@ -214,13 +228,13 @@ __global__ void __launch_bounds__(kMaskedThreads, 8) quantize_masked(const __gri
   // a copy in shared memory for itself, with no barrier, and a slot finds its expert by two
   // ballots over the lanes (the experts whose first tile is at or before each of the two
   // tiles) and a population count, where the general path searches the scan in shared memory
-  // (five dependent reads)
+  // (five dependent reads).
   // One expert (the plain fused path's usual single batch, or E = 1) needs neither: every
-  // thread clamps its count and each slot's expert is 0 (step 15 had sent it to the ballots)
+  // thread clamps its count and each slot's expert is 0
   const bool single = experts == 1u;  // uniform
   const bool in_lanes = !single && experts <= 32u && slots_per_block <= tile_slots;  // uniform
   wait_for_producer();  // PDL: masked_m and x may come from the previous kernel
-  u32 lane_first = 0xffffffffu, total_tiles, single_rows = 0u;
+  u32 lane_first = 0xffffffffu, total_tiles, single_rows = 0u;  // lane_first: none past the experts
   if (single) {
     single_rows = clamped_rows(0u);
     total_tiles = (single_rows + tile_rows - 1u) >> tile_rows_log2;
@@ -265,6 +279,7 @@ __global__ void __launch_bounds__(kMaskedThreads, 8) quantize_masked(const __gri
   }
   signal_dependents();
 
+  // the walk over the group slots
   const u32 total_slots = total_tiles * tile_slots;
   const u32 grid_slots = gridDim.x * slots_per_block;
   const int lane = threadIdx.x % kLanes;
@@ -273,13 +288,14 @@ __global__ void __launch_bounds__(kMaskedThreads, 8) quantize_masked(const __gri
   // shuffles name the whole warp; a slot past the end works on the last one and stores nothing.
   // Each iteration takes kUnroll slots a grid apart and issues all their loads before it
   // quantizes any, so a persistent block keeps as many bytes in flight as the one-pass kernel's
-  // fuller grid (docs/perf.md, fused step 2)
+  // fuller grid
   constexpr int kUnroll = Act::kMaskedSlots;
   for (u32 base = blockIdx.x * slots_per_block; base < total_slots; base += kUnroll * grid_slots) {
     u32 words[kUnroll][kLaneWords], up[kUnroll][kLaneWords];
     u32 batch[kUnroll], row[kUnroll];
     int group[kUnroll];
     bool active[kUnroll];
+    // each slot's expert and row, and its loads
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const u32 slot_raw = base + u * grid_slots + threadIdx.x / kLanes;
@@ -320,6 +336,7 @@ __global__ void __launch_bounds__(kMaskedThreads, 8) quantize_masked(const __gri
                  min(row[u], rows - 1u) * p.x_row_stride + static_cast<i64>(group[u]) * kGroup +
                  lane * kValues, words[u], up[u]);
     }
+    // the values, quantized and stored
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       Act::template apply<kIn>(words[u], up[u], table);
@@ -332,24 +349,25 @@ __global__ void __launch_bounds__(kMaskedThreads, 8) quantize_masked(const __gri
   }
 }
 
-// NOTES: registers: one lane a thread fits 64 (two 448-thread blocks an SM at K = 7168, and
-// 1024-thread blocks at all); two lanes fit 72 (four 224-thread blocks an SM: a sub-partition's
-// 16384 registers hold its seven warps of 72), float32 input to the blocked layout 80 (four
-// words spilled at 72): three blocks. Before fused step 18 two lanes held the walking block's
-// next row too and needed 80 (three words spilled at 72) and 88, three blocks an SM; 88 would
-// have cost one (five warps of 88 a sub-partition, not six: fused step 16)
+// quantize_norm -----------------------------------------------------------------------------------
+
+// the register cap of quantize_norm
+// NOTES: one lane a thread fits 64 (two 448-thread blocks an SM at K = 7168, and 1024-thread
+// blocks at all); two lanes fit 72 (four 224-thread blocks an SM: a sub-partition's 16384
+// registers hold its seven warps of 72), float32 input to the blocked layout 80 (four words
+// spill at 72): three blocks. 88 would cost one more (five warps of 88 a sub-partition, not six)
 template <int kIn, int kLayout, int kPer>
 constexpr int norm_registers() {
   return kPer == 1 ? 64 : kIn == kF32 && kLayout == kBlockedExponents ? 80 : 72;
 }
 
-// kStash: the walking kernel for 16-bit input without a residual: the launch gives it
-// kPer * 64 bytes of dynamic shared memory a thread for its weight values as float32, and one
-// thread prefetches the block's next row into L2 (norm_rows;
-// _launch.norm_stash_bytes, fused step 19)
+// kPer: 32-byte lanes a thread (1 or 2). kStash: the walking kernel for 16-bit input without a
+// residual: the launch gives it kPer * 64 bytes of dynamic shared memory a thread for its
+// weight values as float32, and one thread prefetches the block's next row into L2 (norm_rows;
+// _plan.norm_stash_bytes)
 // NOTES: its own instantiation: as a path of the general kernel it pushed up to 19 of the 112
-// two-lane instantiations of 16-bit input past 72 registers (4-20 bytes spilled, offline,
-// NVRTC 12, sm_90), different ones with each change
+// two-lane instantiations of 16-bit input past 72 registers (4-20 bytes spilled, sm_90),
+// different ones with each change
 template <int kIn, int kGroup, int kOut, int kScale, int kLayout, int kPer, bool kStash>
 __global__ void __maxnreg__((norm_registers<kIn, kLayout, kPer>()))
     quantize_norm(const __grid_constant__ Params p) {
@@ -368,12 +386,15 @@ __global__ void __maxnreg__((norm_registers<kIn, kLayout, kPer>()))
   }
 }
 
-// NVFP4 (nvfp4.cuh)
+// NVFP4 (nvfp4.cuh) -------------------------------------------------------------------------------
+
+// e2m1 codes and e4m3 scales of 16 values each
 template <int kIn>
 __global__ void __launch_bounds__(kMaxThreads) quantize_nvfp4(const __grid_constant__ Params p) {
   nvfp4_quantize_group<kIn>(p);
 }
 
+// the largest finite magnitude of x, for a global scale computed from it
 template <int kIn>
 __global__ void __launch_bounds__(kMaxThreads) nvfp4_amax(const __grid_constant__ Params p) {
   nvfp4_amax_walk<kIn>(p);
