@@ -1,4 +1,6 @@
-// The fused SiLU-and-multiply input: y = round(round(silu(gate)) * up), op by op in float32.
+// Activations: what turns the loaded bytes into the values quantized. The kernels call the
+// activation trait at the end of this file; the rest is the fused SiLU-and-multiply input,
+// y = round(round(silu(gate)) * up), op by op in float32, and its shared-memory tables.
 //
 // NOTES: the definition is fp8_group_quant/activation.py (docs/spec.md, section 2a); every step
 // here is the same IEEE operation in the same order (mul.rn / add.rn / div.rn, never contracted
@@ -7,11 +9,15 @@
 // reads them from this file and compares.
 #pragma once
 #include "common.cuh"
+#include "formats.cuh"
 #include "silu_band_bf16.cuh"
 
 namespace fgq {
 
+// template codes; the Python registry (_spec.INPUT_MODES) names them in its rows
 enum Activation : int { kIdentity = 0, kSiluMul = 1 };
+
+// SiLU in float32 ---------------------------------------------------------------------------------
 
 constexpr float kInvLn2x64 = 0x1.715476p+6f;  // RN(64 / ln 2)
 constexpr float kLn2Over64Hi = 0x1.63p-7f;  // ln 2 / 64, 9 significant bits
@@ -20,8 +26,8 @@ constexpr float kOneSixth = 0x1.555556p-3f;  // RN(1 / 6)
 
 // 2^(j / 64) = hi + lo: RN(2^(j / 64)) and RN(2^(j / 64) - hi), interleaved
 // NOTES: in global memory, read once per block (ExpTable::fill), not in constant memory: a
-// variable in the constant space anywhere in the module cost every kernel launched from it
-// 0.10-0.23 us a launch, whether the kernel read it or not (docs/perf.md step 27);
+// variable in the constant space anywhere in the module costs every kernel launched from it
+// 0.1-0.2 us a launch, whether the kernel reads it or not (docs/perf.md);
 // tests/test_compile.py checks that the module declares none
 __device__ __align__(8) const float kExpTable[128] = {
     0x1p+0f, 0x0p+0f, 0x1.02c9a4p+0f, -0x1.887fap-28f,
@@ -63,8 +69,8 @@ __device__ __align__(8) const float kExpTable[128] = {
 struct ExpTable {
   float2 entries[64];
   __device__ __forceinline__ void fill() {
-    // NOTES: a loop, so that blocks of fewer than 64 threads (FP8_GROUP_QUANT_ONE_PASS_THREADS
-    // allows 32) fill every entry too
+    // NOTES: a loop, so that blocks of fewer than 64 threads (Tuning.one_pass_threads allows
+    // 32) fill every entry too
     for (int i = threadIdx.x; i < 64; i += blockDim.x) {
       entries[i] = __ldg(reinterpret_cast<const float2*>(kExpTable) + i);
     }
@@ -78,7 +84,9 @@ struct ExpTable {
 
 // v * 2^n for n in [-190, 127], rounded once: one multiply, or for n < -126 an exact scaling
 // by 2^-64 first
-__device__ __forceinline__ float power_of_two(int e) { return __uint_as_float(static_cast<u32>(e + 127) << 23); }
+__device__ __forceinline__ float power_of_two(int e) {
+  return __uint_as_float(static_cast<u32>(e + kF32Bias) << 23);
+}
 
 __device__ __forceinline__ float scale_by_power_of_two(float v, int n) {
   if (n < -126) return mul_rn(mul_rn(v, power_of_two(-64)), power_of_two(n + 64));
@@ -86,12 +94,11 @@ __device__ __forceinline__ float scale_by_power_of_two(float v, int n) {
 }
 
 // exp(x) ~ m * 2^n for x in [-110, 110]; returns m, sets n
-// NOTES: the same operations as the definition, in cheaper instructions (docs/perf.md, fused
-// step 1): rint(t) for |t| < 2^22 is RN(t + 1.5 * 2^23) - 1.5 * 2^23, both steps exact but the
-// first, which rounds ties to even as cvt.rni does, and k is the difference of the sum's bits
-// from the constant's: two adds and an integer subtract instead of the quarter-rate F2I and I2F.
+// NOTES: the same operations as the definition, in cheaper instructions: rint(t) for
+// |t| < 2^22 is RN(t + kRoundMagic) - kRoundMagic, both steps exact but the first, which rounds
+// ties to even as cvt.rni does, and k is the difference of the sum's bits from the constant's:
+// two adds and an integer subtract instead of the quarter-rate F2I and I2F.
 // k * kLn2Over64Hi is exact (9 significant bits times |k| < 2^14), so x minus it is one fma.
-constexpr float kRoundMagic = 12582912.0f;  // 1.5 * 2^23
 __device__ __forceinline__ float exp_parts(float x, const ExpTable& table, int& n) {
   const float biased = add_rn(mul_rn(x, kInvLn2x64), kRoundMagic);
   const int k = static_cast<int>(__float_as_uint(biased) - __float_as_uint(kRoundMagic));
@@ -104,43 +111,29 @@ __device__ __forceinline__ float exp_parts(float x, const ExpTable& table, int& 
 }
 
 __device__ __forceinline__ float canonical_nan(float v) {
-  return v != v ? __uint_as_float(0x7fc00000u) : v;
+  return v != v ? __uint_as_float(kF32QuietNaN) : v;
 }
 
-// SiLU in float32, as activation.silu
+// SiLU in float32, as activation.silu; kSplit and kLimit are that module's SPLIT and -NEG_LIMIT
 __device__ __forceinline__ float silu(float g, const ExpTable& table) {
-  const bool far = g < -64.0f;
-  float x = g >= 0.0f ? -fminf(g, 110.0f) : -g;
-  if (far) x = fmaxf(g, -110.0f);
+  constexpr float kSplit = -64.0f;  // below: g * exp(g), as exp(-g) would pass 2^92
+  constexpr float kLimit = 110.0f;  // below -kLimit: -0; exp's argument range
+  const bool far = g < kSplit;
+  float x = g >= 0.0f ? -fminf(g, kLimit) : -g;
+  if (far) x = fmaxf(g, -kLimit);
   if (g != g) x = 0.0f;
   int n;
   const float m = exp_parts(x, table, n);
   float s;
   if (far) {
-    s = g < -110.0f ? -0.0f : scale_by_power_of_two(mul_rn(g, m), n);
+    s = g < -kLimit ? -0.0f : scale_by_power_of_two(mul_rn(g, m), n);
   } else {
     s = div_rn(g, add_rn(1.0f, scale_by_power_of_two(m, n)));
   }
   return canonical_nan(s);
 }
 
-// float32 -> the input type and back (round to nearest even; no flush of subnormals)
-template <int kIn> __device__ __forceinline__ float round_to_input(float v);
-template <> __device__ __forceinline__ float round_to_input<kBF16>(float v) {
-  // NOTES: one cvt: v rounded into the high half of a word whose low half is +0's, which is the
-  // float32 of the rounded value (a cvt to 16 bits took a second instruction to shift it back)
-  u32 r;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(v), "f"(0.0f));
-  return __uint_as_float(r);
-}
-template <> __device__ __forceinline__ float round_to_input<kF16>(float v) {
-  u16 h;
-  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
-  return Input<kF16>::half_to_f32(h);
-}
-template <> __device__ __forceinline__ float round_to_input<kF32>(float v) { return v; }
-
-// round_to_input(silu(g)): the tables a block holds in shared memory for kSiluMul ---------------
+// round_to_input(silu(g)): the tables a block holds in shared memory for kSiluMul -----------------
 
 // float16 and float32 gates: the arithmetic, with its exp table
 struct SiluByArithmetic : ExpTable {
@@ -158,8 +151,7 @@ struct SiluByArithmetic : ExpTable {
 // RN_bf16(RN_f32(s * up)) equals the one correctly rounded bf16 product, since the exact product
 // of two bfloat16 values has at most 16 significant bits (docs/spec.md, section 2a). A NaN
 // this makes may carry a sign; quantize_group then encodes every NaN as +NaN (kUnsignedNaN).
-// About 10 instructions a value (12 with a branch-free per-half lookup, session 8; 23 in
-// float32, docs/perf.md fused steps 5 and 12).
+// About 10 instructions a value, against 23 for the float32 arithmetic (docs/perf.md).
 struct SiluBandTable {
   static_assert(kSiluBandWords == 2048, "the band table: 4,096 entries, any 12-bit index");
   uint4 vectors[kSiluBandWords / 4];
@@ -168,18 +160,15 @@ struct SiluBandTable {
   // wait(), so start() goes before the block's own loads: its requests (the table is read
   // from L2) then do not queue behind theirs (from DRAM). With `by_threads` false (and on
   // sm_90 and newer) one thread copies it with one bulk copy (the TMA engine) that completes
-  // on an mbarrier; a copy by every thread through registers took about 90 instructions a
-  // thread (docs/perf.md, fused step 5). With `by_threads` every thread issues cp.async for
-  // its 16-byte pieces, which measured faster in grids of many blocks an SM and slower in
-  // grids of a few; the launch layer chooses (_launch.TABLE_BY_THREADS_WAVES; docs/perf.md,
-  // fused step 27). The table is constant data: no producer writes it, so start() may come
-  // before wait_for_producer(). Blocks of the one-pass grid take the module's
-  // kSiluBandReplicas copies of the table in turn (start); the walking grids' blocks, which
-  // copy once each, the first (fill).
-  // NOTES: with one copy, read by every block of a one-pass grid from the same L2 lines, the
-  // grid took 0.1-0.4 us longer at M = 1024-2048, N = 7168, and in one harness 1.1 us at 2048;
-  // the persistent grid's blocks, all copying as it starts, took 0.2 us longer at M = 4096
-  // spread over the copies (docs/perf.md, fused step 28)
+  // on an mbarrier, where a copy by every thread through registers costs about 90
+  // instructions a thread. With `by_threads` every thread issues cp.async for its 16-byte
+  // pieces, faster in grids of many blocks an SM and slower in grids of a few: the plan
+  // chooses (Tuning.silu_table_waves; docs/perf.md). The table is constant data: no producer
+  // writes it, so start() may come before wait_for_producer(). Blocks of the one-pass grid
+  // take the module's kSiluBandReplicas copies of the table in turn (start); the walking
+  // grids' blocks, which copy once each, the first (fill).
+  // NOTES: several copies, since with one, read by every block of a one-pass grid from the
+  // same L2 lines, the grid ran 0.1-0.4 us longer at M = 1024-2048, N = 7168 (docs/perf.md)
   __device__ __forceinline__ void start(bool by_threads) {
     copy(by_threads, reinterpret_cast<const uint4*>(kSiluBandBF16[blockIdx.x % kSiluBandReplicas]));
   }
@@ -258,18 +247,19 @@ struct SiluBandTable {
   static constexpr u32 kMinusZeros = 0x80008000u;
   // NOTES: both gates of the word at once, each step one instruction for the pair but the
   // two reads and their addresses: the band classes as masks of the halves, the result chosen
-  // by bitwise selects (docs/perf.md, fused step 12; activation.silu_bf16_by_table replays it)
+  // by bitwise selects (activation.silu_bf16_by_table replays it)
   __device__ __forceinline__ u32 silu_mul_pair(u32 base, u32 gate, u32 up) const {
     static_assert(kSiluBand <= 0x800u && kSiluNegativeEntry == 0x800u && kSiluBandFirst <= 0x8000u - kSiluBand,
                   "an entry is the sign at bit 11 and 11 bits of offset");
     constexpr u32 kPair = 0x10001u;
     u32 half, above;  // RN(g * 0.5) and max.NaN(g, -0), both halves
-    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(half) : "r"(gate), "r"(0x3f003f00u), "r"(kMinusZeros));
+    constexpr u32 kHalves = 0x3f003f00u;  // bfloat16 0.5 in both halves
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(half) : "r"(gate), "r"(kHalves), "r"(kMinusZeros));
     asm("max.NaN.bf16x2 %0, %1, %2;" : "=r"(above) : "r"(gate), "r"(kMinusZeros));
     // per half t = 0x8000 + |h| - first, with no carry between the halves (|h| <= 0x7fff):
     // bit 15 set from the band's first gate up, and inside the band its low 11 bits are the
     // offset; u = t - band (no borrow: t >= 0x8000 - first > band) has bit 15 past the band
-    const u32 t = (gate & 0x7fff7fffu) + kPair * (0x8000u - kSiluBandFirst);
+    const u32 t = (gate & kHalfMagnitudes) + kPair * (0x8000u - kSiluBandFirst);
     const u32 u = t - kPair * kSiluBand;
     const u32 not_below = halves_signs(t);
     const u32 in_band = halves_signs(t & ~u);
@@ -284,92 +274,8 @@ struct SiluBandTable {
   }
 };
 
-// what a block of each input type and activation holds; kIdentity needs nothing
-struct NoTable {
-  __device__ __forceinline__ void fill() {}
-  __device__ __forceinline__ void start(bool) {}
-  __device__ __forceinline__ void wait(bool) const {}
-};
-template <int kIn, int kAct>
-struct ActivationTable {
-  typedef NoTable Type;
-};
-template <int kIn>
-struct ActivationTable<kIn, kSiluMul> {
-  typedef SiluByArithmetic Type;
-};
-template <>
-struct ActivationTable<kBF16, kSiluMul> {
-  typedef SiluBandTable Type;
-};
-
-// two float32 values rounded to nearest even into one word of a 16-bit input type, lo in the
-// low half; a NaN becomes what cvt writes (0x7fff, seen on the H200 in the residual the fused
-// add-RMSNorm writes back), which map_lane then canonicalises
-template <int kIn> __device__ __forceinline__ u32 input_pair(float lo, float hi);
-template <> __device__ __forceinline__ u32 input_pair<kBF16>(float lo, float hi) {
-  u32 r;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-  return r;
-}
-template <> __device__ __forceinline__ u32 input_pair<kF16>(float lo, float hi) {
-  u32 r;
-  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-  return r;
-}
-
-// the NaN halves (or words) of `words`, in the input type, made the positive quiet NaN
-template <int kIn>
-__device__ __forceinline__ void canonicalise_nan(u32 (&words)[kLaneWords]) {
-  typedef Input<kIn> In;
-#pragma unroll
-  for (int w = 0; w < kLaneWords; ++w) {
-    if constexpr (In::kBytes == 2) {
-      constexpr u32 kQuietNaN = kIn == kBF16 ? 0x7fc0u : 0x7e00u;
-      u32 lo = words[w] & 0xffffu, hi = words[w] >> 16;
-      if ((lo & 0x7fffu) > In::kInf) lo = kQuietNaN;
-      if ((hi & 0x7fffu) > In::kInf) hi = kQuietNaN;
-      words[w] = lo | (hi << 16);
-    } else {
-      if ((words[w] & 0x7fffffffu) > In::kInf) words[w] = 0x7fc00000u;
-    }
-  }
-}
-
-// per value of one lane: bits of the input type, made by `value` from the i-th float32 value;
-// NaN is the positive quiet NaN (0x7fc0, 0x7e00, 0x7fc00000), as NumPy converts float32's.
-// kCheck false: the caller knows whether a value may be NaN and passes `maybe_nan`, and no
-// value is tested unless it is true
-// NOTES: 16-bit types convert two values with one cvt and canonicalise NaN on a path taken only
-// by a lane that made one (before: per value a cvt, two NaN selects, a shift and an or)
-template <int kIn, bool kCheck = true, typename F>
-__device__ __forceinline__ void map_lane(u32 (&words)[kLaneWords], F value, bool maybe_nan = true) {
-  typedef Input<kIn> In;
-  u32 out[kLaneWords];
-  bool nan = false;
-#pragma unroll
-  for (int w = 0; w < kLaneWords; ++w) {
-    if constexpr (In::kBytes == 2) {
-      const float lo = value(2 * w), hi = value(2 * w + 1);
-      if constexpr (kCheck) nan |= lo != lo || hi != hi;
-      out[w] = input_pair<kIn>(lo, hi);
-    } else {
-      const float v = value(w);
-      if constexpr (kCheck) nan |= v != v;
-      out[w] = __float_as_uint(v);
-    }
-  }
-  if (__builtin_expect(kCheck ? nan : maybe_nan, 0)) canonicalise_nan<kIn>(out);
-#pragma unroll
-  for (int w = 0; w < kLaneWords; ++w) words[w] = out[w];
-}
-
-template <int kIn>
-__device__ __forceinline__ float value_of(const u32 (&words)[kLaneWords], int i) {
-  return __uint_as_float(Input<kIn>::f32_bits(words, i));
-}
-
-// gate words in, y words out (the input's encoding), given the matching up words
+// SiLU(gate) * up for a lane: gate words in, y words out (the input's encoding), given the
+// matching up words
 template <int kIn, typename Table>
 __device__ __forceinline__ void silu_mul_lane(u32 (&words)[kLaneWords], const u32 (&up)[kLaneWords],
                                               const Table& table) {
@@ -387,99 +293,89 @@ __device__ __forceinline__ void silu_mul_lane(u32 (&words)[kLaneWords], const u3
   }
 }
 
-// fused RMSNorm (docs/spec.md, section 2b; the definition is activation.rms_norm) ---------------
+// the activation trait ----------------------------------------------------------------------------
+// What the kernels ask of an activation: one struct per activation, and ActivationTrait<kAct>
+// maps the template code Python passes (fgq::kIdentity, fgq::kSiluMul) to it. A new activation
+// is an Activation code, its struct and its ActivationTrait, plus its NumPy definition.
+//   kInputs       input lanes a lane of values reads: x alone, or a gated activation's gate
+//                 and up
+//   kUnsignedNaN  every NaN of the values is +NaN, whatever its sign bit (patch_nonfinite)
+//   kSixBlocks    may run at six 256-thread blocks an SM (40 registers) where the rest of the
+//                 instantiation fits them (min_blocks_per_sm)
+//   kMaskedSlots  group slots a thread of quantize_masked loads together
+//   Table<kIn>    what a block holds in shared memory: fill() for the walking grids, start()
+//                 before the loads and wait() after them for the one-pass grid
+//   load          issue a lane's loads: x into `words`, or the gate there and the up lane
+//                 x_up_offset elements further into `up`
+//   apply         what load() read -> the values quantized, in `words`
+// NOTES: the numbers are enumerators, not static constexpr members: under CuPy's
+// --device-as-default-execution-space such a member is a device variable that the module
+// carries, and each one moves the constant-bank slots the kernels read table addresses from
 
-// x = round(x + residual), in the input type, NaN as the hardware writes it: the caller makes it
-// the positive quiet NaN (norm_rows, only where the lane's sum of squares is not finite)
-// NOTES: 16-bit types add two values with one packed add (sm_80 and newer), which rounds the
-// exact sum once where the definition rounds it to float32 first; both give the same value.
-// Take 2^e <= |a| < 2^(e+1) for the larger value a and p the type's significant bits (8 for
-// bfloat16, 11 for float16). Sums that cancel below 2^(e-1) are exact (Sterbenz), and an
-// inexact float32 sum needs b smaller than the sum's float32 unit times 2^(p-1), so it stays
-// below 2^(e+1) and |b| < 2^(e+p-24). Every midpoint of the type's grid (the overflow
-// threshold above its largest value among them) lies at least 2^(e-p-1) from a, so such a sum
-// lies at least 2^(e-p-2) from each, beyond float32's rounding (at most 2^(e-24)): no tie is
-// made or moved. Sums past float32's range are Inf both ways. tests/test_norm.py checks every
-// value of the type against 640 others over every exponent (every pair was checked once). The
-// float path took about seven instructions a pair (four unpacks, two adds, a pack): fused
-// step 23
-template <int kIn>
-__device__ __forceinline__ void add_residual(u32 (&words)[kLaneWords], const u32 (&residual)[kLaneWords]) {
-#if __CUDA_ARCH__ >= 800
-  if constexpr (Input<kIn>::kBytes == 2) {
-#pragma unroll
-    for (int w = 0; w < kLaneWords; ++w) {
-      if constexpr (kIn == kBF16) {
-        // a * 1 + b rounded once (fma.rn.bf16x2 is sm_80's; add.rn.bf16x2 needs sm_90)
-        asm("fma.rn.bf16x2 %0, %1, %2, %3;"
-            : "=r"(words[w]) : "r"(words[w]), "r"(0x3f803f80u), "r"(residual[w]));
-      } else {
-        asm("add.rn.f16x2 %0, %1, %2;" : "=r"(words[w]) : "r"(words[w]), "r"(residual[w]));
-      }
-    }
-    return;
+// what a block holds for an activation without a table: nothing
+struct NoTable {
+  __device__ __forceinline__ void fill() {}
+  __device__ __forceinline__ void start(bool) {}
+  __device__ __forceinline__ void wait(bool) const {}
+};
+
+// x as loaded
+struct IdentityActivation {
+  enum : int { kInputs = 1, kMaskedSlots = kMaskedUnroll };
+  enum : bool { kUnsignedNaN = false, kSixBlocks = true };
+  template <int kIn> using Table = NoTable;
+  template <int kIn, bool kVec16>
+  __device__ static __forceinline__ void load(const Params& p,
+                                              const typename Input<kIn>::Storage* src,
+                                              u32 (&words)[kLaneWords], u32 (&up)[kLaneWords]) {
+    load_lane<kIn, kVec16>(src, words);
   }
-#endif
-  u32 x[kLaneWords];
-#pragma unroll
-  for (int w = 0; w < kLaneWords; ++w) x[w] = words[w];
-  map_lane<kIn, false>(words, [&](int i) { return add_rn(value_of<kIn>(x, i), value_of<kIn>(residual, i)); }, false);
-}
+  template <int kIn, typename Shared>
+  __device__ static __forceinline__ void apply(u32 (&words)[kLaneWords],
+                                               const u32 (&up)[kLaneWords], const Shared& table) {}
+};
 
-// a[i] += a[i + kWidth] for i < kWidth, then the same for half the width, down to a[0]
-// NOTES: one template step a width: written as a loop over `width /= 2`, NVRTC kept the outer
-// loop and indexed the registers through predicated moves, about 240 instructions a lane
-// (docs/perf.md, fused step 6)
-template <int kWidth>
-__device__ __forceinline__ void fold_in_half(float* a) {
-  if constexpr (kWidth >= 1) {
-#pragma unroll
-    for (int i = 0; i < kWidth; ++i) a[i] = add_rn(a[i], a[i + kWidth]);
-    fold_in_half<kWidth / 2>(a);
+// SiLU(gate) * up. Its table: bfloat16's band of results, the exponential's for float16 and
+// float32. kMaskedSlots: two slots of gate and up (64 bytes each) fit the 64 registers of
+// eight resident blocks without a spill, as three of x alone do
+template <int kIn> struct SiluTable {
+  typedef SiluByArithmetic Type;
+};
+template <> struct SiluTable<kBF16> {
+  typedef SiluBandTable Type;
+};
+
+struct SiluMulActivation {
+  enum : int { kInputs = 2, kMaskedSlots = kMaskedUnrollSilu };
+  enum : bool { kUnsignedNaN = true, kSixBlocks = false };
+  template <int kIn> using Table = typename SiluTable<kIn>::Type;
+  template <int kIn, bool kVec16>
+  __device__ static __forceinline__ void load(const Params& p,
+                                              const typename Input<kIn>::Storage* src,
+                                              u32 (&words)[kLaneWords], u32 (&up)[kLaneWords]) {
+    load_lane<kIn, kVec16>(src, words);
+    load_lane<kIn, kVec16>(src + p.x_up_offset, up);
   }
-}
-
-// the lane's squares RN(v * v), folded in half: value i plus value i + n/2, down to one
-template <int kIn>
-__device__ __forceinline__ float lane_sum_of_squares(const u32 (&words)[kLaneWords]) {
-  constexpr int kValues = kLaneWords * 4 / Input<kIn>::kBytes;
-  float a[kValues];
-#pragma unroll
-  for (int i = 0; i < kValues; ++i) {
-    const float v = value_of<kIn>(words, i);
-    a[i] = mul_rn(v, v);
+  template <int kIn, typename Shared>
+  __device__ static __forceinline__ void apply(u32 (&words)[kLaneWords],
+                                               const u32 (&up)[kLaneWords], const Shared& table) {
+    silu_mul_lane<kIn>(words, up, table);
   }
-  fold_in_half<kValues / 2>(a);
-  return a[0];
-}
+};
 
-// the 32 values of a warp folded in half (lane i plus lane i + 16, and so on): xor shuffles
-// with offsets 16 to 1 leave that sum in every lane, since a + b and b + a round alike
-__device__ __forceinline__ float warp_fold(float v) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) v = add_rn(v, __shfl_xor_sync(0xffffffffu, v, offset));
-  return v;
-}
+template <int kAct> struct ActivationTrait;
+template <> struct ActivationTrait<kIdentity> : IdentityActivation {};
+template <> struct ActivationTrait<kSiluMul> : SiluMulActivation {};
 
-// y = round(RN(x * r) * w), in the input type; weight(i) is w's value i as float32 (from the
-// loaded words, or from the float32 copy a walking block keeps: quantize_norm); `maybe_nan`
-// false promises that no product is NaN (see quantize_norm)
-template <int kIn, typename Weight>
-__device__ __forceinline__ void normalize_lane(u32 (&words)[kLaneWords], Weight weight, float r, bool maybe_nan) {
-  u32 x[kLaneWords];
-#pragma unroll
-  for (int w = 0; w < kLaneWords; ++w) x[w] = words[w];
-  map_lane<kIn, false>(words, [&](int i) { return mul_rn(mul_rn(value_of<kIn>(x, i), r), weight(i)); }, maybe_nan);
-}
-
-// y = round(RN(x * r) * w) for each value of a lane, rounded to the input type and kept as
-// float32 for the quantizer (FloatLane, whose NaN it encodes as +NaN, the canonical NaN the
-// definition gives); weight as above
-template <int kIn, int kValues, typename Weight>
-__device__ __forceinline__ void normalize_lane(const u32 (&x)[kLaneWords], Weight weight, float r,
-                                               FloatLane<kValues>& y) {
-#pragma unroll
-  for (int i = 0; i < kValues; ++i) y.v[i] = round_to_input<kIn>(mul_rn(mul_rn(value_of<kIn>(x, i), r), weight(i)));
+// one lane's values: the activation's loads, then its arithmetic
+template <int kIn, bool kVec16, int kAct, typename Table>
+__device__ __forceinline__ void load_values(const Params& p,
+                                            const typename Input<kIn>::Storage* src,
+                                            const Table& table, u32 (&words)[kLaneWords]) {
+  typedef ActivationTrait<kAct> Act;
+  u32 up[kLaneWords];
+  Act::template load<kIn, kVec16>(p, src, words, up);
+  Act::template apply<kIn>(words, up, table);
 }
 
 }  // namespace fgq

@@ -6,9 +6,9 @@
 // padding row (real_row false) stores zeros, so the kernel owns its padding without a memset.
 // NOTES: kPredicated asks store_at for stores each predicated on its own condition, with no
 // branch: only lane 0 stores, and a branch around its stores made the warp diverge at the
-// one-pass kernel's tail (docs/perf.md step 22). The conditions then live in registers until
-// the stores, which made 4-8 bytes spill in kernels that keep more live (the row loop's next
-// row, RMSNorm's row): those branch.
+// one-pass kernel's tail (docs/perf.md). The conditions then live in registers until the
+// stores, which spilled 4-8 bytes in kernels that keep more live (the row loop's next row,
+// RMSNorm's row): those branch.
 #pragma once
 #include "common.cuh"
 

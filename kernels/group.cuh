@@ -1,0 +1,190 @@
+// The per-group work every kernel shares: a group of kGroup values is held by kLanes
+// consecutive lanes of a warp, 32 bytes a lane; the lanes reduce the group maximum with xor
+// shuffles among themselves, compute the scale, encode in registers and store their codes with
+// one store, and the group's first lane stores the scale. No shared memory, no atomics.
+#pragma once
+#include "common.cuh"
+#include "formats.cuh"
+#include "layouts.cuh"
+
+namespace fgq {
+
+// the maximum over the lanes of one group ---------------------------------------------------------
+// NOTES: the xor offsets stay below kLanes, so each group reduces among its own lanes; `mask`
+// names the lanes that run the call together.
+template <int kLanes>
+__device__ __forceinline__ u32 group_max(u32 value, u32 mask) {
+#pragma unroll
+  for (int offset = kLanes / 2; offset > 0; offset /= 2) {
+    value = max(value, __shfl_xor_sync(mask, value, offset));
+  }
+  return value;
+}
+
+// scale and encode one lane's values --------------------------------------------------------------
+enum ScaleOp : int { kMultiply = 0, kDivideFast = 1, kDivideExact = 2 };
+
+template <int kIn, int kOut, int kOp, int kValues, typename V>
+__device__ __forceinline__ void encode_lane(const V& values, float scale, float factor,
+                                            u32 (&codes)[kValues / 4]) {
+#pragma unroll
+  for (int w = 0; w < kValues / 4; ++w) {
+    float t[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float v = LaneValues<kIn, V>::value(values, 4 * w + j);
+      // kMultiply: factor already holds the format's 2^kCodeExponent; both exact powers of two
+      if constexpr (kOp == kMultiply) t[j] = mul_rn(v, factor);
+      if constexpr (kOp == kDivideFast) t[j] = divide_fast(v, scale, factor);
+      if constexpr (kOp == kDivideExact) t[j] = div_rn(v, scale);
+      if constexpr (kOp != kMultiply && Output<kOut>::kCodeExponent != 0) {
+        t[j] = mul_rn(t[j], static_cast<float>(1u << Output<kOut>::kCodeExponent));
+      }
+    }
+    codes[w] = Output<kOut>::encode4(t);
+  }
+}
+
+// kValues zero codes (16 or 8 bytes) at dst
+template <int kValues>
+__device__ __forceinline__ void store_zeros(u8* dst) {
+  if constexpr (kValues == 16) {
+    *reinterpret_cast<uint4*>(dst) = make_uint4(0u, 0u, 0u, 0u);
+  } else {
+    *reinterpret_cast<uint2*>(dst) = make_uint2(0u, 0u);
+  }
+}
+
+// zero the padding rows below `row`, the last real row of `batch`: q's below q_rows, the
+// scales' below scale_rows; called by every lane of every group of that row, q_batch is the
+// lane's bytes of row 0
+template <int kValues, int kLanes, int kLayout>
+__device__ __forceinline__ void zero_padding_rows(const Params& p, u8* q_batch, i64 k, u32 batch,
+                                                  u32 row, int group, int lane) {
+  if constexpr (ScaleLayout<kLayout>::kSpreadPadding) {
+#pragma unroll 1
+    for (u32 pad = row + 1u; pad < p.q_rows; ++pad) store_zeros<kValues>(q_batch + pad * k);
+    ScaleLayout<kLayout>::zero_rows(p, batch, row + 1u, group, lane, kLanes);
+  } else {
+#pragma unroll 1
+    for (u32 pad = row + 1u; pad < p.grid_rows; ++pad) {
+      if (pad < p.q_rows) store_zeros<kValues>(q_batch + pad * k);
+      if (pad < p.scale_rows && lane == 0) ScaleLayout<kLayout>::zero(p, batch, pad, group);
+    }
+  }
+}
+
+// one lane's codes (16 or 8 bytes) at q_dst
+template <int kValues>
+__device__ __forceinline__ void store_codes(u8* q_dst, const u32 (&codes)[kValues / 4]) {
+  if constexpr (kValues == 16) {
+    *reinterpret_cast<uint4*>(q_dst) = make_uint4(codes[0], codes[1], codes[2], codes[3]);
+  } else {
+    *reinterpret_cast<uint2*>(q_dst) = make_uint2(codes[0], codes[1]);
+  }
+}
+
+// the codes of a group's non-finite values: NaN keeps its sign, e5m2 keeps Inf, int8 NaN gives
+// 0. kUnsignedNaN: see patch_nonfinite
+template <int kIn, bool kUnsignedNaN, int kValues, typename V>
+__device__ __forceinline__ void patch_group(const Params& p, const V& values,
+                                            u32 (&codes)[kValues / 4]) {
+  typedef LaneValues<kIn, V> L;
+#pragma unroll
+  for (int i = 0; i < kValues; ++i) {
+    const int shift = 8 * (i % 4);
+    const u32 code = patch_nonfinite<L::kRawType, kUnsignedNaN>((codes[i / 4] >> shift) & 0xffu,
+                                                                L::raw(values, i), p.nonfinite_codes);
+    codes[i / 4] = (codes[i / 4] & ~(0xffu << shift)) | (code << shift);
+  }
+}
+
+// scale, encode and store one group ---------------------------------------------------------------
+// From `magnitude`, the group's maximum magnitude over finite values; `patch` gives the
+// non-finite values their codes before the stores (see quantize_group for the arguments).
+// Leaves the codes in `codes`.
+template <int kIn, int kOut, int kScale, int kLayout, bool kUnsignedNaN, bool kStraightTail,
+          int kValues, typename V>
+__device__ __forceinline__ void finish_group(const Params& p, const V& values, u32 magnitude,
+                                             bool patch, bool real_row, u8* q_dst, bool store_q,
+                                             u8* scale_at, bool store_scale, int group,
+                                             u32 (&codes)[kValues / 4]) {
+  const float amax = fmaxf(LaneValues<kIn, V>::magnitude_to_f32(magnitude), p.eps);
+  float scale;
+  u32 exponent = 0u;
+  if constexpr (kScale == kFloat32Scale) {
+    scale = divide_by_max(amax, p.fmax, p.inverse_fmax);
+    if (scale >= kMinFastDivisor) {
+      encode_lane<kIn, kOut, kDivideFast, kValues>(values, scale, rcp_rn(scale), codes);
+    } else {
+      encode_lane<kIn, kOut, kDivideExact, kValues>(values, scale, 0.0f, codes);
+    }
+  } else {
+    // NOTES: both rules from amax's bits, no division (ue8m0_exponent says why that is the
+    // spec's quotient; Markstein's division is 10 dependent instructions), both computed, then
+    // selected: a uniform branch between them would sit on the group's chain.
+    // scale_rule="floor": amax's biased exponent minus emax_elem, at least 1
+    const u32 floor_rule = static_cast<u32>(
+        max(static_cast<int>(__float_as_uint(amax) >> 23) - static_cast<int>(p.floor_emax), 1));
+    const u32 rceil = ue8m0_exponent(amax, p.fmax, p.ue8m0_floor);
+    exponent = p.floor_emax != 0u ? floor_rule : rceil;
+    scale = __uint_as_float(exponent << 23);
+    // 2^-(exponent - bias) times the format's 2^kCodeExponent, as float32 bits
+    const float inverse =
+        __uint_as_float((2u * kF32Bias + Output<kOut>::kCodeExponent - exponent) << 23);
+    encode_lane<kIn, kOut, kMultiply, kValues>(values, scale, inverse, codes);
+  }
+  if (__builtin_expect(patch, 0)) patch_group<kIn, kUnsignedNaN, kValues>(p, values, codes);
+  // the codes, then the scale (one lane per group)
+  if (store_q) store_codes<kValues>(q_dst, codes);
+  ScaleLayout<kLayout>::template store_at<kStraightTail>(scale_at, p, group, scale, exponent,
+                                                        real_row, store_scale);
+}
+
+// quantize one group (this lane's share) and store it ---------------------------------------------
+// `values` are this lane's values (as loaded, or a FloatLane: LaneValues); `mask` names the
+// lanes that run this call together (the group's own lanes, or with kWholeWarp all 32);
+// `real_row` false quantizes a padding row's zeros. The codes go to q_dst when store_q, the
+// scale to scale_at (the layout's at() of the group) when store_scale. kUnsignedNaN: see
+// patch_nonfinite. kStraightTail (the one-pass kernel's, whose register budget allows it): no
+// branch between the group's scale and its stores. The codes of non-finite values are patched
+// after the stores and stored again by the same thread (its second store is the one that
+// remains), so the common path does not jump over the patch (2.9 KB of code), and the scale
+// is stored by predicated stores (layouts.cuh) rather than under a branch on lane 0
+// (docs/perf.md).
+template <int kIn, int kGroup, int kOut, int kScale, int kLayout, bool kWholeWarp,
+          bool kUnsignedNaN = false, bool kStraightTail = false, typename V>
+__device__ __forceinline__ void quantize_group(const Params& p, const V& values, u32 mask,
+                                               bool real_row, u8* q_dst, bool store_q,
+                                               u8* scale_at, bool store_scale, int group) {
+  typedef LaneValues<kIn, V> L;
+  constexpr int kValues = kLaneWords * 4 / Input<kIn>::kBytes;
+  constexpr int kLanes = kGroup / kValues;
+
+  // reduce the group maximum over finite values
+  u32 magnitude = group_max<kLanes>(L::max_magnitude(values), mask);
+  const bool nonfinite = magnitude >= L::kInf;  // uniform over the group
+  if constexpr (kWholeWarp) {
+    // NOTES: the whole-warp mask needs a warp-uniform branch: every lane takes the slow path if
+    // any group of the warp holds Inf or NaN, and keeps its own maximum if its group does not
+    if (__builtin_expect(__any_sync(mask, nonfinite), 0)) {
+      const u32 finite = group_max<kLanes>(L::max_finite_magnitude(values), mask);
+      if (nonfinite) magnitude = finite;
+    }
+  } else {
+    if (__builtin_expect(nonfinite, 0)) {
+      magnitude = group_max<kLanes>(L::max_finite_magnitude(values), mask);
+    }
+  }
+  // scale, encode, store
+  u32 codes[kValues / 4];
+  finish_group<kIn, kOut, kScale, kLayout, kUnsignedNaN, kStraightTail, kValues>(
+      p, values, magnitude, nonfinite && !kStraightTail, real_row, q_dst, store_q, scale_at,
+      store_scale, group, codes);
+  if (kStraightTail && __builtin_expect(nonfinite, 0)) {
+    patch_group<kIn, kUnsignedNaN, kValues>(p, values, codes);
+    if (store_q) store_codes<kValues>(q_dst, codes);
+  }
+}
+
+}  // namespace fgq
