@@ -200,13 +200,17 @@ class InputMode:
     notes: str = ""
 
 
-ActivationName = Literal["silu_mul"]  # the named keys of INPUT_MODES (a test keeps them equal)
+ActivationName = Literal[
+    "silu_mul", "gelu_tanh_mul"
+]  # the named keys of INPUT_MODES (a test keeps them equal)
 INPUT_MODES = {
     m.name: m
     for m in (
         InputMode(None, "fgq::kIdentity", 1),
         InputMode("silu_mul", "fgq::kSiluMul", 2,
                   "x [..., 2N] holds gate then up; q is [..., N] (docs/spec.md, section 2a)"),
+        InputMode("gelu_tanh_mul", "fgq::kGeluTanhMul", 2,
+                  "as silu_mul, with the tanh-approximate GELU (docs/spec.md, section 2c)"),
     )
 }  # fmt: skip
 

@@ -98,11 +98,12 @@ def quantize(
         allocation that holds the padded storage.
     pad_rows : bool
         Back ``q`` with ``align(M, 4)`` rows per batch, the extra rows written as zeros.
-    activation : {None, "silu_mul"}
+    activation : {None, "silu_mul", "gelu_tanh_mul"}
         ``"silu_mul"``: ``x`` is ``[..., 2N]``, gate then up, and the values quantized are
         ``round(round(silu(gate)) * up)`` in x's dtype (the engines' ``silu_and_mul`` output,
-        defined op by op in ``fp8_group_quant.activation``); ``q`` is ``[..., N]``. Each input
-        byte is read once; ``x`` must be 16-byte aligned on the GPU.
+        defined op by op in ``fp8_group_quant.activation``); ``q`` is ``[..., N]``.
+        ``"gelu_tanh_mul"``: the same with the tanh-approximate GELU (GeGLU; ``docs/spec.md``,
+        section 2c). Each input byte is read once; ``x`` must be 16-byte aligned on the GPU.
     masked_m : array of int32 or int64, shape ``[E]``, optional
         The masked MoE layout: ``x`` is ``[E, T, K]`` (``[E, T, 2N]`` with an activation) and
         only rows ``t < masked_m[e]`` of expert ``e`` are read and written (counts clamped to

@@ -15,7 +15,7 @@
 namespace fgq {
 
 // template codes; the Python registry (_spec.INPUT_MODES) names them in its rows
-enum Activation : int { kIdentity = 0, kSiluMul = 1 };
+enum Activation : int { kIdentity = 0, kSiluMul = 1, kGeluTanhMul = 2 };
 
 // SiLU in float32 ---------------------------------------------------------------------------------
 
@@ -363,9 +363,56 @@ struct SiluMulActivation {
   }
 };
 
+// GELU (tanh approximation) in float32, as activation.gelu_tanh (docs/spec.md, section 2c):
+// no table; every step the definition's IEEE operation, in its order
+// NOTES: tanh(u) = sign(u) (1 - E) / (1 + E) with E = exp(-2 min(|u|, 10)); exp by k = rint(x
+// log2 e), r = x - k ln 2 in two parts (k LN2_HI exact for |k| <= 29), a degree-7 Taylor
+// polynomial by Horner's rule, then an exact scaling by 2^k
+__device__ __forceinline__ float gelu_tanh(float g) {
+  constexpr float kC0 = 0x1.988454p-1f;  // RN(sqrt(2 / pi))
+  constexpr float kC1 = 0x1.6e4e26p-5f;  // RN(0.044715)
+  constexpr float kClamp = 0x1.4p+3f;  // 10
+  constexpr float kLog2e = 0x1.715476p+0f;  // RN(1 / ln 2)
+  constexpr float kLn2Hi = 0x1.63p-1f;  // 0.693359375
+  constexpr float kLn2Lo = -0x1.bd0106p-13f;  // RN(ln 2 - kLn2Hi)
+  constexpr float kTaylor[8] = {0x1.a01a02p-13f, 0x1.6c16c2p-10f, 0x1.111112p-7f, 0x1.555556p-5f,
+                                0x1.555556p-3f, 0x1p-1f, 0x1p+0f, 0x1p+0f};  // 1/7! .. 1/0!
+  const float u = mul_rn(kC0, add_rn(g, mul_rn(kC1, mul_rn(mul_rn(g, g), g))));
+  const float a = u != u ? 0.0f : fminf(fabsf(u), kClamp);
+  const float x = -add_rn(a, a);
+  const float biased = add_rn(mul_rn(x, kLog2e), kRoundMagic);
+  const int k = static_cast<int>(__float_as_uint(biased) - __float_as_uint(kRoundMagic));
+  const float kf = add_rn(biased, -kRoundMagic);
+  const float r = add_rn(add_rn(x, -mul_rn(kf, kLn2Hi)), -mul_rn(kf, kLn2Lo));
+  float p = kTaylor[0];
+#pragma unroll
+  for (int i = 1; i < 8; ++i) p = add_rn(mul_rn(p, r), kTaylor[i]);
+  const float e = mul_rn(p, power_of_two(k));
+  const float t = div_rn(add_rn(1.0f, -e), add_rn(1.0f, e));
+  const float signed_t = __uint_as_float((__float_as_uint(t) & ~kF32Sign) | (__float_as_uint(u) & kF32Sign));
+  const float y = mul_rn(mul_rn(0.5f, g), add_rn(1.0f, signed_t));
+  return canonical_nan(g == -__int_as_float(0x7f800000) ? -0.0f : y);
+}
+
+// GELU-tanh(gate) * up: as SiluMul, by arithmetic at every input type
+struct GeluTanhMulActivation : SiluMulActivation {
+  template <int kIn> using Table = NoTable;
+  template <int kIn, typename Shared>
+  __device__ static __forceinline__ void apply(u32 (&words)[kLaneWords],
+                                               const u32 (&up)[kLaneWords], const Shared&) {
+    u32 gate[kLaneWords];
+#pragma unroll
+    for (int w = 0; w < kLaneWords; ++w) gate[w] = words[w];
+    map_lane<kIn>(words, [&](int i) {
+      return mul_rn(round_to_input<kIn>(gelu_tanh(value_of<kIn>(gate, i))), value_of<kIn>(up, i));
+    });
+  }
+};
+
 template <int kAct> struct ActivationTrait;
 template <> struct ActivationTrait<kIdentity> : IdentityActivation {};
 template <> struct ActivationTrait<kSiluMul> : SiluMulActivation {};
+template <> struct ActivationTrait<kGeluTanhMul> : GeluTanhMulActivation {};
 
 // one lane's values: the activation's loads, then its arithmetic
 template <int kIn, bool kVec16, int kAct, typename Table>

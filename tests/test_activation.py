@@ -63,6 +63,13 @@ def test_the_kernel_holds_the_same_constants_and_table():
     assert literal("kLn2Over64Hi") == activation.LN2_64_HI
     assert literal("kLn2Over64Lo") == activation.LN2_64_LO
     assert literal("kOneSixth") == activation.C3
+    # GeGLU's (section 2c)
+    assert literal("kC0") == activation.GELU_C0 and literal("kC1") == activation.GELU_C1
+    assert literal("kLog2e") == activation.LOG2E and literal("kClamp") == activation.GELU_CLAMP
+    assert literal("kLn2Hi") == activation.LN2_HI and literal("kLn2Lo") == activation.LN2_LO
+    body = re.search(r"kTaylor\[8\] = \{(.*?)\};", text, re.S).group(1)
+    taylor = [float.fromhex(v.strip().rstrip("f")) for v in body.split(",") if v.strip()]
+    assert np.array_equal(np.array(taylor, np.float32), np.array(activation.EXP_TAYLOR))
     body = re.search(r"kExpTable\[128\] = \{(.*?)\};", text, re.S).group(1)
     table = [float.fromhex(v.strip().rstrip("f")) for v in body.split(",") if v.strip()]
     assert np.array_equal(np.array(table, np.float32), activation.EXP_TABLE.reshape(-1))
@@ -295,26 +302,29 @@ def test_the_vectorised_silu_follows_the_spec_text():
 # the fused kernel on the GPU against the NumPy backend --------------------------------------------
 
 
-def check_silu_mul(x_host, x_device, lib, group_size, dtype, scale, layout, pad_rows=False):
+def check_silu_mul(x_host, x_device, lib, group_size, dtype, scale, layout, pad_rows=False,
+                   activation="silu_mul"):  # fmt: skip
     """The fused kernel into poisoned outputs against the NumPy backend's fused path, every
-    storage byte; and against quantizing the NumPy SiLU-and-multiply values on their own."""
-    from fp8_group_quant.activation import silu_mul
+    storage byte; and against quantizing the NumPy gated values (SiLU-mul, or the
+    ``activation`` given) on their own."""
+    from fp8_group_quant.activation import gated_mul
 
     n = x_host.shape[-1] // 2
     geometry = Geometry((*x_host.shape[:-1], n), group_size, layout, pad_rows)
     q, s, q_buf, s_buf = poisoned_outputs(geometry, lib, dtype)
     options = dict(dtype=dtype, scale=scale, layout=layout, pad_rows=pad_rows)
     q_got, s_got = fgq.quantize(
-        x_device, group_size, **options, out=q, scale_out=s, activation="silu_mul"
+        x_device, group_size, **options, out=q, scale_out=s, activation=activation
     )
     assert q_got is q and s_got is s
-    values = silu_mul(x_host[..., :n], x_host[..., n:], x_host.dtype.name)
+    values = gated_mul(activation, x_host[..., :n], x_host[..., n:], x_host.dtype.name)
     q_ref, s_ref = reference_storage(values, geometry, dtype, scale, 1e-10)
-    what = f"silu_mul {lib} {x_host.dtype} G={group_size} {dtype} {scale} {layout} {x_host.shape}"
+    what = f"{activation} {lib} {x_host.dtype} G={group_size} {dtype} {scale} {layout}"
+    what += f" {x_host.shape}"
     assert_same_bytes(to_host_bytes(q_buf), q_ref, f"q ({what})", inputs=values)
     assert_same_bytes(to_host_bytes(s_buf), s_ref, f"scales ({what})")
-    q_host, s_host = fgq.quantize(x_host, group_size, **options, activation="silu_mul")
-    q2, s2 = fgq.quantize(x_device, group_size, **options, activation="silu_mul")
+    q_host, s_host = fgq.quantize(x_host, group_size, **options, activation=activation)
+    q2, s2 = fgq.quantize(x_device, group_size, **options, activation=activation)
     assert tuple(q2.shape) == geometry.shape == q_host.shape
     assert_same_bytes(to_host_bytes(q2), np.ascontiguousarray(q_host).view(np.uint8).ravel(),
                       f"q, allocated ({what})")  # fmt: skip
@@ -635,3 +645,100 @@ def test_silu_mul_refuses_what_it_cannot_read():
     wide = cupy.zeros((4, 520), INPUT_TYPES["bfloat16"].numpy_dtype)
     with pytest.raises(ValueError, match="x: activation='silu_mul' needs a 16-byte aligned"):
         fgq.quantize(wide[:, 4:516], 128, activation="silu_mul")
+
+
+# GeGLU: the tanh-approximate GELU (docs/spec.md, section 2c) ------------------------------------
+
+
+def test_gelu_tanh_known_values():
+    g = np.array([0.0, -0.0, 1.0, -1.0, 3.0, -3.0, 20.0, -20.0, np.inf, -np.inf, np.nan, 1e-40,
+                  -1e-40, 1e13, -1e13], np.float32)  # fmt: skip
+    y = activation.gelu_tanh(g)
+    bits = y.view(np.uint32)
+    assert bits[0] == 0 and bits[1] == 0x80000000  # gelu(+-0) = +-0
+    assert np.isclose(y[2], 0.841192, rtol=1e-6) and np.isclose(y[3], -0.158808, rtol=1e-5)
+    assert np.isclose(y[4], 2.996363, rtol=1e-6) and np.isclose(y[5], -0.003637, rtol=1e-3)
+    assert y[6] == 20.0 and bits[7] == 0x80000000  # saturated: g, and -0 below
+    assert y[8] == np.inf and bits[9] == 0x80000000  # +Inf, and -Inf's limit -0
+    assert bits[10] == 0x7FC00000  # the positive NaN
+    assert y[11] == np.float32(0.5) * np.float32(1e-40) and y[12] == -y[11]  # subnormals exact
+    assert y[13] == np.float32(1e13) and bits[14] == 0x80000000  # g^3 overflows to +-Inf
+
+
+def test_gelu_tanh_is_close_to_the_formula_on_every_16_bit_gate():
+    # not correctly rounded, but close: rounded to bfloat16, almost every gate gives the
+    # float64 formula's value rounded once (section 2c)
+    g = np.arange(65536, dtype=np.uint16).view(ml_dtypes.bfloat16).astype(np.float32)
+    finite = np.isfinite(g)
+    g64 = g[finite].astype(np.float64)
+    exact = 0.5 * g64 * (1 + np.tanh(np.sqrt(2 / np.pi) * (g64 + 0.044715 * g64**3)))
+    got = activation.gelu_tanh(g[finite])
+    same = got.astype(ml_dtypes.bfloat16).view(np.uint16) == exact.astype(
+        np.float32).astype(ml_dtypes.bfloat16).view(np.uint16)  # fmt: skip
+    assert same.sum() >= 65280 - 100, int((~same).sum())
+    positive = g64 > 0.5  # away from the cancellation of 1 + tanh
+    ulps = np.abs(got[positive].astype(np.float64) - exact[positive]) / np.spacing(
+        np.abs(exact[positive]).astype(np.float32))  # fmt: skip
+    assert ulps.max() <= 4, ulps.max()
+
+
+@pytest.mark.parametrize("input_dtype", ["bfloat16", "float16", "float32"])
+def test_gelu_tanh_mul_on_the_numpy_backend_quantizes_the_gated_values(input_dtype):
+    # the fused NumPy path quantizes round(round(gelu(g)) * u), as SiLU-mul does with SiLU
+    rng = np.random.default_rng(21)
+    x = gates_and_ups(rng, (6, 256), input_dtype)
+    q, s = fgq.quantize(x, 128, scale="ue8m0", layout="packed", activation="gelu_tanh_mul")
+    values = activation.gated_mul("gelu_tanh_mul", x[..., :256], x[..., 256:], input_dtype)
+    q_ref, s_ref = fgq.quantize(values.astype(np.float32), 128, scale="ue8m0", layout="packed")
+    assert np.array_equal(np.asarray(q).view(np.uint8), np.asarray(q_ref).view(np.uint8))
+    assert np.array_equal(s, s_ref)
+    silu = fgq.quantize(x, 128, scale="ue8m0", layout="packed", activation="silu_mul")[0]
+    assert not np.array_equal(np.asarray(q).view(np.uint8), np.asarray(silu).view(np.uint8))
+
+
+@pytest.mark.gpu
+# every input type, group size and registered (format, scale, layout), a third of them
+@pytest.mark.parametrize("input_dtype, group_size, dtype, scale, layout", COMBINATIONS[1::3])
+def test_gelu_tanh_mul_every_combination(input_dtype, group_size, dtype, scale, layout):
+    index = COMBINATIONS.index((input_dtype, group_size, dtype, scale, layout))
+    lib = ("cupy", "torch")[index % 2]
+    rng = np.random.default_rng(5000 + index)
+    args = (lib, group_size, dtype, scale, layout)
+    x = gates_and_ups(rng, (5, 3 * group_size), input_dtype)  # odd group count, 5 rows
+    check_silu_mul(x, to_device(x, lib), *args, activation="gelu_tanh_mul")
+    x = gates_and_ups(rng, (2, 3, 7168 // 2), input_dtype)  # batched, padded q rows
+    check_silu_mul(x, to_device(x, lib), *args, pad_rows=True, activation="gelu_tanh_mul")
+    with force_path(persistent_fused_waves=0.0):  # the persistent grid, every row real
+        x = gates_and_ups(rng, (3, 64, 2 * group_size), input_dtype)
+        check_silu_mul(x, to_device(x, lib), *args, activation="gelu_tanh_mul")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("input_dtype", ["bfloat16", "float16"])  # every 16-bit pattern
+def test_gelu_tanh_mul_every_16_bit_gate(input_dtype):
+    rng = np.random.default_rng(6)
+    gate = np.arange(65536, dtype=np.uint16).view(NP_INPUT[input_dtype]).reshape(256, 256)
+    up = activations(rng, (256, 256), input_dtype)
+    x = np.concatenate([gate, up], axis=-1)
+    for lib, scale, layout in (("cupy", "float32", "row"), ("torch", "ue8m0", "packed")):
+        check_silu_mul(x, to_device(x, lib), lib, 128, "e4m3", scale, layout,
+                       activation="gelu_tanh_mul")  # fmt: skip
+
+
+@pytest.mark.gpu
+def test_gelu_tanh_mul_in_the_masked_layout():
+    import cupy
+
+    rng = np.random.default_rng(8)
+    x = gates_and_ups(rng, (4, 32, 256), "bfloat16")
+    counts = np.array([0, 5, 32, 17], np.int32)
+    options = dict(scale="ue8m0", layout="packed", activation="gelu_tanh_mul")
+    q_ref, s_ref = fgq.quantize(x, 128, **options, masked_m=counts)
+    q, s = fgq.quantize(cupy.asarray(x), 128, **options, masked_m=cupy.asarray(counts))
+    for e, rows in enumerate(counts):
+        assert np.array_equal(q.get()[e, :rows], np.asarray(q_ref).view(np.uint8)[e, :rows])
+        assert np.array_equal(unpack(s)[e, :rows], unpack(s_ref)[e, :rows])
+
+
+def unpack(scales):
+    return np.asarray(fgq.unpack_scales(scales.get() if hasattr(scales, "get") else scales, 2))

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from fp8_group_quant import _abi, _jit, _launch, _plan
+from fp8_group_quant._spec import INPUT_MODES
 
 ARCHS = ["sm_90", "sm_100", "sm_120"]  # Hopper, datacenter Blackwell, consumer Blackwell
 # NOTES: instantiations per NVRTC program in the exhaustive compile, whatever their count: enough
@@ -47,7 +48,7 @@ def _check_compiled(arch: str, keys: list[str], lowered: dict[str, str], report:
 def test_instantiation_count():
     # inputs x group sizes x (formats x (float scales, ue8m0 in float words, packed) and the
     # blocked layout of e4m3 and e5m2), each with plain input (x alignment x the two paths),
-    # SiLU-and-multiply (aligned, one pass), the masked kernel for both (aligned) and the
+    # each gated activation (aligned, one pass), the masked kernel for all (aligned) and the
     # RMSNorm kernel (aligned, residual at run time, one or two lanes a thread, and for 16-bit
     # input the two-lane walking kernel with the weight in shared memory); bfloat16 SiLU of
     # UE8M0 scales (float words and packed, four formats) at six blocks an SM too; the one-pass
@@ -56,8 +57,13 @@ def test_instantiation_count():
     combinations = 4 * (4 * 3 + 2)
     six_blocks = 4 * 4 * 2
     flat = 3 * combinations
+    gated = len(INPUT_MODES) - 1  # SiLU-mul, GeGLU
     assert len(_plan.all_name_expressions()) == (
-        3 * combinations * (2 * 2 + 1 + 2 + 2) + 2 * combinations + six_blocks + flat + 3 * 2
+        3 * combinations * (2 * 2 + gated + (1 + gated) + 2)
+        + 2 * combinations
+        + six_blocks
+        + flat
+        + 3 * 2
     )
 
 
@@ -96,6 +102,7 @@ def _one_of_each_kernel() -> list[str]:
     for input_type in ("fgq::kBF16", "fgq::kF16"):
         prefix = f"fgq::quantize_groups<{input_type}"
         picked.append(next(n for n in names if "kSiluMul" in n and n.startswith(prefix)))
+        picked.append(next(n for n in names if "kGeluTanhMul" in n and n.startswith(prefix)))
     picked.append(_plan.DEFAULT_KEY.name_expression)
     return picked
 
