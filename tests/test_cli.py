@@ -115,8 +115,9 @@ def test_bench_pdl_launches_sets_pdl_with_a_plan_cache_of_its_own_and_restores_b
 
 # every path in its own order, two asked out of order, one
 @pytest.mark.parametrize("paths, expected", [
-    (None, [("silu_mul", 1), ("silu_mul", 512), ("add_rms_norm", 1), ("rms_norm", 1),
-            ("add_rms_norm", 512), ("rms_norm", 512), ("masked",)]),
+    (None, [("silu_mul", 1), ("silu_mul", 512), ("gelu_tanh_mul", 1), ("gelu_tanh_mul", 512),
+            ("add_rms_norm", 1), ("rms_norm", 1), ("add_rms_norm", 512), ("rms_norm", 512),
+            ("masked",)]),
     (["masked", "rms_norm"], [("rms_norm", 1), ("rms_norm", 512), ("masked",)]),
     (["add_rms_norm"], [("add_rms_norm", 1), ("add_rms_norm", 512)]),
 ])  # fmt: skip
@@ -143,7 +144,7 @@ def test_bench_fused_times_the_paths_asked_in_its_own_order(monkeypatch, capsys,
         calls.append(key)
         return {"path": key[0]}
 
-    monkeypatch.setattr(fused, "_silu_row", lambda t, roof, bw, m, n: record("silu_mul", m))
+    monkeypatch.setattr(fused, "_silu_row", lambda t, roof, bw, m, n, act: record(act, m))
     monkeypatch.setattr(fused, "_norm_row", lambda t, roofs, bw, m, n, residual: record(
         "add_rms_norm" if residual else "rms_norm", m))  # fmt: skip
     monkeypatch.setattr(fused, "_masked_row", lambda t: record("masked"))

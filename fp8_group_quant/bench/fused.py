@@ -34,7 +34,8 @@ from .timing import (
 )
 
 # the paths ``--fused`` times, in its order (``--paths`` picks some)
-FUSED_PATHS = ("silu_mul", "add_rms_norm", "rms_norm", "masked")
+FUSED_PATHS = ("silu_mul", "gelu_tanh_mul", "add_rms_norm", "rms_norm", "masked")
+GATED = {"silu_mul": "SiLU-and-multiply", "gelu_tanh_mul": "GeGLU (tanh GELU-and-multiply)"}
 FUSED_M = (1, 64, 512, 4096)
 OPTIONS: dict[str, Any] = dict(scale="ue8m0", layout="packed")
 
@@ -49,13 +50,15 @@ def run_fused(args) -> list[dict]:
     paths = set(getattr(args, "paths", None) or FUSED_PATHS)
     device = cupy.cuda.runtime.getDevice()
     rows = []
-    if "silu_mul" in paths:
+    for activation, title in GATED.items():
+        if activation not in paths:
+            continue
         roof = _hooks.get_function("roofline.cu", "fgq::roofline_gated", device)
-        print(f"# fused SiLU-and-multiply, N = {n}, bf16 -> e4m3, packed scales; copy "
+        print(f"# fused {title}, N = {n}, bf16 -> e4m3, packed scales; copy "
               f"{bandwidth / 1e12:.2f} TB/s")  # fmt: skip
         print(f"{'M':>6} {'floor':>7} {'roof':>7} {'fused':>7} {'x roof':>7} {'plain':>7} "
               f"{'torch act':>9} {'unfused':>8} {'unfused/fused':>13}")  # fmt: skip
-        rows += [_silu_row(torch, roof, bandwidth, m, n) for m in m_values]
+        rows += [_silu_row(torch, roof, bandwidth, m, n, activation) for m in m_values]
     residuals = [r for r, path in ((True, "add_rms_norm"), (False, "rms_norm")) if path in paths]
     if residuals:
         roofs = {name: _hooks.get_function("roofline.cu", f"fgq::roofline_{name}", device)
@@ -72,19 +75,19 @@ def run_fused(args) -> list[dict]:
     return rows
 
 
-def _silu_row(torch, roof, bandwidth: float, m: int, n: int) -> dict:
+def _silu_row(torch, roof, bandwidth: float, m: int, n: int, activation: str = "silu_mul") -> dict:
     buffers = max(2, min(32, math.ceil(ROTATE_BYTES / (m * 2 * n * 2))))
     xs = [torch.randn(m, 2 * n, device="cuda", dtype=torch.bfloat16) * 3 for _ in range(buffers)]
     ys = [torch.randn(m, n, device="cuda", dtype=torch.bfloat16) for _ in range(buffers)]
-    outs = [api.quantize(x, 128, **OPTIONS, activation="silu_mul") for x in xs]
-    check_silu(torch, xs[0], outs[0])
+    outs = [api.quantize(x, 128, **OPTIONS, activation=activation) for x in xs]
+    check_silu(torch, xs[0], outs[0], activation)
     calls = max(buffers, CALLS)
     chunks = m * n * 2 // 32  # 16 output bytes per thread
     grid = (-(-chunks // ROOFLINE_THREADS), 1, 1)
 
     def fused(i):
         x, (q, s) = xs[i % buffers], outs[i % buffers]
-        return lambda: api.quantize(x, 128, **OPTIONS, activation="silu_mul", out=q, scale_out=s)
+        return lambda: api.quantize(x, 128, **OPTIONS, activation=activation, out=q, scale_out=s)
 
     def roofline(i):
         x, (q, _) = xs[i % buffers], outs[i % buffers]
@@ -101,8 +104,11 @@ def _silu_row(torch, roof, bandwidth: float, m: int, n: int) -> dict:
         y, (q, s) = ys[i % buffers], outs[i % buffers]
         return lambda: api.quantize(y, 128, **OPTIONS, out=q, scale_out=s)
 
-    def act(i):  # the engines' silu_and_mul: SiLU rounded to bf16, then the product
+    def act(i):  # the engines' silu_and_mul (gelu_tanh_and_mul): rounded to bf16, then the product
         x, y = xs[i % buffers], ys[i % buffers]
+        if activation == "gelu_tanh_mul":
+            gelu = torch.nn.functional.gelu
+            return lambda: torch.mul(gelu(x[:, :n], approximate="tanh"), x[:, n:], out=y)
         return lambda: torch.mul(torch.nn.functional.silu(x[:, :n]), x[:, n:], out=y)
 
     def unfused(i):
@@ -120,7 +126,7 @@ def _silu_row(torch, roof, bandwidth: float, m: int, n: int) -> dict:
           f"{times['fused'] / times['roof']:>7.2f} {times['plain']:>7.2f} {times['act']:>9.2f} "
           f"{times['unfused']:>8.2f} {times['unfused'] / times['fused']:>13.2f}",
           flush=True)  # fmt: skip
-    return {"path": "silu_mul", "M": m, "N": n, "floor_us": floor, **{f"{k}_us": v for k, v in
+    return {"path": activation, "M": m, "N": n, "floor_us": floor, **{f"{k}_us": v for k, v in
             times.items()}}  # fmt: skip
 
 
@@ -236,13 +242,13 @@ def _check_norm(torch, x, r, weight, eps: float, residual: bool) -> None:
         r.copy_(r_before)
 
 
-def check_silu(torch, x, outputs) -> None:
+def check_silu(torch, x, outputs, activation: str = "silu_mul") -> None:
     """The fused result is the NumPy backend's, bit for bit."""
     import ml_dtypes
 
     host = x.view(torch.int16).cpu().numpy().view(ml_dtypes.bfloat16)
     q, s = outputs
-    q_ref, s_ref = api.quantize(host, 128, **OPTIONS, activation="silu_mul")
+    q_ref, s_ref = api.quantize(host, 128, **OPTIONS, activation=activation)
     assert np.array_equal(q.view(torch.uint8).cpu().numpy(), q_ref.view(np.uint8))
     assert np.array_equal(s.cpu().numpy(), s_ref)
 
