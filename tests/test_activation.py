@@ -353,16 +353,17 @@ def test_silu_mul_every_combination(input_dtype, group_size, dtype, scale, layou
     check_silu_mul_shapes(rng, input_dtype, lib, group_size, dtype, scale, layout)
 
 
-def check_silu_mul_shapes(rng, input_dtype, lib, group_size, dtype, scale, layout):
+def check_silu_mul_shapes(rng, input_dtype, lib, group_size, dtype, scale, layout,
+                          activation="silu_mul"):  # fmt: skip
     """check_silu_mul on a few rows of an odd group count, batched rows with padded q rows,
     and one token of N = 7168 inside a wider buffer."""
     args = (lib, group_size, dtype, scale, layout)
     x = gates_and_ups(rng, (5, 3 * group_size), input_dtype)  # odd group count, 5 rows
-    check_silu_mul(x, to_device(x, lib), *args)
+    check_silu_mul(x, to_device(x, lib), *args, activation=activation)
     x = gates_and_ups(rng, (2, 3, 7168 // 2), input_dtype)  # batched, padded q rows
-    check_silu_mul(x, to_device(x, lib), *args, pad_rows=True)
+    check_silu_mul(x, to_device(x, lib), *args, pad_rows=True, activation=activation)
     x = gates_and_ups(rng, (1, 7168), input_dtype)  # one token, N = 7168
-    check_silu_mul(x, wider_rows(x, 128, lib, 64), *args)  # rows inside a wider buffer
+    check_silu_mul(x, wider_rows(x, 128, lib, 64), *args, activation=activation)
 
 
 SIX_BLOCK_COMBINATIONS = [c for c in COMBINATIONS if c[0] == "bfloat16" and c[3] == "ue8m0"]
@@ -704,10 +705,7 @@ def test_gelu_tanh_mul_every_combination(input_dtype, group_size, dtype, scale, 
     lib = ("cupy", "torch")[index % 2]
     rng = np.random.default_rng(5000 + index)
     args = (lib, group_size, dtype, scale, layout)
-    x = gates_and_ups(rng, (5, 3 * group_size), input_dtype)  # odd group count, 5 rows
-    check_silu_mul(x, to_device(x, lib), *args, activation="gelu_tanh_mul")
-    x = gates_and_ups(rng, (2, 3, 7168 // 2), input_dtype)  # batched, padded q rows
-    check_silu_mul(x, to_device(x, lib), *args, pad_rows=True, activation="gelu_tanh_mul")
+    check_silu_mul_shapes(rng, input_dtype, *args, activation="gelu_tanh_mul")
     with force_path(persistent_fused_waves=0.0):  # the persistent grid, every row real
         x = gates_and_ups(rng, (3, 64, 2 * group_size), input_dtype)
         check_silu_mul(x, to_device(x, lib), *args, activation="gelu_tanh_mul")

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from .. import api
+from .._spec import ActivationName
 from . import _hooks
 from .shapes import own_k, own_m
 from .timing import (
@@ -35,7 +36,10 @@ from .timing import (
 
 # the paths ``--fused`` times, in its order (``--paths`` picks some)
 FUSED_PATHS = ("silu_mul", "gelu_tanh_mul", "add_rms_norm", "rms_norm", "masked")
-GATED = {"silu_mul": "SiLU-and-multiply", "gelu_tanh_mul": "GeGLU (tanh GELU-and-multiply)"}
+GATED: dict[ActivationName, str] = {
+    "silu_mul": "SiLU-and-multiply",
+    "gelu_tanh_mul": "GeGLU (tanh GELU-and-multiply)",
+}
 FUSED_M = (1, 64, 512, 4096)
 OPTIONS: dict[str, Any] = dict(scale="ue8m0", layout="packed")
 
@@ -75,7 +79,9 @@ def run_fused(args) -> list[dict]:
     return rows
 
 
-def _silu_row(torch, roof, bandwidth: float, m: int, n: int, activation: str = "silu_mul") -> dict:
+def _silu_row(
+    torch, roof, bandwidth: float, m: int, n: int, activation: ActivationName = "silu_mul"
+) -> dict:
     buffers = max(2, min(32, math.ceil(ROTATE_BYTES / (m * 2 * n * 2))))
     xs = [torch.randn(m, 2 * n, device="cuda", dtype=torch.bfloat16) * 3 for _ in range(buffers)]
     ys = [torch.randn(m, n, device="cuda", dtype=torch.bfloat16) for _ in range(buffers)]
@@ -242,7 +248,7 @@ def _check_norm(torch, x, r, weight, eps: float, residual: bool) -> None:
         r.copy_(r_before)
 
 
-def check_silu(torch, x, outputs, activation: str = "silu_mul") -> None:
+def check_silu(torch, x, outputs, activation: ActivationName = "silu_mul") -> None:
     """The fused result is the NumPy backend's, bit for bit."""
     import ml_dtypes
 
