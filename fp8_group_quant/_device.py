@@ -105,19 +105,22 @@ class DevicePlan:
         if out is None and scale_out is None:
             return self.alloc_both()
         given = []  # the caller's outputs, checked against x and each other before the launch
-        arrays = []
-        for array, name, spec, allocate in ((out, "out", self.q_spec, self.q_alloc),
-                                            (scale_out, "scale_out", self.scale_spec,
-                                             self.scale_alloc)):  # fmt: skip
-            if array is None:
-                array = allocate()
-                arrays += [array, pointer(array, self.kind)]
-            else:
-                info = check_output(array, name, self.x_info, spec)
-                arrays += [array, info.ptr]
-                given.append((name, info, spec))
+        if out is None:
+            q = self.q_alloc()
+            q_ptr = pointer(q, self.kind)
+        else:
+            q_info = check_output(out, "out", self.x_info, self.q_spec)
+            q, q_ptr = out, q_info.ptr
+            given.append(("out", q_info, self.q_spec))
+        if scale_out is None:
+            scales = self.scale_alloc()
+            scale_ptr = pointer(scales, self.kind)
+        else:
+            s_info = check_output(scale_out, "scale_out", self.x_info, self.scale_spec)
+            scales, scale_ptr = scale_out, s_info.ptr
+            given.append(("scale_out", s_info, self.scale_spec))
         check_disjoint(self.x_info, x_ptr, given)
-        return tuple(arrays)
+        return q, q_ptr, scales, scale_ptr
 
     def run(self, x_ptr: int, out, scale_out, extra=()) -> tuple:
         """Quantize the array at ``x_ptr`` (laid out as planned); ``extra``: the (Params field,
