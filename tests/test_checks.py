@@ -319,7 +319,7 @@ def test_dequantize_and_unpack_take_empty_outputs(shape, layout, scale):
 # a batch stride of 2**31 elements, and a negative row stride of that size
 @pytest.mark.parametrize("strides", [(2**31, 1024, 1), (1024, -(2**31), 1)])
 def test_silu_refuses_strides_its_kernel_cannot_index(strides):
-    # the fused SiLU path's one-pass kernel indexes x in 32 bits (docs/perf.md step 22), and
+    # the fused SiLU path's one-pass kernel indexes x in 32 bits (docs/perf.md), and
     # inputs of any size may take it (the persistent grid only those without padding rows):
     # wider or negative strides are refused by name before anything is launched
     pytest.importorskip("cupy", reason="the grid checks are made for device arrays")

@@ -37,7 +37,7 @@ def _check_compiled(arch: str, keys: list[str], lowered: dict[str, str], report:
     assert all(name.startswith(kernels) for name in lowered.values())
     # ptxas's resource report: one spill line per kernel, and on Hopper, where the register
     # bounds were measured, no kernel spills (a spill in the loop cost int8 and float-scale
-    # variants 10-20% on the H200, docs/perf.md step 8)
+    # variants 10-20% on the H200, docs/perf.md)
     spills = [line for line in report if "spill" in line]
     assert len(spills) == len(keys), report[:20]
     assert arch != "sm_90" or all(
@@ -109,7 +109,7 @@ def _one_of_each_kernel() -> list[str]:
 
 def test_no_module_declares_constant_memory():
     # a __constant__ variable anywhere in a module cost every kernel launched from it 0.10-0.23
-    # us a launch on the H200, read or not (docs/perf.md step 27): the sources declare none, and
+    # us a launch on the H200, read or not (docs/perf.md): the sources declare none, and
     # the PTX of each kernel template (and of the benchmark's modules) has no .const variable
     for path in _jit.kernel_dir().iterdir():
         assert "__constant__" not in path.read_text(), path.name

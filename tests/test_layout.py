@@ -274,8 +274,8 @@ def test_the_one_pass_block_size_is_checked(threads, ok):
 def test_the_one_pass_block_slots_follow_the_block_launched(
     monkeypatch, threads, group_size, input_dtype
 ):
-    # the one-pass kernel numbers its slots by Params.block_slots, not blockDim.x (docs/perf.md
-    # step 26): whatever the block size knob says, they agree
+    # the one-pass kernel numbers its slots by Params.block_slots, not blockDim.x (docs/perf.md):
+    # whatever the block size knob says, they agree
     from helpers import make_request
 
     from fp8_group_quant import _jit, _plan
@@ -378,7 +378,7 @@ def test_the_launch_picks_its_path_and_grid(
         ((3017, 7168), "row", False),  # 10560 blocks: 8 waves exactly
         ((3018, 7168), "row", True),  # 10563: past them
         ((3020, 7168), "packed", True),  # 10570, no padded scale rows
-        ((512, 7168), "packed", False),  # 1792 blocks (before fused step 27: persistent)
+        ((512, 7168), "packed", False),  # 1792 blocks: one pass, under the persistent threshold
         ((368, 7168), "packed", False),  # 1288 blocks: one wave
         ((128, 7168), "packed", False),  # 448 blocks: a third of one
         ((472, 7168), "packed", False),  # 1652 blocks: past 1.25 waves
@@ -467,7 +467,7 @@ def test_large_one_pass_silu_grids_take_the_six_block_kernel(
 
 def test_the_one_pass_prologue_reads_one_constant_line():
     # the fields the one-pass kernel reads before its load sit in Params' first 48 bytes, one
-    # 64-byte line of the constant cache on sm_90 (docs/perf.md step 22)
+    # 64-byte line of the constant cache on sm_90 (docs/perf.md)
     import ctypes
 
     from fp8_group_quant import _plan
@@ -496,8 +496,8 @@ def _flat_slots(x, layout="packed", activation=None):
 
 
 def test_the_one_pass_load_is_linear_in_the_slot_only_for_contiguous_rows():
-    # flat_slots: slot s's values at x + s * G, so the load waits for no division (docs/perf.md
-    # step 25); only where every slot's place over (batch, row, group) is that address, and the
+    # flat_slots: slot s's values at x + s * G, so the load waits for no division (docs/perf.md);
+    # only where every slot's place over (batch, row, group) is that address, and the
     # rows are 16-byte aligned (the kernel's vector loads)
     import ml_dtypes
 

@@ -173,7 +173,7 @@ def test_more_batches_than_grid_z_holds(layout, kernel_path):
 @pytest.mark.parametrize("lib", ["cupy", "torch"])  # both GPU libraries (cupy: reversed rows)
 def test_the_linear_slot_load_only_where_rows_are_contiguous(lib, layout, kernel_path):
     # the one-pass kernel loads slot s at x + s * G where rows are K apart and batches rows * K
-    # (its kFlat instantiation, _plan.flat_slots; docs/perf.md step 25); every other
+    # (its kFlat instantiation, _plan.flat_slots; docs/perf.md); every other
     # arrangement of the same values reads through the strides, and each writes what NumPy does
     import cupy
     from helpers import make_request

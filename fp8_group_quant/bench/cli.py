@@ -160,9 +160,9 @@ def run_parsed(args, parser: argparse.ArgumentParser) -> int:
     # NOTES: every timing table launches the quantizer without PDL, as the roofline kernels and
     # torch's kernels are launched: in a graph of back-to-back calls PDL lets each call overlap
     # the previous one, which they cannot, and a ratio would no longer compare like with like
-    # (run 13 of session 7 had 0.92x the roof at M = 1). Until session 10 --fused and --matrix
-    # kept PDL on (docs/perf.md, fused step 10). --chain measures PDL, between a producer, the
-    # quantizer and a consumer; --peers launches each kernel both ways where its host does.
+    # (0.92x the roof at M = 1 with PDL; docs/perf.md). --chain measures PDL, between a
+    # producer, the quantizer and a consumer; --peers launches each kernel both ways where its
+    # host does.
     with _hooks.pdl_launches(args.chain and _hooks.pdl_default()):
         rows, extra = _timing_rows(args)
     if args.cold_start:

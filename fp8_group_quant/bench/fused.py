@@ -142,8 +142,8 @@ def _norm_row(torch, roofs, bandwidth: float, m: int, k: int, residual: bool) ->
     rs = [torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for _ in range(buffers)]
     # NOTES: the roof writes x ^ residual into its residual, bit patterns that hold Inf and NaN
     # in most groups (a bfloat16 of magnitude 1-2 XOR one of 2-4 has exponent 0xFF): it gets
-    # buffers of its own, so every path timed here reads real data (until session 23 it shared
-    # the residuals, and the unfused steps, timed after it, ran on its NaNs). The norm's output
+    # buffers of its own, so every path timed here reads real data (sharing the residuals, the
+    # unfused steps timed after it ran on its NaNs). The norm's output
     # that the plain quantizer reads is computed before any timing, for the same reason.
     roof_rs = [r.clone() for r in rs]
     weight = torch.rand(k, device="cuda", dtype=torch.bfloat16) + 0.5

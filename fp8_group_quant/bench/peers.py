@@ -1,7 +1,7 @@
 """``bench --peers``: SGLang's and vLLM's kernels timed beside ours, in the same run.
 
 A ratio measured on another machine against another roofline kernel moves by 0.1 at M <= 16
-(docs/perf.md step 18), so the peers' kernels are timed here beside ours and the roofline
+(docs/perf.md), so the peers' kernels are timed here beside ours and the roofline
 kernel, graph against graph, in one process. Their sources are not part of this package; each
 is given as ``NAME=PATH``:
 

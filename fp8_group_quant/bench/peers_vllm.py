@@ -265,7 +265,7 @@ def _norm_row(torch, kernel, roofs, m: int, k: int, residual: bool) -> dict:
         for name, opts in (("packed", OPTIONS), ("col", FLOAT_COL))
     }
     # the roof writes x ^ residual (Inf and NaN in most groups) into a residual of its own
-    # (session 23: sharing them, as run 3-4 of session 22 did, timed the paths after it on NaNs)
+    # (shared, the paths timed after it ran on NaNs)
     roof_rs = [r.clone() for r in rs]
     roofline = _norm_roofline(torch, roofs, xs, roof_rs, vq, m * k // 16, residual)
 

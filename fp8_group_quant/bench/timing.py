@@ -42,8 +42,8 @@ def interleaved_graph_times_us(cupy, call_lists, replays: int = 7) -> list[float
 
     NOTES: the graphs are replayed in turn (a, b, a, b, ...), so a drift of the GPU's clocks
     during the measurement (as after a run of large shapes) moves every list alike and their
-    ratio stays fair; session 7 saw the same kernel at M = 16 take 1.50 us and 1.67 us minutes
-    apart when timed one list after the other.
+    ratio stays fair; the same kernel at M = 16 has taken 1.50 us and 1.67 us minutes apart
+    when timed one list after the other.
     """
     stream = cupy.cuda.Stream(non_blocking=True)
     graphs = []
