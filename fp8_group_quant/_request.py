@@ -313,11 +313,11 @@ def _check_device_limits(request: Request, info: ArrayInfo) -> None:
         )
 
 
-def _same_device(info: ArrayInfo, other: ArrayInfo, name: str) -> None:
+def _same_device(info: ArrayInfo, other: ArrayInfo, name: str, what="expected an array") -> None:
     if other.kind != info.kind or other.device != info.device:
         raise ValueError(
-            f"{name}: expected an array of x's library on x's device ({info.kind}, device "
-            f"{info.device}), got {other.kind} on device {other.device}"
+            f"{name}: {what} of x's library on x's device ({info.kind}, device {info.device}), "
+            f"got {other.kind} on device {other.device}"
         )
 
 
@@ -325,11 +325,7 @@ def _check_norm(info: ArrayInfo, weight: ArrayInfo | None, residual: ArrayInfo |
     """The Request fields of a valid fused RMSNorm on input ``info``."""
     assert weight is not None, "the entry points pass the weight with eps_norm"
     k = info.shape[-1]
-    if weight.kind != info.kind or weight.device != info.device:
-        raise ValueError(
-            f"norm: the weight must be an array of x's library on x's device ({info.kind}, "
-            f"device {info.device}), got {weight.kind} on device {weight.device}"
-        )
+    _same_device(info, weight, "norm", "the weight must be an array")
     if weight.dtype != info.dtype or tuple(weight.shape) != (k,):
         raise ValueError(
             f"norm: the weight must be a {info.dtype} array of shape ({k},) like x's rows, got "

@@ -117,15 +117,7 @@ def _silu_row(
             return lambda: torch.mul(gelu(x[:, :n], approximate="tanh"), x[:, n:], out=y)
         return lambda: torch.mul(torch.nn.functional.silu(x[:, :n]), x[:, n:], out=y)
 
-    def unfused(i):
-        a, p = act(i), plain(i)
-        return lambda: (a(), p())
-
-    times = {
-        name: torch_graph_time_us(torch, [make(i) for i in range(calls)])
-        for name, make in (("fused", fused), ("roof", roofline), ("plain", plain),
-                           ("act", act), ("unfused", unfused))
-    }  # fmt: skip
+    times = _time_paths(torch, calls, fused, roofline, plain, act)
     moved = m * 2 * n * 2 + m * n + m * math.ceil(n / 512) * 4
     floor = moved / bandwidth * 1e6
     print(f"{m:>6} {floor:>7.2f} {times['roof']:>7.2f} {times['fused']:>7.2f} "
@@ -134,6 +126,21 @@ def _silu_row(
           flush=True)  # fmt: skip
     return {"path": activation, "M": m, "N": n, "floor_us": floor, **{f"{k}_us": v for k, v in
             times.items()}}  # fmt: skip
+
+
+def _time_paths(torch, calls: int, fused, roofline, plain, act) -> dict[str, float]:
+    """GPU us a call of each path, from graphs of ``calls`` calls each: the fused call, its
+    roof, the plain quantizer, the torch step before it, and those two unfused."""
+
+    def unfused(i):
+        a, p = act(i), plain(i)
+        return lambda: (a(), p())
+
+    makers = {"fused": fused, "roof": roofline, "plain": plain, "act": act, "unfused": unfused}
+    return {
+        name: torch_graph_time_us(torch, [make(i) for i in range(calls)])
+        for name, make in makers.items()
+    }
 
 
 def _norm_row(torch, roofs, bandwidth: float, m: int, k: int, residual: bool) -> dict:
@@ -179,15 +186,7 @@ def _norm_row(torch, roofs, bandwidth: float, m: int, k: int, residual: bool) ->
 
         return steps
 
-    def unfused(i):
-        a, p = act(i), plain(i)
-        return lambda: (a(), p())
-
-    times = {
-        name: torch_graph_time_us(torch, [make(i) for i in range(calls)])
-        for name, make in (("fused", fused), ("roof", roofline), ("plain", plain),
-                           ("act", act), ("unfused", unfused))
-    }  # fmt: skip
+    times = _time_paths(torch, calls, fused, roofline, plain, act)
     # the residuals grow by x at each call (r = x + r, in place), but stay finite
     assert all(bool(torch.isfinite(t).all()) for t in (*rs, *ys)), "timed on non-finite data"
     return _norm_result(bandwidth, m, k, residual, times)
