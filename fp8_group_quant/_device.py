@@ -84,6 +84,7 @@ class DevicePlan:
         self.request = request
         self.kind, self.device = x_info.kind, x_info.device
         assert self.device is not None  # a GPU array
+        self._get_device = _jit.cupy_module().cuda.runtime.getDevice
         self.launches = []
         if not request.output.empty:
             with self.on_device():
@@ -98,7 +99,6 @@ class DevicePlan:
         if request.nvfp4 and request.global_mode == NVFP4_COMPUTED:
             self.scratch = device_allocator(self.kind, self.device, (2,), (1,), 2, "int32")
         self.stream = stream_getter(self.kind)
-        self._get_device = _jit.cupy_module().cuda.runtime.getDevice
 
     def outputs(self, x_ptr: int, out, scale_out):
         """(q, q pointer, scales, scale pointer): new arrays, or the caller's, checked."""
@@ -162,7 +162,7 @@ class DevicePlan:
         NOTES: cuLaunchKernel needs a current context; a thread whose first CUDA call is a
         prepared launch has none until a runtime call binds it, so each thread binds once.
         """
-        device = _jit.cupy_module().cuda.runtime.getDevice()
+        device = self._get_device()
         if device != self.device:
             return _jit.current_device(self.device)
         bound = _thread_state.__dict__.setdefault("bound", set())

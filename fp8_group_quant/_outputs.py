@@ -108,7 +108,7 @@ def check_disjoint(x_info: ArrayInfo, x_ptr: int, outputs) -> None:
     ranges = [("x", byte_extent(x_ptr, x_info.shape, x_info.strides, x_info.itemsize))]
     for name, info, spec in outputs:
         ranges.append((name, (info.ptr, info.ptr + spec.storage * info.itemsize)))
-    _check_ranges(ranges, len(ranges))
+    _check_ranges(ranges, 1)
 
 
 def check_writes(reads, writes) -> None:
@@ -120,8 +120,10 @@ def check_writes(reads, writes) -> None:
 
 
 def _check_ranges(ranges, reads: int, message: str = "{b}: its storage overlaps {a}'s memory"):
+    """Raise on the first two (name, (start, end)) ranges that overlap, but for two of the
+    first ``reads``, which are only read and may share memory."""
     for i, (name_a, (a0, a1)) in enumerate(ranges):
         for j in range(i + 1, len(ranges)):
             name_b, (b0, b1) = ranges[j]
-            if a0 < b1 and b0 < a1 and not (i < reads and j < reads and reads < len(ranges)):
+            if a0 < b1 and b0 < a1 and j >= reads:
                 raise ValueError(message.format(a=name_a, b=name_b))
