@@ -832,17 +832,18 @@ def fused_cases(draw):
     (and the residual) are read through, the kernel path forced or planned, and its options.
     Sizes stay small for the NumPy reference; the forced paths reach the grids large inputs
     take."""
-    mode = draw(st.sampled_from(["silu_mul", "norm", "add_norm", "masked", "masked_silu_mul"]))
+    mode = draw(st.sampled_from(["silu_mul", "gelu_tanh_mul", "norm", "add_norm", "masked",
+                                 "masked_silu_mul", "masked_gelu_tanh_mul"]))  # fmt: skip
     input_dtype = draw(st.sampled_from(sorted(INPUT_TYPES)))
     fmt, scale, layout = draw(st.sampled_from(supported_combinations()))
     group = draw(st.sampled_from(GROUP_SIZES))
     itemsize = NP_INPUT[input_dtype].itemsize
-    silu = mode in ("silu_mul", "masked_silu_mul")
+    gated = mode.endswith("_mul")  # a gated activation reads gate and up: twice the columns
     norm = mode in ("norm", "add_norm")
     longest = 32768 // itemsize if norm else 16384  # a norm row: at most 1024 lanes of 32 bytes
     groups = draw(st.one_of(st.integers(1, 12), st.sampled_from([56, longest // group])))
     groups = max(1, min(groups, longest // group))
-    k = group * groups * (2 if silu else 1)
+    k = group * groups * (2 if gated else 1)
     most = 1_000_000 // k  # rows, for the NumPy reference's time
     if mode.startswith("masked"):
         experts = draw(st.integers(1, 40))
@@ -887,8 +888,8 @@ def test_fused_kernels_match_the_numpy_backend_on_drawn_calls(case):
     options = {name: case[name] for name in ("eps", "pad_rows", "scale_rule", "scale", "layout")}
     options["dtype"] = case["fmt"]
     host, device = {}, {}
-    if mode in ("silu_mul", "masked_silu_mul"):
-        host["activation"] = device["activation"] = "silu_mul"
+    if mode.endswith("_mul"):  # SiLU-mul or GeGLU, plain or masked
+        host["activation"] = device["activation"] = mode.removeprefix("masked_")
     if mode.startswith("masked"):
         counts = rng.integers(-2, shape[1] + 3, shape[0]).astype(rng.choice([np.int32, np.int64]))
         host["masked_m"], device["masked_m"] = counts, cupy.asarray(counts)

@@ -119,7 +119,8 @@ def fused_cases(combos, rng) -> tuple[int, int]:
         # masked rows of 64 groups, whose expert lookup stays in the warps' lanes
         modes = (("silu_mul", False, False, 3), (None, True, False, 3),
                  ("silu_mul", True, False, 3), ("silu_mul", False, True, 3),
-                 (None, True, False, 64))  # fmt: skip
+                 (None, True, False, 64), ("gelu_tanh_mul", False, False, 3),
+                 ("gelu_tanh_mul", True, False, 3), ("gelu_tanh_mul", False, True, 3))  # fmt: skip
         for activation, masked, persistent, groups in modes:
             rows = 8 if persistent else 5
             shape = (3, rows, groups * group * (2 if activation else 1))
