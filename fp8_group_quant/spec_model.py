@@ -291,11 +291,16 @@ def silu_exp_parts(x: float) -> tuple[float, int]:
     r = f32(f32(x - f32(k * _SILU_L1)) - f32(k * _SILU_L2))
     p = f32(r + f32(f32(r * r) * f32(f32(r * f32(1 / 6)) + 0.5)))
     j = k % 64
+    return _table_mantissa(j, p), (k - j) // 64
+
+
+def _table_mantissa(j: int, p: float) -> float:
+    """T_hi[j] + (T_lo[j] + T_hi[j] * p), the table of section 2a written from its text."""
     context = decimal.Context(prec=50)  # 2^(j/64) to 50 digits, then the two roundings
     exact = context.exp(context.multiply(decimal.Decimal(j) / 64, context.ln(decimal.Decimal(2))))
     hi = f32(float(exact))
     lo = f32(float(context.subtract(exact, decimal.Decimal(hi))))
-    return f32(hi + f32(lo + f32(hi * p))), (k - j) // 64
+    return f32(hi + f32(lo + f32(hi * p)))
 
 
 def _times_power_of_two(v: float, n: int) -> float:
@@ -320,6 +325,30 @@ def silu(g: float) -> float:
     if g >= -64:
         return f32(g / f32(1.0 + _times_power_of_two(m, n)))
     return _times_power_of_two(f32(g * m), n)
+
+
+# section 2c: the fused GeGLU's GELU, one value at a time -----------------------------------------
+
+_GELU_A = float.fromhex("0x1.26aec2p+7")
+_GELU_B = float.fromhex("0x1.a5a7dp+2")
+_GELU_P1 = float.fromhex("0x1.62e484p-7")
+_GELU_P2 = float.fromhex("0x1.ebfd44p-15")
+
+
+def gelu_tanh(g: float) -> float:
+    """Steps 1 to 5 of section 2c for the float32 value ``g``."""
+    if math.isnan(g):
+        return math.nan
+    c = max(g, -16.0)
+    w = f32(c * f32(_GELU_A + f32(_GELU_B * f32(c * c))))
+    x = max(-abs(w), -10240.0)
+    k = _round_half_even(x)
+    f = f32(x - k)
+    p = f32(f * f32(_GELU_P1 + f32(f * _GELU_P2)))
+    m, n = _table_mantissa(k % 64, p), (k - k % 64) // 64
+    e = _times_power_of_two(m, n)
+    s = c if g >= 0 else f32(c * e)
+    return f32(s / f32(1.0 + e))
 
 
 # section 2b: the fused RMSNorm, one row at a time ------------------------------------------------

@@ -363,49 +363,82 @@ struct SiluMulActivation {
   }
 };
 
-// GELU (tanh approximation) in float32, as activation.gelu_tanh (docs/spec.md, section 2c):
-// no table; every step the definition's IEEE operation, in its order
-// NOTES: tanh(u) = sign(u) (1 - E) / (1 + E) with E = exp(-2 min(|u|, 10)); exp by k = rint(x
-// log2 e), r = x - k ln 2 in two parts (k LN2_HI exact for |k| <= 29), a degree-7 Taylor
-// polynomial by Horner's rule, then an exact scaling by 2^k
-__device__ __forceinline__ float gelu_tanh(float g) {
-  constexpr float kC0 = 0x1.988454p-1f;  // RN(sqrt(2 / pi))
-  constexpr float kC1 = 0x1.6e4e26p-5f;  // RN(0.044715)
-  constexpr float kClamp = 0x1.4p+3f;  // 10
-  constexpr float kLog2e = 0x1.715476p+0f;  // RN(1 / ln 2)
-  constexpr float kLn2Hi = 0x1.63p-1f;  // 0.693359375
-  constexpr float kLn2Lo = -0x1.bd0106p-13f;  // RN(ln 2 - kLn2Hi)
-  constexpr float kTaylor[8] = {0x1.a01a02p-13f, 0x1.6c16c2p-10f, 0x1.111112p-7f, 0x1.555556p-5f,
-                                0x1.555556p-3f, 0x1p-1f, 0x1p+0f, 0x1p+0f};  // 1/7! .. 1/0!
-  const float u = mul_rn(kC0, add_rn(g, mul_rn(kC1, mul_rn(mul_rn(g, g), g))));
-  const float a = u != u ? 0.0f : fminf(fabsf(u), kClamp);
-  const float x = -add_rn(a, a);
-  const float biased = add_rn(mul_rn(x, kLog2e), kRoundMagic);
-  const int k = static_cast<int>(__float_as_uint(biased) - __float_as_uint(kRoundMagic));
-  const float kf = add_rn(biased, -kRoundMagic);
-  const float r = add_rn(add_rn(x, -mul_rn(kf, kLn2Hi)), -mul_rn(kf, kLn2Lo));
-  float p = kTaylor[0];
-#pragma unroll
-  for (int i = 1; i < 8; ++i) p = add_rn(mul_rn(p, r), kTaylor[i]);
-  const float e = mul_rn(p, power_of_two(k));
-  const float t = div_rn(add_rn(1.0f, -e), add_rn(1.0f, e));
-  const float signed_t = __uint_as_float((__float_as_uint(t) & ~kF32Sign) | (__float_as_uint(u) & kF32Sign));
-  const float y = mul_rn(mul_rn(0.5f, g), add_rn(1.0f, signed_t));
-  return canonical_nan(g == -__int_as_float(0x7f800000) ? -0.0f : y);
+// GELU (tanh approximation) in float32, as activation.gelu_tanh (docs/spec.md, section 2c) ------
+// gelu(g) = g / (1 + exp(-2v)), v = sqrt(2/pi) (g + 0.044715 g^3), SiLU's shape with the sign
+// folded: g / (1 + e) for g >= 0, (g e) / (1 + e) for g < 0, e = exp(-|2v|) <= 1, so 1 + e
+// stays in [1, 2] and no branch is needed. e = 2^(x / 64) from the exponential's table, with
+// x = -|w| and w = 2v * 64 / ln 2 one polynomial in g.
+// NOTES: every float operation is PTX without .ftz (CuPy passes -ftz=true, under which fminf,
+// fabsf, a negation or a float comparison flush a subnormal gate), the sign test an integer
+// one. m 2^n is m 2^(n + 64), exact (n >= -160), times 2^-64, the one rounding.
+__device__ __forceinline__ float gelu_tanh(float g, const ExpTable& table) {
+  constexpr float kGateMin = -0x1p+4f;  // -16: every gelu below it rounds to -0
+  constexpr float kA = 0x1.26aec2p+7f;  // RN(2 sqrt(2 / pi) 64 / ln 2)
+  constexpr float kB = 0x1.a5a7dp+2f;   // RN(2 sqrt(2 / pi) 0.044715 * 64 / ln 2)
+  constexpr float kWMin = -0x1.4p+13f;  // -10240: 2^(x / 64) = 2^-160 there, e is 0 before
+  constexpr float kP1 = 0x1.62e484p-7f;  // 2^(f / 64) - 1 ~ f (kP1 + f kP2), |f| <= 1/2
+  constexpr float kP2 = 0x1.ebfd44p-15f;
+  constexpr float kTwoToMinus64 = 0x1p-64f;
+  float c, x;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(c) : "f"(g), "f"(kGateMin));
+  const float w = mul_rn(c, add_rn(kA, mul_rn(kB, mul_rn(c, c))));
+  asm("{ .reg .f32 t; abs.f32 t, %1; neg.f32 t, t; max.f32 %0, t, %2; }"
+      : "=f"(x) : "f"(w), "f"(kWMin));  // max(-|w|, kWMin); a NaN w gives kWMin
+  // k = rint(x) and f = x - k, both exact (|x| < 2^22), as in exp_parts
+  // NOTES: the table index and 2^(n + 64) come from the sum's bits b = bits(kRoundMagic) + k:
+  // b's low 6 bits are j (the constant's are 0), and b << 17 is k << 17 (the constant's bits
+  // shift out), whose bits from 23 up hold n (j's end below them)
+  const float biased = add_rn(x, kRoundMagic);
+  const u32 b = __float_as_uint(biased);
+  const float f = sub_rn(x, add_rn(biased, -kRoundMagic));
+  const float p = mul_rn(f, add_rn(kP1, mul_rn(f, kP2)));
+  const float2 t = table.entries[b & 63u];
+  const float m = add_rn(t.x, add_rn(t.y, mul_rn(t.x, p)));
+  const u32 scale = ((b << 17) + (static_cast<u32>(64 + kF32Bias) << 23)) & ~kF32Mantissa;
+  const float e = mul_rn(mul_rn(m, __uint_as_float(scale)), kTwoToMinus64);  // RN(m 2^n)
+  const float s = __float_as_int(g) < 0 ? mul_rn(c, e) : c;
+  return div_rn(s, add_rn(1.0f, e));
 }
 
-// GELU-tanh(gate) * up: as SiluMul, by arithmetic at every input type
+// GELU-tanh(gate) * up for a lane. 16-bit input: two GELUs rounded into one word by one cvt,
+// times the up word in one x2 fma with -0 added, which is RN(RN_f32(s * up)): the float32
+// product of two 16-bit values is exact (for bfloat16 below 2^-126 the rounding agrees too,
+// docs/spec.md, section 2a), as in SiluBandTable::silu_mul_pair
+// NOTES: a NaN may carry either sign here; quantize_group encodes every NaN as +NaN
+// (kUnsignedNaN), so no value is canonicalised
+template <int kIn>
+__device__ __forceinline__ void gelu_tanh_mul_lane(u32 (&words)[kLaneWords],
+                                                   const u32 (&up)[kLaneWords],
+                                                   const ExpTable& table) {
+  constexpr u32 kMinusZeros = SiluBandTable::kMinusZeros;
+#pragma unroll
+  for (int w = 0; w < kLaneWords; ++w) {
+    if constexpr (kIn == kF32) {
+      const float g = __uint_as_float(words[w]);
+      words[w] = __float_as_uint(mul_rn(gelu_tanh(g, table), __uint_as_float(up[w])));
+    } else {
+      const float lo = gelu_tanh(value_of<kIn>(words, 2 * w), table);
+      const float hi = gelu_tanh(value_of<kIn>(words, 2 * w + 1), table);
+      const u32 s = input_pair<kIn>(lo, hi);
+      u32 y;
+      if constexpr (kIn == kBF16) {
+        asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(y) : "r"(s), "r"(up[w]), "r"(kMinusZeros));
+      } else {
+        asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(y) : "r"(s), "r"(up[w]), "r"(kMinusZeros));
+      }
+      words[w] = y;
+    }
+  }
+}
+
+// GELU-tanh(gate) * up: as SiluMul, with the exponential's table (SiLU's for float16 and
+// float32: filled and waited for the same way) at every input type
 struct GeluTanhMulActivation : SiluMulActivation {
-  template <int kIn> using Table = NoTable;
+  template <int kIn> using Table = ExpTable;
   template <int kIn, typename Shared>
   __device__ static __forceinline__ void apply(u32 (&words)[kLaneWords],
-                                               const u32 (&up)[kLaneWords], const Shared&) {
-    u32 gate[kLaneWords];
-#pragma unroll
-    for (int w = 0; w < kLaneWords; ++w) gate[w] = words[w];
-    map_lane<kIn>(words, [&](int i) {
-      return mul_rn(round_to_input<kIn>(gelu_tanh(value_of<kIn>(gate, i))), value_of<kIn>(up, i));
-    });
+                                               const u32 (&up)[kLaneWords], const Shared& table) {
+    gelu_tanh_mul_lane<kIn>(words, up, table);
   }
 };
 

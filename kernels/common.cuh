@@ -60,6 +60,14 @@ __device__ __forceinline__ float add_rn(float a, float b) {
   return r;
 }
 
+// a - b, one rounding (sub.rn: the subtrahend's sign flipped in the add, where a negation
+// written in C++ is a separate neg.ftz.f32 under -ftz=true)
+__device__ __forceinline__ float sub_rn(float a, float b) {
+  float r;
+  asm("sub.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+
 __device__ __forceinline__ float fma_rn(float a, float b, float c) {
   float r;
   asm("fma.rn.f32 %0, %1, %2, %3;" : "=f"(r) : "f"(a), "f"(b), "f"(c));
