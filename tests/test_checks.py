@@ -137,6 +137,8 @@ def test_mixed_libraries_are_rejected(x):
 def test_dequantize_checks():
     q = np.zeros((2, 256), ml_dtypes.float8_e4m3fn)
     with pytest.raises(ValueError, match="scales: expected shape"):
+        fgq.dequantize(q, np.zeros((3, 2), np.float32))
+    with pytest.raises(ValueError, match="scales: expected a number of groups a row that divides"):
         fgq.dequantize(q, np.zeros((2, 3), np.float32))
     with pytest.raises(TypeError, match="scales: expected float32"):
         fgq.dequantize(q, np.zeros((2, 2), np.float64))
@@ -311,7 +313,7 @@ def test_dequantize_refuses_a_dtype_that_contradicts_the_codes():
 @pytest.mark.parametrize("layout, scale", [("packed", "ue8m0"), ("col_tma", "float32")])
 def test_dequantize_and_unpack_take_empty_outputs(shape, layout, scale):
     q, s = fgq.quantize(np.zeros(shape, BF16), 128, scale=scale, layout=layout)
-    assert fgq.dequantize(q, s).shape == shape
+    assert fgq.dequantize(q, s, 128).shape == shape
     if layout == "packed":
         assert fgq.unpack_scales(s, shape[-1] // 128).shape == shape[:-1] + (shape[-1] // 128,)
 
