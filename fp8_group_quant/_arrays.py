@@ -39,10 +39,10 @@ def describe(array, name: str) -> ArrayInfo:
     torch = _torch()
     if torch is not None and isinstance(array, torch.Tensor):
         dtype = str(array.dtype).removeprefix("torch.")  # torch.bfloat16 -> bfloat16
-        if array.device.type != "cuda":
+        if array.device.type != "cuda":  # CPU tensors go through numpy views before this
             raise TypeError(
-                f"{name}: expected a CUDA tensor (or a CPU tensor, with a CPU x), got device "
-                f"{array.device}"
+                f"{name}: expected a torch tensor on the CPU or a CUDA device (with the call's "
+                f"other arrays on the same one), got one on device {array.device}"
             )
         return ArrayInfo(
             TORCH,
@@ -77,9 +77,13 @@ def describe(array, name: str) -> ArrayInfo:
             itemsize,
             array.device.id,
         )
+    hint = ""
+    if isinstance(array, (list, tuple, int, float)):
+        dtype = ", numpy.float32" if name == "x" else ""
+        hint = f": make it an array first, e.g. numpy.asarray({name}{dtype})"
     raise TypeError(
-        f"{name}: expected a numpy array, a cupy array or a torch CUDA tensor, "
-        f"got {type(array).__module__}.{type(array).__name__}"
+        f"{name}: expected a numpy array, a torch tensor (CPU or CUDA) or a cupy array, "
+        f"got {type(array).__module__}.{type(array).__name__}{hint}"
     )
 
 
@@ -342,7 +346,10 @@ OTHER = "other"
 
 def foreign_library(x) -> str | None:
     """JAX, NUMBA or OTHER for a CUDA array this module does not read natively, else None."""
-    if isinstance(x, np.ndarray) or device_signature(x) is not None:
+    torch = _torch()
+    if isinstance(x, np.ndarray) or (torch is not None and isinstance(x, torch.Tensor)):
+        return None  # read natively (a tensor on another device is refused by describe)
+    if device_signature(x) is not None:
         return None
     has_cai = hasattr(x, "__cuda_array_interface__")
     if not has_cai and not hasattr(x, "__dlpack__"):
