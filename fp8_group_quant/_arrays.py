@@ -178,7 +178,10 @@ def allocation_bytes(info: ArrayInfo) -> tuple[int | None, int]:
         nbytes = tensor.untyped_storage().nbytes() - tensor.storage_offset() * info.itemsize
         return nbytes, 1
     root = _root_array(info.obj)
-    if root.flags.c_contiguous or root.flags.f_contiguous:
+    # NOTES: a cupy array without a base may be a view made on a pointer, whose own extent (a
+    # (5, 1) view with strides (1, 8) looks dense) says nothing of the buffer under it
+    owner = info.kind == NUMPY or root is not info.obj
+    if owner and (root.flags.c_contiguous or root.flags.f_contiguous):
         start = root.ctypes.data if info.kind == NUMPY else root.data.ptr
         if start <= info.ptr <= start + root.nbytes:
             return start + root.nbytes - info.ptr, 1
