@@ -24,7 +24,7 @@ print(
 print("exponent bytes of row 2:", [hex(b) for b in np.ascontiguousarray(scales[2]).view(np.uint8)])
 print("scales of row 2 as floats:", fgq.unpack_scales(scales, groups=8)[2])
 
-x_back = fgq.dequantize(q, scales)
+x_back = fgq.dequantize(q, scales, 128)  # packed scales: the group size is given
 error = np.linalg.norm(x_back - x.astype(np.float32)) / np.linalg.norm(x.astype(np.float32))
 print(f"relative error after a round trip: {error:.3%}")
 assert error < 0.05

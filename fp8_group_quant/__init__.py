@@ -10,6 +10,7 @@ from .api import (
     prepare,
     quantize,
     quantize_packed,
+    scale_offsets,
     unpack_scales,
     warmup,
 )
@@ -27,6 +28,7 @@ __all__ = [
     "prepare",
     "quantize",
     "quantize_packed",
+    "scale_offsets",
     "unpack_scales",
     "warmup",
 ]

@@ -91,7 +91,7 @@ def main_job(tokens: int, hidden: int) -> int:
     x32 = x.astype(np.float32)
     norm = np.linalg.norm(x32)
     if norm:
-        x_back = api.dequantize(q_bytes.view(ml_dtypes.float8_e4m3fn), s_words)
+        x_back = api.dequantize(q_bytes.view(ml_dtypes.float8_e4m3fn), s_words, 128)
         print(f"error      ||dequant(q) - x|| / ||x|| = {np.linalg.norm(x_back - x32) / norm:.3e}")
     moved = x.nbytes + q_bytes.nbytes + geometry.scale_storage_bytes
     _print_times(host_seconds, timings, moved)

@@ -39,10 +39,10 @@ def describe(array, name: str) -> ArrayInfo:
     torch = _torch()
     if torch is not None and isinstance(array, torch.Tensor):
         dtype = str(array.dtype).removeprefix("torch.")  # torch.bfloat16 -> bfloat16
-        if array.device.type != "cuda":
+        if array.device.type != "cuda":  # CPU tensors go through numpy views before this
             raise TypeError(
-                f"{name}: expected a CUDA tensor (or a CPU tensor, with a CPU x), got device "
-                f"{array.device}"
+                f"{name}: expected a torch tensor on the CPU or a CUDA device (with the call's "
+                f"other arrays on the same one), got one on device {array.device}"
             )
         return ArrayInfo(
             TORCH,
@@ -77,9 +77,13 @@ def describe(array, name: str) -> ArrayInfo:
             itemsize,
             array.device.id,
         )
+    hint = ""
+    if isinstance(array, (list, tuple, int, float)):
+        dtype = ", numpy.float32" if name == "x" else ""
+        hint = f": make it an array first, e.g. numpy.asarray({name}{dtype})"
     raise TypeError(
-        f"{name}: expected a numpy array, a cupy array or a torch CUDA tensor, "
-        f"got {type(array).__module__}.{type(array).__name__}"
+        f"{name}: expected a numpy array, a torch tensor (CPU or CUDA) or a cupy array, "
+        f"got {type(array).__module__}.{type(array).__name__}{hint}"
     )
 
 
@@ -90,7 +94,13 @@ def is_torch_cpu(array) -> bool:
 
 def torch_cpu_to_numpy(tensor, name: str) -> np.ndarray:
     """A numpy view of a torch CPU tensor's memory, in the numpy dtype of its torch dtype
-    (``bfloat16`` and the float8 types through ml_dtypes, which torch's ``.numpy()`` lacks)."""
+    (``bfloat16`` and the float8 types through ml_dtypes, which torch's ``.numpy()`` lacks).
+
+    NOTES: the view is made over the tensor's whole storage, so that the root of its chain of
+    views is the allocation and the checks of a caller's output see the bytes the storage
+    holds. A tensor that requires grad is read as it is on the GPU: no gradient flows
+    through quantization on any backend.
+    """
     import ml_dtypes
 
     torch = _torch()
@@ -99,13 +109,29 @@ def torch_cpu_to_numpy(tensor, name: str) -> np.ndarray:
         name: getattr(ml_dtypes, name)
         for name in ("bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz")
     }
-    if dtype in special:
-        carrier = torch.int16 if tensor.element_size() == 2 else torch.uint8
-        return tensor.view(carrier).numpy().view(special[dtype])
     try:
-        return tensor.numpy()
+        np_dtype = np.dtype(special[dtype]) if dtype in special else _numpy_dtype(tensor)
+    except TypeError as error:
+        raise TypeError(
+            f"{name}: expected a torch tensor of a dtype numpy can hold, got dtype {dtype}"
+        ) from error
+    tensor = tensor.detach()
+    whole = torch.empty(0, dtype=torch.uint8).set_(tensor.untyped_storage()).numpy()
+    size = np_dtype.itemsize
+    start = tensor.storage_offset() * size
+    flat = whole[start : start + max(0, whole.size - start) // size * size]
+    raw = flat.view(f"V{size}")  # as_strided cannot rebuild ml_dtypes' types
+    strides = tuple(s * size for s in tensor.stride())
+    view = np.lib.stride_tricks.as_strided(raw, tuple(tensor.shape), strides)
+    return view.view(np_dtype)
+
+
+def _numpy_dtype(tensor) -> np.dtype:
+    """The numpy dtype torch's ``.numpy()`` gives a tensor's dtype; TypeError where none."""
+    try:
+        return _torch().empty(0, dtype=tensor.dtype).numpy().dtype
     except (TypeError, RuntimeError) as error:
-        raise TypeError(f"{name}: a torch CPU tensor of dtype {dtype} has no numpy view") from error
+        raise TypeError(str(error)) from error
 
 
 def numpy_to_torch_cpu(array: np.ndarray):
@@ -133,28 +159,37 @@ def numpy_to_torch_cpu(array: np.ndarray):
     return base.as_strided(array.shape, strides, offset)
 
 
-def available_bytes(info: ArrayInfo) -> int | None:
-    """Bytes of the underlying allocation from ``info.ptr`` on, or None if unknown.
+CUPY_POOL_ROUNDING = 512  # CuPy's memory pool rounds every block up to this many bytes
 
-    NOTES: numpy: the array at the root of the view chain, seen through ``as_strided``'s
-    helper object (a ``DummyArray`` holding the original array as its base); a root that is
-    not one dense run of memory is unknown. CuPy: its ``as_strided`` and arrays made on a
-    memory pointer keep no base, so the bound is the memory block the pointer lies in, which
-    the pool rounds up to 512 bytes: a view short of the layout's storage by less than that
-    rounding is not caught on cupy (docs/spec.md, outputs).
+
+def allocation_bytes(info: ArrayInfo) -> tuple[int | None, int]:
+    """(bytes of the buffer ``info`` lies in, from ``info.ptr`` on, or None if unknown; the
+    rounding of that end: 1 where the end is exact).
+
+    NOTES: the buffer is the nearest record of the caller's allocation. torch: the tensor's
+    storage. numpy and cupy: the array at the root of the view chain (through ``as_strided``'s
+    helper object, a ``DummyArray`` holding the original as its base) where it is one dense
+    run of memory; a numpy root that is not is unknown. CuPy's ``as_strided`` and arrays made
+    on a memory pointer keep no base: their bound is the memory block the pointer lies in,
+    which the pool rounds up to 512 bytes (docs/spec.md, outputs).
     """
     if info.kind == TORCH:
         tensor = info.obj
-        return tensor.untyped_storage().nbytes() - tensor.storage_offset() * info.itemsize
+        nbytes = tensor.untyped_storage().nbytes() - tensor.storage_offset() * info.itemsize
+        return nbytes, 1
+    root = _root_array(info.obj)
+    # NOTES: a cupy array without a base may be a view made on a pointer, whose own extent (a
+    # (5, 1) view with strides (1, 8) looks dense) says nothing of the buffer under it
+    owner = info.kind == NUMPY or root is not info.obj
+    if owner and (root.flags.c_contiguous or root.flags.f_contiguous):
+        start = root.ctypes.data if info.kind == NUMPY else root.data.ptr
+        if start <= info.ptr <= start + root.nbytes:
+            return start + root.nbytes - info.ptr, 1
     if info.kind == CUPY:
         memory = info.obj.data.mem
-        return memory.size - (info.ptr - memory.ptr) if memory.size else None
-    root = _root_array(info.obj)
-    if not (root.flags.c_contiguous or root.flags.f_contiguous):
-        return None
-    start = root.ctypes.data
-    end = start + root.nbytes
-    return end - info.ptr if start <= info.ptr <= end else None
+        if memory.size:
+            return memory.size - (info.ptr - memory.ptr), CUPY_POOL_ROUNDING
+    return None, 1
 
 
 def _root_array(array):
@@ -314,7 +349,10 @@ OTHER = "other"
 
 def foreign_library(x) -> str | None:
     """JAX, NUMBA or OTHER for a CUDA array this module does not read natively, else None."""
-    if isinstance(x, np.ndarray) or device_signature(x) is not None:
+    torch = _torch()
+    if isinstance(x, np.ndarray) or (torch is not None and isinstance(x, torch.Tensor)):
+        return None  # read natively (a tensor on another device is refused by describe)
+    if device_signature(x) is not None:
         return None
     has_cai = hasattr(x, "__cuda_array_interface__")
     if not has_cai and not hasattr(x, "__dlpack__"):

@@ -23,7 +23,7 @@ from ._arrays import (
     to_cupy,
     torch_cpu_to_numpy,
 )
-from ._layout import BLOCKED, SCALE_LAYOUTS, Geometry
+from ._layout import BLOCKED, SCALE_LAYOUTS, Geometry, scale_layout
 from ._request import NVFP4_GROUP
 from ._spec import FORMATS_BY_DTYPE, OUTPUT_FORMATS, output_format
 
@@ -41,8 +41,9 @@ def _decode_table(fmt_name: str) -> np.ndarray:
 
 
 def _format_of(info: ArrayInfo, dtype) -> str:
-    """The format of codes ``info``: ``dtype`` if given, else their own dtype (uint8: e4m3).
-    A ``dtype`` that contradicts the codes' own float8 or int8 dtype is refused."""
+    """The format of codes ``info``: ``dtype`` if given, else their own dtype. uint8 codes (the
+    container cupy holds float8 in) say nothing of their format: ``dtype`` is required. A
+    ``dtype`` that contradicts the codes' own float8 or int8 dtype is refused."""
     if dtype is not None:
         fmt = output_format(dtype)
         own = FORMATS_BY_DTYPE.get(info.dtype)
@@ -53,12 +54,51 @@ def _format_of(info: ArrayInfo, dtype) -> str:
             )
         return fmt.name
     if info.dtype == "uint8":
-        return "e4m3"
+        raise TypeError(
+            "dtype: q holds uint8 codes, which do not say their format; pass the format "
+            "quantize wrote, e.g. dtype='e4m3' or dtype='e5m2'"
+        )
     if info.dtype not in FORMATS_BY_DTYPE:
         raise TypeError(
             f"q: expected codes of {', '.join(FORMATS_BY_DTYPE)} or uint8, got {info.dtype}"
         )
     return FORMATS_BY_DTYPE[info.dtype].name
+
+
+def _group_size(q_info: ArrayInfo, s_info: ArrayInfo, given) -> int:
+    """The group size of codes ``q_info`` and scales ``s_info``: K over the groups a row of
+    float32 scales (``given`` must agree); packed and blocked scales round the groups up to
+    whole words or tiles, so there it must be given."""
+    if given is not None and (not isinstance(given, int) or isinstance(given, bool) or given < 1):
+        raise TypeError(f"group_size: expected a positive int, got {given!r}")
+    if not q_info.shape:
+        raise ValueError("q: expected codes of shape [..., K], got a 0-d array")
+    if s_info.dtype not in ("float32", "int32", "uint8"):
+        raise TypeError(
+            f"scales: expected float32, packed int32 or blocked uint8, got {s_info.dtype}"
+        )
+    k = q_info.shape[-1]
+    if s_info.dtype == "float32" and s_info.shape and s_info.shape[-1]:
+        groups = s_info.shape[-1]
+        if k % groups:
+            raise ValueError(
+                f"scales: expected a number of groups a row that divides q's K = {k}, got {groups}"
+            )
+        if given is not None and given * groups != k:
+            raise ValueError(
+                f"group_size: {given} contradicts the shapes: q has K = {k} and scales hold "
+                f"{groups} groups a row, which makes group_size {k // groups}"
+            )
+        return k // groups
+    if given is None:
+        kind = "packed int32" if s_info.dtype == "int32" else "blocked uint8"
+        raise TypeError(
+            f"group_size: {kind} scales (padded to whole words or tiles) do not determine it; "
+            f"pass the group_size quantize used"
+        )
+    if k % given:
+        raise ValueError(f"q: last dimension must be a multiple of group_size={given}, got {k}")
+    return given
 
 
 def unpack_scales(packed, groups: int):
@@ -100,50 +140,48 @@ def unpack_scales(packed, groups: int):
     parts = [(packed >> (8 * j)) & 0xFF for j in range(4)]
     # NOTES: the width is spelled out: a -1 cannot be inferred when a leading dimension is 0
     exponents = xp.stack(parts, axis=-1).reshape(*info.shape[:-1], 4 * info.shape[-1])
-    exponents = exponents[..., :groups]
-    exponents = exponents.astype(xp.uint32)
-    bits = xp.where(exponents == 0, xp.uint32(0x00400000), exponents << 23)
-    bits = xp.where(exponents == 255, xp.uint32(0x7FC00000), bits)
-    return xp.ascontiguousarray(bits).view(xp.float32)
+    return _exponents_to_float(exponents[..., :groups], info)
 
 
-def dequantize(q, scales, group_size: int = 128, dtype=None, global_scale=None):
+def dequantize(q, scales, group_size: int | None = None, dtype=None, global_scale=None):
     """Float32 ``q_i * s_group`` with the shape of ``q``.
 
-    ``scales`` is any layout ``quantize`` returns: float32 ``[..., ng]``, packed int32
-    ``[..., kp]`` or the blocked layout's uint8 storage. ``dtype`` names the format of uint8
-    codes (cupy's float8 container; default "e4m3"); other dtypes say it themselves.
-    NVFP4 (``group_size=16, dtype="e2m1"``, with its ``global_scale``): ``q`` ``[..., K/2]``
+    ``scales`` is any layout ``quantize`` returns: float32 ``[..., ng]`` (``group_size`` is
+    then ``K / ng``, and a given one must agree), or packed int32 ``[..., kp]`` or the blocked
+    layout's uint8 storage, which round the groups up to whole words or tiles: there
+    ``group_size`` is required. ``dtype`` names the format of uint8 codes (cupy's float8
+    container), and is required for them; other dtypes say it themselves.
+    NVFP4 (``dtype="e2m1"``, with its ``global_scale``; ``group_size`` 16): ``q`` ``[..., K/2]``
     packed codes, float32 ``[..., K]`` of ``e2m1(code) * RN(S / global_scale)``.
     """
     if isinstance(dtype, str) and dtype == "e2m1":
-        if group_size != NVFP4_GROUP or global_scale is None:
-            raise ValueError("dtype='e2m1': NVFP4 needs group_size=16 and its global_scale")
+        if group_size not in (None, NVFP4_GROUP) or global_scale is None:
+            raise ValueError(
+                f"dtype='e2m1': NVFP4 needs group_size=16 (or none) and its global_scale, got "
+                f"group_size={group_size!r} and global_scale={global_scale!r}"
+            )
         return dequantize_nvfp4(q, scales, global_scale)
     if global_scale is not None:
         raise ValueError("global_scale: only NVFP4 (dtype='e2m1') takes one")
     if group_size == NVFP4_GROUP:
         raise ValueError("group_size=16 is NVFP4's: pass dtype='e2m1' and its global_scale")
-    if is_torch_cpu(q) and is_torch_cpu(scales):  # through numpy views, back as a tensor
+    if is_torch_cpu(q) or is_torch_cpu(scales):  # through numpy views, back as a tensor
+        _same_host_library(q, scales)
         values = dequantize(
             torch_cpu_to_numpy(q, "q"), torch_cpu_to_numpy(scales, "scales"), group_size, dtype
         )
         return numpy_to_torch_cpu(np.ascontiguousarray(values))
     q_info = describe(q, "q")
     s_info = describe(scales, "scales")
-    fmt_name = _format_of(q_info, dtype)
-    if len(q_info.shape) == 0 or q_info.shape[-1] % group_size:
-        raise ValueError(f"q: last dimension must be a multiple of group_size={group_size}")
-    groups = q_info.shape[-1] // group_size
-    if s_info.dtype == "int32":
-        _check_packed_width(scales, s_info, groups, group_size)
-        scales = unpack_scales(scales, groups)
-    elif s_info.dtype == "uint8":
-        scales = _unblock_scales(scales, s_info, q_info, group_size)
-    elif s_info.dtype != "float32":
+    if s_info.kind != q_info.kind or s_info.device != q_info.device:
         raise TypeError(
-            f"scales: expected float32, packed int32 or blocked uint8, got {s_info.dtype}"
+            f"scales: expected an array of q's library and device ({q_info.kind}, device "
+            f"{q_info.device}), got {s_info.kind} on device {s_info.device}"
         )
+    fmt_name = _format_of(q_info, dtype)
+    group_size = _group_size(q_info, s_info, group_size)
+    groups = q_info.shape[-1] // group_size
+    scales = _float_scales(scales, s_info, q_info, group_size, groups)
     expected = tuple(q_info.shape[:-1]) + (groups,)
     if tuple(scales.shape) != expected:
         raise ValueError(f"scales: expected shape {expected}, got {tuple(scales.shape)}")
@@ -164,6 +202,33 @@ def dequantize(q, scales, group_size: int = 128, dtype=None, global_scale=None):
     return values * xp.repeat(scales, group_size, axis=-1)
 
 
+def _same_host_library(q, scales) -> None:
+    """A torch CPU ``q`` takes torch CPU ``scales``, and the other way round."""
+    for name, array, other in (("q", q, "scales"), ("scales", scales, "q")):
+        if not is_torch_cpu(array):
+            kind = f"{type(array).__module__}.{type(array).__name__}"
+            raise TypeError(f"{name}: expected a torch CPU tensor like {other}, got {kind}")
+
+
+def _float_scales(scales, s_info: ArrayInfo, q_info: ArrayInfo, group_size: int, groups: int):
+    """float32 scales ``[..., groups]`` of any layout. Packed and blocked scales are refused
+    where a zero exponent byte stands at a group's place: quantize never writes one there
+    (its exponents are at least that of eps), only in padding, so the group size is wrong."""
+    if s_info.dtype == "float32":
+        return scales
+    if s_info.dtype == "int32":
+        _check_packed_width(scales, s_info, groups, group_size)
+        values = unpack_scales(scales, groups)
+    else:
+        values = _unblock_scales(scales, s_info, q_info, group_size)
+    if 0 not in values.shape and bool((values == 2.0**-127).any()):
+        raise ValueError(
+            f"group_size: {group_size} reads padding as scales (zero exponent bytes where "
+            f"groups of {group_size} lie): were the scales quantized with a larger group_size?"
+        )
+    return values
+
+
 def _unblock_scales(scales, s_info: ArrayInfo, q_info: ArrayInfo, group_size: int):
     """The blocked layout's UE8M0 bytes as float32 scales ``[..., groups]`` for codes shaped
     like ``q``: each group's byte gathered from its place in the 128x4 tiles."""
@@ -174,19 +239,42 @@ def _unblock_scales(scales, s_info: ArrayInfo, q_info: ArrayInfo, group_size: in
             f"shape {geometry.scale_shape}, got {tuple(s_info.shape)}"
         )
     offsets = geometry.scale_byte_offsets().reshape(-1)
+    padding = np.ones(geometry.scale_storage_bytes, bool)
+    padding[offsets] = False  # the kernel writes zeros there
+    padding = np.flatnonzero(padding)
     shape = tuple(q_info.shape[:-1]) + (geometry.groups,)
     if s_info.kind == TORCH:
         import torch
 
         flat = scales.contiguous().reshape(-1)
-        codes = flat[torch.from_numpy(offsets).to(flat.device)].to(torch.int32)
+        spare = flat[torch.from_numpy(padding).to(flat.device)]
+        codes = flat[torch.from_numpy(offsets).to(flat.device)]
+    else:
+        xp = _namespace(s_info)
+        flat = xp.ascontiguousarray(scales).reshape(-1)
+        spare = flat[xp.asarray(padding)]
+        codes = flat[xp.asarray(offsets)]
+    if padding.size and bool((spare != 0).any()):
+        raise ValueError(
+            f"scales: the blocked storage holds exponents where group_size={group_size} puts "
+            f"padding: were they quantized with a smaller group_size than {group_size}?"
+        )
+    return _exponents_to_float(codes, s_info).reshape(shape)
+
+
+def _exponents_to_float(codes, info: ArrayInfo):
+    """float32 ``2**(e - 127)`` of UE8M0 exponents ``codes`` (255: NaN) of ``info``'s library."""
+    if info.kind == TORCH:
+        import torch
+
+        codes = codes.to(torch.int32)
         bits = torch.where(codes == 0, 0x00400000, codes << 23)
-        return torch.where(codes == 255, 0x7FC00000, bits).view(torch.float32).reshape(shape)
-    xp = _namespace(s_info)
-    codes = xp.ascontiguousarray(scales).reshape(-1)[xp.asarray(offsets)].astype(xp.uint32)
+        return torch.where(codes == 255, 0x7FC00000, bits).view(torch.float32)
+    xp = _namespace(info)
+    codes = codes.astype(xp.uint32)
     bits = xp.where(codes == 0, xp.uint32(0x00400000), codes << 23)
     bits = xp.where(codes == 255, xp.uint32(0x7FC00000), bits)
-    return xp.ascontiguousarray(bits).view(xp.float32).reshape(shape)
+    return xp.ascontiguousarray(bits).view(xp.float32)
 
 
 def _check_packed_width(packed, info: ArrayInfo, groups: int, group_size: int) -> None:
@@ -208,6 +296,24 @@ def _check_packed_width(packed, info: ArrayInfo, groups: int, group_size: int) -
             )
 
 
+def scale_offsets(shape, group_size: int, layout: str) -> np.ndarray:
+    """Byte offset of every scale in the scale storage ``quantize`` returns, int64
+    ``[rows, groups]`` for ``x`` of ``shape`` ``[..., K]`` (``[B, rows, groups]`` for three or
+    more dimensions): where scale ``(row, group)`` is, in any layout, as the kernels and the
+    NumPy backend write it. Bytes of the storage at no offset are padding, written as zeros.
+    """
+    shape = tuple(shape)
+    if not shape or not all(isinstance(n, int) and n >= 0 for n in shape):
+        raise TypeError(f"shape: expected a tuple of sizes [..., K], got {shape!r}")
+    if not isinstance(group_size, int) or group_size < 1 or shape[-1] % group_size:
+        raise ValueError(
+            f"group_size: expected a positive divisor of K = {shape[-1]}, got {group_size!r}"
+        )
+    geometry = Geometry(shape, group_size, scale_layout(layout), False)
+    offsets = geometry.scale_byte_offsets()
+    return offsets if geometry.batched else offsets[0]
+
+
 def as_float8(q, dtype="e4m3"):
     """Reinterpret uint8 codes as a float8 dtype without copying.
 
@@ -217,6 +323,8 @@ def as_float8(q, dtype="e4m3"):
     fmt = output_format(dtype)
     if not fmt.is_float8:
         raise ValueError(f"dtype: expected a float8 format, got {dtype!r}")
+    if is_torch_cpu(q):  # a torch view, as of a CUDA tensor
+        return numpy_to_torch_cpu(as_float8(torch_cpu_to_numpy(q, "q"), dtype))
     info = describe(q, "q")
     if info.dtype not in ("uint8", fmt.dtype_name):
         raise TypeError(f"q: expected uint8 codes, got {info.dtype}")

@@ -1,8 +1,9 @@
 """The outputs of a request: their specs, and the checks of a caller's ``out`` / ``scale_out``.
 
 A caller's buffer is accepted only if the storage the layout owns (padding included) lies
-inside the buffer's own allocation, counted from the view's first element, and overlaps
-neither the input nor the other output; every backend runs the same checks before it writes.
+inside the view's own extent, or past it only as far as a buffer that ends where the storage
+ends, and overlaps neither the input nor the other output; every backend (NumPy, torch CPU,
+GPU) runs the same checks before it writes.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._arrays import CUPY, NUMPY, ArrayInfo, available_bytes, byte_extent, describe
+from ._arrays import CUPY, NUMPY, ArrayInfo, allocation_bytes, byte_extent, describe
 from ._request import VECTOR_ALIGNMENT, Request
 from ._spec import FORMATS_BY_DTYPE
 
@@ -87,14 +88,30 @@ def check_output(given, name: str, x_info: ArrayInfo, spec: OutputSpec) -> Array
         )
     if info.ptr % info.itemsize:
         raise ValueError(f"{name}: pointer {info.ptr:#x} is not aligned to its item size")
-    need = spec.storage * info.itemsize
-    have = available_bytes(info)
-    if have is None or have < need:
+    _check_room(info, name, spec.storage * info.itemsize)
+    return info
+
+
+def _check_room(info: ArrayInfo, name: str, need: int) -> None:
+    """Raise unless the ``need`` bytes the layout writes from the first element (padding
+    included) are the caller's: inside the view's own extent, or past it (a padded layout's
+    last padding rows lie after its last real row) only up to the end of a buffer that ends
+    where the layout's storage ends, so that no byte of a neighbour is written."""
+    have, rounding = allocation_bytes(info)
+    holds = f"{have} bytes" if have is not None else "an unknown number of bytes"
+    if have is not None and have < need:
         raise ValueError(
             f"{name}: the layout owns {need} bytes of storage (padding included) from the first "
-            f"element, but the allocation holds {have if have is not None else 'an unknown'} bytes"
+            f"element, but the allocation holds {holds}"
         )
-    return info
+    extent = byte_extent(info.ptr, info.shape, info.strides, info.itemsize)[1] - info.ptr
+    if extent < need and (have is None or have - need >= rounding):
+        raise ValueError(
+            f"{name}: the layout owns {need} bytes of storage (padding included) from the first "
+            f"element; the view covers {extent} and its buffer holds {holds}, so the padding "
+            f"after the view would land on memory that may hold other data: give a view of a "
+            f"buffer of exactly {need} bytes, or let quantize allocate"
+        )
 
 
 def check_disjoint(x_info: ArrayInfo, x_ptr: int, outputs) -> None:

@@ -228,7 +228,9 @@ def make_request(info: ArrayInfo, options: Options, operands: Operands = Operand
             if getattr(operands, name) is not None:
                 raise ValueError(f"{name}: not supported with dtype='e2m1' (NVFP4)")
     if info.dtype not in INPUT_TYPES:
-        hint = " (convert it, e.g. x.astype(numpy.float32))" if info.dtype == "float64" else ""
+        convert = {"torch": "x.float()", "cupy": "x.astype(cupy.float32)"}
+        numpy = "x.astype(numpy.float32), or x.float() for a torch tensor"
+        hint = f" (convert it: {convert.get(info.kind, numpy)})"
         raise TypeError(f"x: expected one of {', '.join(INPUT_TYPES)}, got {info.dtype}{hint}")
     if len(info.shape) == 0:
         raise ValueError("x: expected at least one dimension [..., K], got a scalar")

@@ -119,7 +119,7 @@ def _on_torch_cpu(x, call: Call, out, scale_out):
     tensors (the caller's own tensors when given)."""
     for given, name in [(out, "out"), (scale_out, "scale_out"), *_named(call.arrays)]:
         if given is not None and not is_torch_cpu(given):
-            raise TypeError(f"{name}: expected a torch CPU tensor like x, got {_kind(given)}")
+            raise TypeError(f"{name}: expected a torch CPU tensor like x, got {kind_of(given)}")
     view = lambda a, name: None if a is None else torch_cpu_to_numpy(a, name)  # noqa: E731
     arrays = {n: view(a, _name(n)) for n, a in call.arrays.items()}
     results = quantize(view(x, "x"), Call(call.options, call.raw, arrays, call.global_value),
@@ -137,7 +137,7 @@ def _on_foreign(x, library: str, call: Call, out, scale_out):
         raise TypeError("out: JAX arrays are immutable; call without out= / scale_out=")
     for given, name in [(out, "out"), (scale_out, "scale_out"), *_named(call.arrays)]:
         if given is not None and foreign_library(given) is None:
-            raise TypeError(f"{name}: expected an array of x's library, got {_kind(given)}")
+            raise TypeError(f"{name}: expected an array of x's library, got {kind_of(given)}")
     view = lambda a, name: None if a is None else to_cupy(a, name)  # noqa: E731
     arrays = {n: view(a, _name(n)) for n, a in call.arrays.items()}
     results = quantize(to_cupy(x), Call(call.options, call.raw, arrays, call.global_value),
@@ -156,8 +156,11 @@ def _named(arrays: dict) -> list:
     return [(a, _name(n)) for n, a in arrays.items()]
 
 
-def _kind(array) -> str:
-    return f"{type(array).__module__}.{type(array).__name__}"
+def kind_of(array) -> str:
+    """The library, type and (torch) device of ``array``, for messages."""
+    device = getattr(array, "device", None)
+    where = f" on device {device}" if type(array).__module__.startswith("torch") else ""
+    return f"{type(array).__module__}.{type(array).__name__}{where}"
 
 
 def global_scale_arguments(global_scale) -> tuple[dict, float | None]:

@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 
 from . import _device, _jit, _plan, _run, _settings
 from ._arrays import device_signature
-from ._dequantize import as_float8, dequantize, unpack_scales
+from ._dequantize import as_float8, dequantize, scale_offsets, unpack_scales
 from ._device import PreparedQuantize
 from ._layout import PACKED, LayoutName
 from ._request import Options, check_options
@@ -30,6 +30,7 @@ __all__ = [
     "prepare",
     "quantize",
     "quantize_packed",
+    "scale_offsets",
     "unpack_scales",
     "warmup",
 ]
@@ -221,8 +222,8 @@ def prepare(
     signature = device_signature(x)
     if signature is None:
         raise TypeError(
-            f"x: prepare needs a cupy array or torch CUDA tensor (it binds GPU buffers), got "
-            f"{type(x).__module__}.{type(x).__name__}; call quantize for host arrays"
+            f"x: prepare needs a cupy array or torch CUDA tensor (it binds GPU buffers; it is "
+            f"GPU-only), got {_run.kind_of(x)}; call quantize for host arrays"
         )
     call = _call(group_size, dtype, scale, layout, eps, pad_rows, activation, scale_rule,
                  masked_m, expected_m, norm, residual, global_scale)  # fmt: skip
@@ -279,6 +280,11 @@ def warmup(device: int | None = None, variants=None) -> list[str]:
         keys = [key for v in variants for key in _plan.warmup_keys(*_warmup_options(dict(v)))]
         expressions = list(dict.fromkeys(key.name_expression for key in keys))
     if device is None:
+        if not _jit.device_count():  # ask the driver first: CuPy's own error names no cause
+            raise _jit.GpuUnavailableError(
+                "device: warmup loads kernels on a CUDA device, and none is visible here (no "
+                "NVIDIA driver or no GPU); on a machine without one, quantize runs on the host"
+            )
         device = _jit.cupy_module().cuda.runtime.getDevice()
     _jit.preload(_plan.SOURCE, expressions, int(device))
     return expressions

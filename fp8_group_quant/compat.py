@@ -302,6 +302,8 @@ def rms_norm_per_block_quant(
     """
     if scale_ub is not None:
         raise NotImplementedError("scale_ub: an upper bound on the scales is not implemented")
+    if not isinstance(group_size, (list, tuple)):
+        raise TypeError(f"group_size: expected [1, G] as vLLM takes it, got {group_size!r}")
     if list(group_size)[:1] != [1] or len(group_size) != 2:
         raise ValueError(f"group_size: expected [1, G] as vLLM takes it, got {group_size!r}")
     if tma_alignment not in (0, 4):
@@ -333,6 +335,11 @@ def _library(array) -> str:
 
 def _rows_2d(x):
     """``x`` as ``[rows, K]``, every leading dimension flattened (a 1-D x is one row)."""
+    if not hasattr(x, "reshape") or not getattr(x, "shape", ()):
+        raise TypeError(
+            f"input: expected an array [..., K] of numpy, torch or cupy, got "
+            f"{type(x).__module__}.{type(x).__name__}"
+        )
     return x.reshape(-1, x.shape[-1])
 
 

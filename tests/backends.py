@@ -43,6 +43,8 @@ def backends(*names: str) -> list:
 
 
 NUMPY_AND_GPU = backends("numpy", "cupy", "torch")
+# the host backends (NumPy, and torch CPU tensors through it) and the GPU from both libraries
+HOST_AND_GPU = backends("numpy", "torch_cpu", "cupy", "torch")
 
 # every row of every registry: a new format or layout is tested here without a new line
 COMBINATIONS = [
@@ -89,6 +91,35 @@ def array_module(lib: str):
     return cupy
 
 
+def poisoned_bytes(n: int, poison: int, lib: str):
+    """``n`` bytes of ``lib`` (numpy, torch_cpu, cupy, torch), each set to ``poison``."""
+    if lib == "numpy":
+        return np.full(n, poison, np.uint8)
+    if lib == "cupy":
+        import cupy
+
+        return cupy.full(n, poison, cupy.uint8)
+    torch = pytest.importorskip("torch")
+    device = "cpu" if lib == "torch_cpu" else "cuda"
+    return torch.full((n,), poison, dtype=torch.uint8, device=device)
+
+
+def strided_view(buffer, dtype: str, shape, strides, lib: str):
+    """A ``shape`` / ``strides`` (elements) view of ``dtype`` over the bytes ``buffer`` (a 1-D
+    uint8 array of ``lib``) from its first byte; cupy holds float8 in its uint8 container."""
+    if lib in ("numpy", "cupy"):
+        xp = array_module(lib)
+        size = np.dtype(dtype).itemsize if lib == "cupy" or dtype[:6] != "float8" else 1
+        raw = buffer.view(xp.dtype(f"u{size}"))
+        view = xp.lib.stride_tricks.as_strided(raw, tuple(shape), [s * size for s in strides])
+        if lib == "cupy" and dtype.startswith("float8"):
+            return view
+        return view.view(getattr(ml_dtypes, dtype) if dtype.startswith("float8") else dtype)
+    import torch
+
+    return buffer.view(getattr(torch, dtype)).as_strided(tuple(shape), tuple(strides))
+
+
 def to_device(x: np.ndarray, lib: str):
     """``x`` in ``lib``: a copy on the GPU, or a copy on the host for the NumPy backend."""
     if lib == "numpy":
@@ -97,11 +128,13 @@ def to_device(x: np.ndarray, lib: str):
         import cupy
 
         return cupy.asarray(x)
-    import torch
-
-    if x.dtype.name == "bfloat16":
-        return torch.from_numpy(x.view(np.int16).copy()).view(torch.bfloat16).cuda()
-    return torch.from_numpy(x.copy()).cuda()
+    torch = pytest.importorskip("torch")
+    device = "cpu" if lib == "torch_cpu" else "cuda"
+    if x.dtype.name == "bfloat16" or x.dtype.name.startswith("float8"):  # ml_dtypes' types
+        carrier = np.int16 if x.itemsize == 2 else np.uint8
+        tensor = torch.from_numpy(x.view(carrier).copy()).view(getattr(torch, x.dtype.name))
+        return tensor.to(device)
+    return torch.from_numpy(x.copy()).to(device)
 
 
 def e4m3_dtype(lib: str):

@@ -214,3 +214,16 @@ def test_bench_chain_runs_and_checks(capsys):
     assert args == 0
     out = capsys.readouterr().out
     assert "no PDL" in out and len([line for line in out.splitlines() if line[:6].strip()]) >= 3
+
+
+def test_help_shows_the_defaults_and_counts_agree_in_number(capsys):
+    # issue 43: --hidden showed no default; one row printed "1 groups" and "1 channels"
+    from fp8_group_quant import __main__ as cli
+
+    with pytest.raises(SystemExit):
+        cli.main(["run", "--help"])
+    assert "(default 7168)" in capsys.readouterr().out
+    assert cli.main(["--tokens", "1", "--hidden", "128"]) == 0
+    out = capsys.readouterr().out
+    assert "outliers in 1 channel" in out
+    assert "1 group recomputed" in out and "1 groups" not in out and "1 channels" not in out

@@ -66,3 +66,26 @@ def test_the_option_types_name_every_registered_option():
     assert signature.parameters["scale"].annotation == "ScaleName"
     assert signature.parameters["scale_rule"].annotation == "ScaleRuleName"
     assert signature.return_annotation == "tuple[Array, ...]"  # NVFP4 may add a global scale
+
+
+def test_readme_is_a_users_page_whose_commands_ci_runs():
+    # issue 43, item 6: about 200 lines, tables that render, the set-up commands CI runs, how
+    # long the tests take, every drop-in, links that name their target
+    root = pathlib.Path(__file__).parents[1]
+    readme = (root / "README.md").read_text()
+    lines = readme.splitlines()
+    assert 120 <= len(lines) <= 240, len(lines)
+    ci = (root / ".ci" / "run").read_text()
+    commands = re.findall(r"```bash\n(.*?)\n```", readme, re.S)[0].splitlines()
+    assert len(commands) == 2 and all(command in ci for command in commands)
+    assert re.search(r"tests take about [\d-]+ minutes", readme)
+    for a, b, c in zip(lines, lines[1:], lines[2:]):  # no blank line splits a table
+        assert not (a.startswith("|") and not b.strip() and c.startswith("|")), a
+    from fp8_group_quant import compat
+
+    for name in compat.__all__:
+        assert f"`{name}`" in readme, name
+    for text, target in re.findall(r"\[([^\]]+)\]\(([^)]+)\)", readme):
+        assert target.startswith("https://") or text == target, (text, target)
+    assert "GPU-only" in readme and "prepare" in readme
+    assert "external brief" not in (root / "docs" / "spec.md").read_text()

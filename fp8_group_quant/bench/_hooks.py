@@ -76,6 +76,11 @@ def device_plan(x, group_size: int = 128, **options):
 # the JIT layer ---------------------------------------------------------------------------------
 
 
+def device_count() -> int:
+    """CUDA devices the driver sees (0 without a driver); creates no context."""
+    return _jit.device_count()
+
+
 def cupy_module():
     """CuPy, or the library's error that says why it cannot be used."""
     return _jit.cupy_module()

@@ -126,12 +126,17 @@ def _positive(text: str) -> int:
 
 def gpu_missing() -> str | None:
     """Why the benchmark cannot run here (no CuPy, no CUDA device), or None."""
+    if not _hooks.device_count():  # the driver's answer: CuPy's names no cause
+        return (
+            "the benchmark needs a CUDA GPU (an NVIDIA GPU and its driver), and none is visible "
+            "(no CUDA driver or no device); `python -m fp8_group_quant` runs the main job on the "
+            "host"
+        )
     try:
-        cupy = _hooks.cupy_module()
-        count = cupy.cuda.runtime.getDeviceCount()
-    except Exception as error:  # no CuPy, no driver: say which
-        return f"the benchmark needs a CUDA GPU and CuPy: {error}"
-    return None if count else "the benchmark needs a CUDA GPU; none is visible"
+        _hooks.cupy_module()
+    except Exception as error:  # no CuPy or no NVRTC: its message says how to install them
+        return f"the benchmark needs CuPy and NVRTC: {error}"
+    return None
 
 
 def main(argv: list[str] | None = None, namespace: argparse.Namespace | None = None) -> int:
