@@ -25,7 +25,9 @@ from ._arrays import (
 )
 from ._layout import BLOCKED, SCALE_LAYOUTS, Geometry, scale_layout
 from ._request import NVFP4_GROUP
-from ._spec import FORMATS_BY_DTYPE, OUTPUT_FORMATS, output_format
+from ._spec import FORMATS_BY_DTYPE, FP4_FORMATS, OUTPUT_FORMATS, output_format
+
+MXFP4_GROUP = FP4_FORMATS["mxfp4"].group_size
 
 _DECODE_TABLES: dict[str, np.ndarray] = {}
 
@@ -152,13 +154,18 @@ def dequantize(q, scales, group_size: int | None = None, dtype=None, global_scal
     ``group_size`` is required. ``dtype`` names the format of uint8 codes (cupy's float8
     container), and is required for them; other dtypes say it themselves.
     NVFP4 (``dtype="e2m1"``, with its ``global_scale``; ``group_size`` 16): ``q`` ``[..., K/2]``
-    packed codes, float32 ``[..., K]`` of ``e2m1(code) * RN(S / global_scale)``.
+    packed codes, float32 ``[..., K]`` of ``e2m1(code) * RN(S / global_scale)``. MXFP4
+    (``dtype="e2m1"`` without a global scale; ``group_size`` 32): the same codes times
+    ``2^(e - 127)``, from float32 row scales or blocked UE8M0 bytes.
     """
     if isinstance(dtype, str) and dtype == "e2m1":
-        if group_size not in (None, NVFP4_GROUP) or global_scale is None:
+        if global_scale is None and group_size in (None, MXFP4_GROUP):
+            return dequantize_mxfp4(q, scales)
+        if global_scale is None or group_size not in (None, NVFP4_GROUP):
             raise ValueError(
-                f"dtype='e2m1': NVFP4 needs group_size=16 (or none) and its global_scale, got "
-                f"group_size={group_size!r} and global_scale={global_scale!r}"
+                f"dtype='e2m1': NVFP4 needs group_size=16 (or none) and its global_scale, MXFP4 "
+                f"group_size=32 (or none) and no global_scale; got group_size={group_size!r} "
+                f"and global_scale={global_scale!r}"
             )
         return dequantize_nvfp4(q, scales, global_scale)
     if global_scale is not None:
@@ -220,7 +227,7 @@ def _float_scales(scales, s_info: ArrayInfo, q_info: ArrayInfo, group_size: int,
         _check_packed_width(scales, s_info, groups, group_size)
         values = unpack_scales(scales, groups)
     else:
-        values = _unblock_scales(scales, s_info, q_info, group_size)
+        values = _unblock_scales(scales, s_info, tuple(q_info.shape), group_size)
     if 0 not in values.shape and bool((values == 2.0**-127).any()):
         raise ValueError(
             f"group_size: {group_size} reads padding as scales (zero exponent bytes where "
@@ -229,20 +236,21 @@ def _float_scales(scales, s_info: ArrayInfo, q_info: ArrayInfo, group_size: int,
     return values
 
 
-def _unblock_scales(scales, s_info: ArrayInfo, q_info: ArrayInfo, group_size: int):
-    """The blocked layout's UE8M0 bytes as float32 scales ``[..., groups]`` for codes shaped
-    like ``q``: each group's byte gathered from its place in the 128x4 tiles."""
-    geometry = Geometry(tuple(q_info.shape), group_size, SCALE_LAYOUTS[BLOCKED], False)
+def _unblock_scales(scales, s_info: ArrayInfo, values_shape: tuple, group_size: int, what="q"):
+    """The blocked layout's UE8M0 bytes as float32 scales ``[..., groups]`` for values of
+    ``values_shape`` (``what`` has that shape): each group's byte gathered from its place in
+    the 128x4 tiles."""
+    geometry = Geometry(values_shape, group_size, SCALE_LAYOUTS[BLOCKED], False)
     if tuple(s_info.shape) != geometry.scale_shape:
         raise ValueError(
-            f"scales: blocked scales for q of shape {tuple(q_info.shape)} (G={group_size}) have "
+            f"scales: blocked scales for {what} of shape {values_shape} (G={group_size}) have "
             f"shape {geometry.scale_shape}, got {tuple(s_info.shape)}"
         )
     offsets = geometry.scale_byte_offsets().reshape(-1)
     padding = np.ones(geometry.scale_storage_bytes, bool)
     padding[offsets] = False  # the kernel writes zeros there
     padding = np.flatnonzero(padding)
-    shape = tuple(q_info.shape[:-1]) + (geometry.groups,)
+    shape = values_shape[:-1] + (geometry.groups,)
     if s_info.kind == TORCH:
         import torch
 
@@ -370,16 +378,9 @@ def dequantize_nvfp4(q, scales, global_scale):
         values = dequantize_nvfp4(q_view, s_view, g)
         return numpy_to_torch_cpu(np.ascontiguousarray(values))
     q_info, s_info = describe(q, "q"), describe(scales, "scales")
-    if q_info.dtype != "uint8" or s_info.dtype != "uint8":
-        raise TypeError(
-            f"q, scales: NVFP4 codes and e4m3 scale bytes are uint8, got {q_info.dtype} and "
-            f"{s_info.dtype}"
-        )
-    if not q_info.shape:
-        raise ValueError("q: expected [..., K/2] packed codes, got a 0-d array")
-    shape = (*q_info.shape[:-1], 2 * q_info.shape[-1])
-    if shape[-1] % NVFP4_GROUP:
-        raise ValueError(f"q: K = 2 * {q_info.shape[-1]} is not a multiple of {NVFP4_GROUP}")
+    if s_info.dtype != "uint8":
+        raise TypeError(f"scales: NVFP4's e4m3 scale bytes are uint8, got {s_info.dtype}")
+    shape = _fp4_shape(q_info, NVFP4_GROUP)
     geometry = Geometry(shape, NVFP4_GROUP, SCALE_LAYOUTS[BLOCKED], False)
     if tuple(s_info.shape) != geometry.scale_shape:
         raise ValueError(
@@ -409,9 +410,54 @@ def dequantize_nvfp4(q, scales, global_scale):
         np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32)
     )
     d = (table[scale_bytes] / g[0]).astype(xp.float32).reshape(*shape[:-1], geometry.groups, 1)
+    values = _e2m1_values(xp, q, shape, NVFP4_GROUP) * d
+    return values.reshape(shape).astype(xp.float32)
+
+
+def _fp4_shape(q_info: ArrayInfo, group_size: int) -> tuple:
+    """The shape ``[..., K]`` of the values of FP4 codes ``q`` ``[..., K/2]``, checked."""
+    if q_info.dtype != "uint8":
+        raise TypeError(f"q: e2m1 codes are uint8, two a byte, got {q_info.dtype}")
+    if not q_info.shape:
+        raise ValueError("q: expected [..., K/2] packed codes, got a 0-d array")
+    shape = (*q_info.shape[:-1], 2 * q_info.shape[-1])
+    if shape[-1] % group_size:
+        raise ValueError(f"q: K = 2 * {q_info.shape[-1]} is not a multiple of {group_size}")
+    return shape
+
+
+def _e2m1_values(xp, q, shape: tuple, group_size: int):
+    """float32 ``[..., groups, group_size]`` of packed e2m1 codes ``q`` (numpy or cupy) whose
+    values have ``shape``: the low nibble first."""
     codes = xp.ascontiguousarray(q)
-    nibbles = xp.stack([codes & 15, codes >> 4], axis=-1).reshape(
-        *shape[:-1], geometry.groups, NVFP4_GROUP
-    )
-    values = xp.asarray(E2M1_VALUES)[nibbles] * d
+    nibbles = xp.stack([codes & 15, codes >> 4], axis=-1)
+    groups = shape[-1] // group_size  # spelled out: -1 is not inferred from a 0 extent
+    return xp.asarray(E2M1_VALUES)[nibbles.reshape(*shape[:-1], groups, group_size)]
+
+
+# MXFP4 -------------------------------------------------------------------------------------------
+
+
+def dequantize_mxfp4(q, scales):
+    """Float32 ``[..., K]`` of MXFP4 codes ``q`` ``[..., K/2]`` and UE8M0 ``scales``: float32
+    ``[..., K/32]`` (the row layout) or the blocked layout's bytes; ``e2m1(code) * 2^(e-127)``."""
+    if is_torch_cpu(q) and is_torch_cpu(scales):
+        values = dequantize_mxfp4(torch_cpu_to_numpy(q, "q"), torch_cpu_to_numpy(scales, "scales"))
+        return numpy_to_torch_cpu(np.ascontiguousarray(values))
+    q_info, s_info = describe(q, "q"), describe(scales, "scales")
+    if q_info.kind == TORCH:
+        import torch
+
+        return torch.from_dlpack(dequantize_mxfp4(to_cupy(q, "q"), to_cupy(scales, "scales")))
+    shape = _fp4_shape(q_info, MXFP4_GROUP)
+    row_shape = (*shape[:-1], shape[-1] // MXFP4_GROUP)
+    if s_info.dtype == "uint8":
+        scales = _unblock_scales(scales, s_info, shape, MXFP4_GROUP, "values")
+    elif s_info.dtype != "float32" or tuple(s_info.shape) != row_shape:
+        raise ValueError(
+            f"scales: MXFP4 scales are float32 {row_shape} (row) or blocked uint8 bytes, got "
+            f"{s_info.dtype} of shape {tuple(s_info.shape)}"
+        )
+    xp = _namespace(q_info)
+    values = _e2m1_values(xp, q, shape, MXFP4_GROUP) * scales[..., None]
     return values.reshape(shape).astype(xp.float32)

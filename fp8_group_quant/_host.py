@@ -49,8 +49,8 @@ def run(request: Request, x: np.ndarray, x_info: ArrayInfo, out, scale_out, oper
     residual = operands.get("residual")
     if residual is not None:
         _check_residual(residual, x_info, operands["weight"], given)
-    if request.nvfp4:
-        return (q, scales, *_nvfp4(request, x, q, scales, operands.get("global_scale")))
+    if request.fp4 is not None:
+        return (q, scales, *_fp4(request, x, q_info, s_info, operands.get("global_scale")))
     geometry = request.output
     if geometry.empty:
         return q, scales
@@ -83,17 +83,24 @@ def _check_residual(residual: np.ndarray, x_info: ArrayInfo, weight, given) -> N
                  [("residual", r_info)] + [(name, info) for name, info, _ in given])  # fmt: skip
 
 
-def _nvfp4(request: Request, x, q, scales, global_scale) -> tuple:
-    """NVFP4 into ``q`` and ``scales``; the computed global scale, if asked for, as a tuple."""
-    computed = request.global_mode == NVFP4_COMPUTED
+def _fp4(request: Request, x, q_info: ArrayInfo, s_info: ArrayInfo, global_scale) -> tuple:
+    """NVFP4 or MXFP4 into the outputs described by ``q_info`` and ``s_info``; NVFP4's
+    computed global scale, if asked for, as a tuple."""
+    computed = request.nvfp4 and request.global_mode == NVFP4_COMPUTED
     g = reference.nvfp4_global_scale(x) if computed else np.float32(request.global_value)
     geometry = request.output
-    flat = _strided(scales, (geometry.scale_storage,), (1,))
-    flat[...] = 0
-    if not geometry.empty:
-        values = np.asarray(x).astype(np.float32)
-        groups = values.reshape(geometry.batches, geometry.rows, geometry.groups, -1)
-        codes, scale_bytes = reference.nvfp4_groups(groups, g)
-        q[...] = reference.pack_e2m1(codes.reshape(geometry.shape))
-        flat[geometry.scale_byte_offsets()] = scale_bytes
+    storage = _flat(s_info, geometry.scale_storage)
+    if geometry.empty:
+        storage[...] = 0
+        return (np.array([g], np.float32),) if computed else ()
+    values = np.asarray(x).astype(np.float32)
+    groups = values.reshape(geometry.batches, geometry.rows, geometry.groups, -1)
+    if request.nvfp4:
+        codes, exponents = reference.nvfp4_groups(groups, g)
+    else:
+        codes, exponents = reference.mxfp4_groups(groups, request.eps, request.scale_rule)
+    q_info.obj[...] = reference.pack_e2m1(codes.reshape(geometry.shape))
+    # a float layout holds the power of two 2^(e - 127); the others the bytes (e4m3 or UE8M0)
+    powers = (exponents.astype(np.uint32) << 23).view(np.float32)
+    reference.store_scales(geometry, storage, powers, exponents)
     return (np.array([g], np.float32),) if computed else ()

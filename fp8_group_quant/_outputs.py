@@ -43,7 +43,7 @@ def specs(request: Request) -> tuple[OutputSpec, OutputSpec]:
     g = request.output
     scales = OutputSpec(g.scale_shape, g.scale_strides, g.scale_storage, g.layout.dtype,
                         g.layout.dtype)  # fmt: skip
-    if request.nvfp4:  # e2m1 codes, two a byte; no padding rows
+    if request.fp4 is not None:  # e2m1 codes, two a byte; no padding rows
         shape = (*g.shape[:-1], g.k // 2)
         strides = tuple(s // 2 for s in g.q_strides[:-1]) + (1,)
         return OutputSpec(shape, strides, g.rows * g.batches * g.k // 2, "uint8", "uint8"), scales

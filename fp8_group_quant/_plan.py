@@ -24,6 +24,7 @@ from ._abi import (
 from ._launch import STATIC_SHARED_LIMIT, Launch, allow_shared, pdl_supported, resident_blocks
 from ._layout import SCALE_LAYOUTS, Geometry, supported_combinations
 from ._spec import (
+    FP4_FORMATS,
     GROUP_SIZES,
     INPUT_MODES,
     INPUT_TYPES,
@@ -78,7 +79,7 @@ class KernelKey:
     norm_stash: bool = False  # the walking RMSNorm kernel with the weight in shared memory
     blocks_per_sm: int = 0  # quantize_groups' kBlocks: 256-thread blocks it fits an SM, 0: its rule
     flat: bool = False  # one pass, plain input, contiguous rows: slot s at x + s * G (flat_slots)
-    nvfp4: bool = False  # NVFP4: e2m1 codes, e4m3 block scales (only input_dtype matters)
+    fp4: str | None = None  # a key of _spec.FP4_FORMATS (only input_dtype and layout_trait matter)
 
     @property
     def lanes_per_group(self) -> int:
@@ -88,8 +89,9 @@ class KernelKey:
     def name_expression(self) -> str:
         """The template instantiation in kernels/quantize.cu, as NVRTC names it."""
         source = INPUT_TYPES[self.input_dtype].kernel_trait
-        if self.nvfp4:
-            return _template("quantize_nvfp4", source)
+        if self.fp4 is not None:
+            return _template("quantize_fp4", source, FP4_FORMATS[self.fp4].kernel_trait,
+                             self.layout_trait)  # fmt: skip
         common = (source, self.group_size, OUTPUT_FORMATS[self.output].kernel_trait,
                   SCALE_FORMATS[self.scale].kernel_trait, self.layout_trait)  # fmt: skip
         mode = INPUT_MODES[self.activation].kernel_trait
@@ -184,15 +186,20 @@ def has_flat(key: KernelKey) -> bool:
 
 
 def all_name_expressions() -> list[str]:
-    """Every instantiation of quantize.cu: the kernel keys', then NVFP4's."""
+    """Every instantiation of quantize.cu: the kernel keys', then the FP4 formats' (one per
+    input type and layout) and NVFP4's amax kernel."""
     names = [key.name_expression for key in all_kernel_keys()]
     for input_dtype in INPUT_TYPES:
-        names += [nvfp4_key(input_dtype).name_expression, nvfp4_amax_name(input_dtype)]
+        names += [fp4_key(input_dtype, fp4, SCALE_LAYOUTS[layout]).name_expression
+                  for fp4 in FP4_FORMATS.values() for layout in fp4.layouts]  # fmt: skip
+        names.append(nvfp4_amax_name(input_dtype))
     return names
 
 
-def nvfp4_key(input_dtype: str) -> KernelKey:
-    return KernelKey(input_dtype, 16, "e4m3", "ue8m0", "fgq::kBlockedExponents", True, nvfp4=True)
+def fp4_key(input_dtype: str, fp4, layout) -> KernelKey:
+    """The quantize_fp4 instantiation of an FP4 format (a _spec.Fp4Format) and a ScaleLayout."""
+    return KernelKey(input_dtype, fp4.group_size, "e4m3", "ue8m0", layout.kernel_trait, True,
+                     fp4=fp4.name.lower())  # fmt: skip
 
 
 # the default kernel as a contiguous input takes it (flat), and its other two paths: one pass
@@ -495,8 +502,8 @@ def make_params(request, tuning: Tuning, **pointers):
 
 def prepare(request, device: int, tuning: Tuning) -> list[Launch]:
     """The launches of ``request`` on ``device``, in order; pointers are given per call."""
-    if request.nvfp4:
-        return _prepare_nvfp4(request, device, tuning)
+    if request.fp4 is not None:
+        return _prepare_fp4(request, device, tuning)
     key = request.kernel_key()
     if key.masked:
         return [_prepare_masked(request, key, device, tuning)]
@@ -550,16 +557,17 @@ def _prepare_groups(request, key: KernelKey, device: int, tuning: Tuning) -> Lau
     return Launch(handle, grid, (threads, 1, 1), make_params(request, tuning), pdl)
 
 
-# NVFP4 ------------------------------------------------------------------------------------------
+# FP4 (NVFP4, MXFP4) ------------------------------------------------------------------------------
 
-NVFP4_THREADS = 128  # quantize_nvfp4's block, as the one-pass grid's
+FP4_THREADS = 128  # quantize_fp4's block, as the one-pass grid's
 NVFP4_AMAX_THREADS, NVFP4_AMAX_MAX_BLOCKS = 256, 2048
 
 
-def _nvfp4_params(request, for_amax: bool, **fields):
-    """Params of the NVFP4 kernels: one slot a group (quantize) or a lane (amax)."""
+def _fp4_params(request, for_amax: bool, **fields):
+    """Params of the FP4 kernels: one slot a group (quantize) or a lane (NVFP4's amax)."""
     geometry = request.output
-    lanes = 16 * INPUT_TYPES[request.input_dtype].itemsize // LANE_BYTES
+    fp4 = request.fp4
+    lanes = request.kernel_key().lanes_per_group
     per_row = geometry.groups * (lanes if for_amax else 1)
     magic, shift = divisor(per_row)
     rows_magic, rows_shift = divisor(max(1, geometry.rows))
@@ -572,33 +580,35 @@ def _nvfp4_params(request, for_amax: bool, **fields):
         tile_slots_magic=magic, batch_tiles=geometry.rows, batch_tiles_magic=rows_magic,
         tile_slots_shift=shift, batch_tiles_shift=rows_shift, s_batch_stride=s_batch,
         s_row_stride=s_row, s_word_stride=s_word, q_rows=geometry.rows,
-        scale_rows=geometry.scale_rows, **fields,
+        scale_rows=geometry.scale_rows, eps=request.eps, fmax=fp4.fmax,
+        ue8m0_floor=UE8M0_FLOOR, floor_emax=fp4.emax_elem if request.scale_rule == "floor" else 0,
+        **fields,
     )  # fmt: skip
 
 
-def _prepare_nvfp4(request, device: int, tuning: Tuning) -> list[Launch]:
-    """quantize_nvfp4 over one slot a group, after nvfp4_amax where the global scale is
+def _prepare_fp4(request, device: int, tuning: Tuning) -> list[Launch]:
+    """quantize_fp4 over one slot a group, after nvfp4_amax where NVFP4's global scale is
     computed (into a zeroed scratch word the call provides as global_ptr)."""
     pdl = pdl_supported(device, tuning.pdl)
-    lanes = 16 * INPUT_TYPES[request.input_dtype].itemsize // LANE_BYTES
+    lanes = request.kernel_key().lanes_per_group
     launches = []
-    if request.global_mode == 2:  # computed: the amax pass first
-        params = _nvfp4_params(request, True)
+    if request.nvfp4 and request.global_mode == 2:  # computed: the amax pass first
+        params = _fp4_params(request, True)
         blocks = max(1, min(-(-params.slots // NVFP4_AMAX_THREADS), NVFP4_AMAX_MAX_BLOCKS))
         handle = _loaded(nvfp4_amax_name(request.input_dtype), device, NVFP4_AMAX_THREADS)[0]
         launches.append(Launch(handle, (blocks, 1, 1), (NVFP4_AMAX_THREADS, 1, 1), params, pdl))
-    params = _nvfp4_params(request, False, global_mode=request.global_mode,
-                           global_scale=request.global_value)  # fmt: skip
-    blocks = -(-params.slots * lanes // NVFP4_THREADS)
-    handle = _loaded(request.kernel_key().name_expression, device, NVFP4_THREADS)[0]
-    launches.append(Launch(handle, (blocks, 1, 1), (NVFP4_THREADS, 1, 1), params, pdl))
+    params = _fp4_params(request, False, global_mode=request.global_mode,
+                         global_scale=request.global_value)  # fmt: skip
+    blocks = -(-params.slots * lanes // FP4_THREADS)
+    handle = _loaded(request.kernel_key().name_expression, device, FP4_THREADS)[0]
+    launches.append(Launch(handle, (blocks, 1, 1), (FP4_THREADS, 1, 1), params, pdl))
     return launches
 
 
 def warmup_keys(input_dtype: str, options) -> list[KernelKey]:
     """The instantiations a call of ``options`` on aligned ``input_dtype`` input may take."""
-    if options.nvfp4:
-        return [nvfp4_key(input_dtype)]
+    if options.fp4 is not None:
+        return [fp4_key(input_dtype, options.fp4, options.layout)]
     fmt, scale, layout = options.fmt, options.scale, options.layout
     key = KernelKey(input_dtype, options.group_size, fmt.name, scale.name, layout.kernel_trait,
                     vec16=True, activation=options.mode.name)  # fmt: skip

@@ -19,11 +19,15 @@ import numpy as np
 
 from ._abi import LANE_BYTES, MAX_NORM_LANES
 from ._arrays import NUMPY, ArrayInfo
-from ._layout import BLOCKED, Geometry, ScaleLayout, combination_error, row_strides, scale_layout
-from ._plan import KernelKey, grid_limits_error, max_experts
+from ._layout import Geometry, ScaleLayout, combination_error, row_strides, scale_layout
+from ._plan import KernelKey, fp4_key, grid_limits_error, max_experts
 from ._spec import (
     DEFAULT_EPS,
+    E2M1,
+    FP4_BY_SCALE,
+    FP4_FORMATS,
     INPUT_TYPES,
+    Fp4Format,
     InputMode,
     OutputFormat,
     ScaleFormat,
@@ -37,19 +41,18 @@ from ._spec import (
 )
 
 VECTOR_ALIGNMENT = 16  # bytes: the kernel's vector loads and q's 16-byte stores
-NVFP4_GROUP = 16  # NVFP4: values a scale
-E2M1 = "e2m1"  # NVFP4's element format, two codes a byte
-E4M3_SCALE = "e4m3"  # NVFP4's block scale format
+NVFP4_GROUP = FP4_FORMATS["nvfp4"].group_size  # NVFP4: values a scale
+E4M3_SCALE = FP4_FORMATS["nvfp4"].scale  # NVFP4's block scale format
 NVFP4_GIVEN, NVFP4_ON_DEVICE, NVFP4_COMPUTED = 0, 1, 2  # where NVFP4's global scale comes from
 
 
 @dataclass(frozen=True)
 class Options:
-    """Every option of a call, checked. ``nvfp4``: e2m1 codes and e4m3 block scales."""
+    """Every option of a call, checked. ``fp4``: e2m1 codes two a byte, the FP4 format's scales."""
 
     group_size: int
-    fmt: OutputFormat | None  # None for NVFP4, whose e2m1 codes have no FP8 format row
-    scale: ScaleFormat | None  # None for NVFP4's e4m3 block scales
+    fmt: OutputFormat | None  # None for FP4, whose e2m1 codes have no FP8 format row
+    scale: ScaleFormat | None  # None for FP4, whose scales its Fp4Format row names
     layout: ScaleLayout
     eps: float
     pad_rows: bool
@@ -57,15 +60,20 @@ class Options:
     scale_rule: str = "rceil"
     expected_m: int | None = None  # masked layout: rows per expert the grid is sized for
     eps_norm: float | None = None  # fused RMSNorm when set
-    nvfp4: bool = False
+    fp4: Fp4Format | None = None  # dtype="e2m1": NVFP4 or MXFP4
 
     @property
     def norm(self) -> bool:
         return self.eps_norm is not None
 
+    @property
+    def nvfp4(self) -> bool:
+        """An FP4 format with a global scale: NVFP4's amax pass, scratch and third output."""
+        return self.fp4 is not None and self.fp4.global_scale
 
-def is_nvfp4(dtype, scale) -> bool:
-    """The call asks for NVFP4: e2m1 values or e4m3 scales (each needs the other)."""
+
+def is_fp4(dtype, scale) -> bool:
+    """The call asks for an FP4 format: e2m1 values, or NVFP4's e4m3 scales (which need them)."""
     named = lambda value, name: isinstance(value, str) and value == name  # noqa: E731
     return named(dtype, E2M1) or named(scale, E4M3_SCALE)
 
@@ -75,9 +83,9 @@ def check_options(
     scale_rule="rceil", expected_m=None, eps_norm=None,
 ) -> Options:  # fmt: skip
     """The ``Options`` of a call's arguments, each checked (TypeError or ValueError naming it)."""
-    if is_nvfp4(dtype, scale):
-        return _nvfp4_options(group_size, dtype, scale, layout, eps, pad_rows, activation,
-                              scale_rule, expected_m, eps_norm)  # fmt: skip
+    if is_fp4(dtype, scale):
+        return _fp4_options(group_size, dtype, scale, layout, eps, pad_rows, activation,
+                            scale_rule, expected_m, eps_norm)  # fmt: skip
     group_size = check_group_size(group_size)
     fmt, scale, layout = output_format(dtype), scale_format(scale), scale_layout(layout)
     error = combination_error(fmt, scale, layout)
@@ -94,31 +102,37 @@ def check_options(
     )  # fmt: skip
 
 
-def _nvfp4_options(group_size, dtype, scale, layout, eps, pad_rows, activation, scale_rule,
-                   expected_m, eps_norm) -> Options:  # fmt: skip
+def _fp4_options(group_size, dtype, scale, layout, eps, pad_rows, activation, scale_rule,
+                 expected_m, eps_norm) -> Options:  # fmt: skip
     if dtype != E2M1:
         raise ValueError(
             f"scale='e4m3' holds NVFP4's block scales; it needs dtype='e2m1', got {dtype!r}"
         )
-    if scale != E4M3_SCALE:
+    fp4 = FP4_BY_SCALE.get(scale) if isinstance(scale, str) else None
+    if fp4 is None:
+        named = " or ".join(f"scale={f.scale!r} ({f.name})" for f in FP4_FORMATS.values())
+        raise ValueError(f"dtype='e2m1' takes {named}: pass one of them, got {scale!r}")
+    if isinstance(group_size, bool) or group_size != fp4.group_size:
         raise ValueError(
-            f"dtype='e2m1' (NVFP4) has e4m3 block scales: pass scale='e4m3', got {scale!r}"
+            f"group_size: {fp4.name} scales groups of {fp4.group_size} values, got {group_size!r}"
         )
-    if isinstance(group_size, bool) or group_size != NVFP4_GROUP:
-        raise ValueError(f"group_size: NVFP4 scales groups of 16 values, got {group_size!r}")
-    if layout != BLOCKED:
+    if not isinstance(layout, str) or layout not in fp4.layouts:
         raise ValueError(
-            f"layout: NVFP4's e4m3 scales are written in the 'blocked' layout (Blackwell's 128x4 "
-            f"tiles), got {layout!r}"
+            f"layout: {fp4.name}'s {fp4.scale} scales are written in the "
+            f"{' or '.join(map(repr, fp4.layouts))} layout, got {layout!r}"
         )
     others = {"eps": (eps, DEFAULT_EPS), "pad_rows": (pad_rows, False),
               "activation": (activation, None), "expected_m": (expected_m, None),
               "norm": (eps_norm, None), "scale_rule": (scale_rule, "rceil")}  # fmt: skip
     for name, (value, default) in others.items():
-        if (value is not None) if default is None else (value != default):
-            raise ValueError(f"{name}: not supported with dtype='e2m1' (NVFP4); got {value!r}")
-    return Options(NVFP4_GROUP, None, None, scale_layout(BLOCKED), DEFAULT_EPS, False,
-                   input_mode(None), nvfp4=True)  # fmt: skip
+        refused = (value is not None) if default is None else (value != default)
+        if refused and name not in fp4.options:
+            raise ValueError(f"{name}: not supported with dtype='e2m1' ({fp4.name}); got {value!r}")
+    if "scale_rule" in fp4.options:
+        scale_rule = check_scale_rule(scale_rule, fp4, scale_format(fp4.scale))
+    eps = check_eps(eps) if "eps" in fp4.options else DEFAULT_EPS
+    return Options(fp4.group_size, None, None, scale_layout(layout), eps, False, input_mode(None),
+                   scale_rule, fp4=fp4)  # fmt: skip
 
 
 def _check_eps_norm(eps_norm) -> float:
@@ -179,6 +193,7 @@ class Request:
     norm = property(lambda self: self.options.norm)
     eps_norm = property(lambda self: self.options.eps_norm or 0.0)
     nvfp4 = property(lambda self: self.options.nvfp4)
+    fp4 = property(lambda self: self.options.fp4)
 
     @cached_property
     def output(self) -> Geometry:
@@ -186,9 +201,8 @@ class Request:
         return Geometry(shape, self.group_size, self.layout, self.pad_rows)
 
     def kernel_key(self) -> KernelKey:
-        if self.nvfp4:
-            return KernelKey(self.input_dtype, NVFP4_GROUP, "e4m3", "ue8m0",
-                             self.layout.kernel_trait, True, nvfp4=True)  # fmt: skip
+        if self.fp4 is not None:
+            return fp4_key(self.input_dtype, self.fp4, self.layout)
         assert self.fmt is not None and self.scale is not None
         return KernelKey(
             self.input_dtype, self.group_size, self.fmt.name, self.scale.name,
@@ -223,10 +237,10 @@ def make_request(info: ArrayInfo, options: Options, operands: Operands = Operand
 
     Raises TypeError or ValueError naming the argument; nothing has been launched or written.
     """
-    if options.nvfp4:
+    if options.fp4 is not None:
         for name in ("masked_m", "residual"):
             if getattr(operands, name) is not None:
-                raise ValueError(f"{name}: not supported with dtype='e2m1' (NVFP4)")
+                raise ValueError(f"{name}: not supported with dtype='e2m1' ({options.fp4.name})")
     if info.dtype not in INPUT_TYPES:
         convert = {"torch": "x.float()", "cupy": "x.astype(cupy.float32)"}
         numpy = "x.astype(numpy.float32), or x.float() for a torch tensor"
@@ -272,8 +286,8 @@ def make_request(info: ArrayInfo, options: Options, operands: Operands = Operand
 
 def _check_k(k: int, options: Options) -> None:
     g = options.group_size
-    if options.nvfp4 and k % g:
-        raise ValueError(f"x: NVFP4 needs K a multiple of {g}, got K={k}")
+    if options.fp4 is not None and k % g:
+        raise ValueError(f"x: {options.fp4.name} needs K a multiple of {g}, got K={k}")
     if options.mode.width_factor == 2 and k % (2 * g):
         raise ValueError(
             f"x: activation={options.mode.name!r} reads gate and up halves [..., 2N] with N a "
@@ -286,17 +300,20 @@ def _check_k(k: int, options: Options) -> None:
 def _check_device_limits(request: Request, info: ArrayInfo) -> None:
     """What the GPU kernels cannot index or need aligned."""
     strides = (request.x_batch_stride, request.x_row_stride)
-    if request.nvfp4:
+    if request.fp4 is not None:
         geometry = request.output
         groups = geometry.batches * geometry.rows * geometry.groups
         if not request.x_aligned:
             raise ValueError(
-                f"x: NVFP4 on the GPU needs a 16-byte aligned base and row and batch strides; "
-                f"got address {info.ptr:#x}, strides {info.strides} ({info.itemsize}-byte "
-                f"elements)"
+                f"x: {request.fp4.name} on the GPU needs a 16-byte aligned base and row and "
+                f"batch strides; got address {info.ptr:#x}, strides {info.strides} "
+                f"({info.itemsize}-byte elements)"
             )
         if groups * 2 >= 2**31:
-            raise ValueError(f"x: {groups} groups of 16 are more than one launch covers (2**30)")
+            raise ValueError(
+                f"x: {groups} groups of {geometry.group_size} are more than one launch covers "
+                f"(2**30)"
+            )
         return
     error = grid_limits_error(request.output, info.itemsize, request.fused)
     if error:

@@ -75,8 +75,11 @@ def quantize(
     group_size : {32, 64, 128, 256}
     dtype : {"e4m3", "e5m2", "int8", "e4m3fnuz", "e2m1"}
         Output format: float8_e4m3fn (fmax 448), float8_e5m2 (57344), int8 (127) or
-        float8_e4m3fnuz (AMD; clamped at 224 as vLLM and SGLang do on ROCm); "e2m1" is NVFP4
-        (see ``global_scale``).
+        float8_e4m3fnuz (AMD; clamped at 224 as vLLM and SGLang do on ROCm); "e2m1" is FP4,
+        codes two to a byte in uint8 ``[..., K/2]`` (first value in the low nibble): NVFP4 with
+        ``scale="e4m3"`` (see ``global_scale``), MXFP4 with ``scale="ue8m0"``
+        (``group_size=32``, layout ``"row"`` or ``"blocked"``, ``eps`` and ``scale_rule`` apply;
+        ``docs/spec.md``, section 4b).
     scale : {"float32", "ue8m0", "e4m3"}
         Float scales, or power-of-two scales (as float32 in float layouts, as exponent bytes in
         the packed layouts).
@@ -118,9 +121,9 @@ def quantize(
     scale_rule : {"rceil", "floor"}
         How a UE8M0 scale's exponent is chosen. ``"rceil"`` (default): the exact ceiling of
         ``amax / fmax``, so no value saturates. ``"floor"``: OCP MX v1.0, the exponent of
-        ``amax`` minus the format's ``emax_elem`` (8 for e4m3, 15 for e5m2), at least 2^-126;
-        values beyond ``fmax`` saturate. Needs ``scale="ue8m0"`` and e4m3 or e5m2
-        (``docs/spec.md``, section 3).
+        ``amax`` minus the format's ``emax_elem`` (8 for e4m3, 15 for e5m2, 2 for e2m1), at
+        least 2^-126; values beyond ``fmax`` saturate. Needs ``scale="ue8m0"`` and e4m3, e5m2
+        or MXFP4's e2m1 (``docs/spec.md``, section 3).
     norm : (weight, eps_norm), optional
         Fused RMSNorm: quantize ``round(x * rsqrt(mean(x^2) + eps_norm) * weight)`` over each
         row (``weight`` ``[K]`` of x's dtype; the float32 steps and the order of the row's sum

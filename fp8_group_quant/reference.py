@@ -1,4 +1,4 @@
-"""The NumPy backend: docs/spec.md sections 3 to 6, vectorised, in float32.
+"""The NumPy backend: docs/spec.md sections 3 to 6 (4a NVFP4, 4b MXFP4), vectorised, in float32.
 
 This is the oracle for every test and benchmark and the backend for NumPy inputs. Every CUDA
 kernel matches it bit for bit. Formats come from ``_spec.OUTPUT_FORMATS`` and scale layouts
@@ -11,11 +11,19 @@ import ml_dtypes
 import numpy as np
 
 from ._layout import Geometry
-from ._spec import UE8M0_FLOOR, OutputFormat, ScaleFormat, output_format, scale_format
+from ._spec import (
+    FP4_FORMATS,
+    UE8M0_FLOOR,
+    OutputFormat,
+    ScaleFormat,
+    output_format,
+    scale_format,
+)
 
 __all__ = [
     "quantize_groups", "encode", "ue8m0_exponents", "floor_exponents", "quantize_into",
-    "quantize_into_masked", "nvfp4_global_scale", "nvfp4_groups", "pack_e2m1",
+    "quantize_into_masked", "nvfp4_global_scale", "nvfp4_groups", "mxfp4_groups", "pack_e2m1",
+    "store_scales",
 ]  # fmt: skip
 
 _ABS_MASK = np.uint32(0x7FFFFFFF)
@@ -34,6 +42,21 @@ def floor_exponents(amax: np.ndarray, emax_elem: int) -> np.ndarray:
     minus ``emax_elem``, at least 1 (the scale stays a normal float32), as uint32."""
     biased = (np.asarray(amax, np.float32).view(np.uint32) >> 23).astype(np.int64)
     return np.maximum(biased - emax_elem, 1).astype(np.uint32)
+
+
+def rule_exponents(amax: np.ndarray, fmax, emax_elem, rule: str) -> np.ndarray:
+    """The UE8M0 exponent bytes (uint32) of section 3 for float32 ``amax`` (eps applied) and a
+    format's ``fmax``: the exact ceiling of ``amax / fmax`` ("rceil") or the "floor" rule."""
+    if rule == "floor":
+        return floor_exponents(amax, emax_elem)
+    return ue8m0_exponents((amax / np.float32(fmax)).astype(np.float32))
+
+
+def finite_amax(values: np.ndarray) -> np.ndarray:
+    """The largest ``|v|`` over the finite float32 ``values`` along the last axis (0 if none)."""
+    magnitude = values.view(np.uint32) & _ABS_MASK
+    finite = np.where(magnitude < _INF_BITS, magnitude, np.uint32(0)).view(np.float32)
+    return finite.max(axis=-1, initial=np.float32(0))
 
 
 def encode(t: np.ndarray, values: np.ndarray, fmt: OutputFormat) -> np.ndarray:
@@ -61,22 +84,16 @@ def quantize_groups(values: np.ndarray, fmt, scale, eps: float, rule: str = "rce
     """
     fmt, scale = output_format(fmt), scale_format(scale)
     values = np.ascontiguousarray(values, dtype=np.float32)
-    magnitude = values.view(np.uint32) & _ABS_MASK
-    finite = np.where(magnitude < _INF_BITS, magnitude, np.uint32(0)).view(np.float32)
-    amax = np.maximum(finite.max(axis=-1, initial=np.float32(0)), np.float32(eps))
-    y = (amax / np.float32(fmt.fmax)).astype(np.float32)
+    amax = np.maximum(finite_amax(values), np.float32(eps))
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         if scale.power_of_two:
-            if rule == "floor":
-                exponents = floor_exponents(amax, fmt.emax_elem)
-            else:
-                exponents = ue8m0_exponents(y)
+            exponents = rule_exponents(amax, fmt.fmax, fmt.emax_elem, rule)
             scales = (exponents << 23).view(np.float32)
             inverse = ((np.uint32(254) - exponents) << 23).view(np.float32)
             t = values * inverse[..., None]
         else:
             exponents = None
-            scales = y
+            scales = (amax / np.float32(fmt.fmax)).astype(np.float32)
             t = values / scales[..., None]
     return encode(t, values, fmt), scales, exponents
 
@@ -103,13 +120,19 @@ def quantize_into(
     q = q_storage.reshape(b, geometry.q_rows, geometry.k)
     q[:, :m] = codes.reshape(b, m, geometry.k)
     q[:, m:] = 0
+    store_scales(geometry, scale_storage, scales, exponents)
 
+
+def store_scales(geometry: Geometry, scale_storage: np.ndarray, scales, exponents) -> None:
+    """Write every scale of ``geometry`` into its flat storage, padding zero: the float32
+    ``scales`` in a float layout, the exponent bytes ``exponents`` in the others."""
+    b, m, ng = geometry.batches, geometry.rows, geometry.groups
     # each scale's bytes, little end first, written at the layout's byte offsets
     width = geometry.layout.scale_bytes
     if width == 4:
-        scale_bytes = scales.astype("<f4").view(np.uint8).reshape(b, m, ng, 4)
+        scale_bytes = np.asarray(scales).astype("<f4").view(np.uint8).reshape(b, m, ng, 4)
     else:
-        scale_bytes = exponents.astype(np.uint8).reshape(b, m, ng, 1)
+        scale_bytes = np.asarray(exponents).astype(np.uint8).reshape(b, m, ng, 1)
     storage = scale_storage.view(np.uint8)
     storage[...] = 0
     offsets = geometry.scale_byte_offsets()[..., None] + np.arange(width)
@@ -181,19 +204,44 @@ def nvfp4_groups(values: np.ndarray, global_scale) -> tuple[np.ndarray, np.ndarr
     gives +0 (e2m1 has no NaN), +-Inf +-6."""
     g = np.float32(global_scale)
     values = np.ascontiguousarray(values, dtype=np.float32)
-    magnitude = np.abs(values)
-    amax = np.where(np.isfinite(magnitude), magnitude, np.float32(0)).max(axis=-1)
+    amax = finite_amax(values)
     with np.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore"):
         u = ((g * amax).astype(np.float32) / np.float32(6)).astype(np.float32)
         scale = np.minimum(u, _E4M3_MAX).astype(ml_dtypes.float8_e4m3fn)
         d = (scale.astype(np.float32) / g).astype(np.float32)[..., None]
         t = np.where(d > 0, values / np.where(d > 0, d, np.float32(1)), values * np.float32(0))
-        t = np.clip(t.astype(np.float32), -E2M1_MAX, E2M1_MAX)
-        codes = t.astype(ml_dtypes.float4_e2m1fn).view(np.uint8) & np.uint8(0x0F)
+    return e2m1_codes(t.astype(np.float32), values), scale.view(np.uint8)
+
+
+def e2m1_codes(t: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """e2m1 codes (uint8, 0-15) of the float32 scaled values ``t``, rounded to nearest even and
+    saturated to +-6, a negative zero keeping its sign; the ``values`` they came from give NaN
+    +0 and +-Inf +-6."""
+    with np.errstate(invalid="ignore"):
+        clipped = np.clip(t, -E2M1_MAX, E2M1_MAX)
+        codes = clipped.astype(ml_dtypes.float4_e2m1fn).view(np.uint8) & np.uint8(0x0F)
     codes = np.where(np.isnan(values), np.uint8(0), codes)
     codes = np.where(np.isposinf(values), np.uint8(0x07), codes)
     codes = np.where(np.isneginf(values), np.uint8(0x0F), codes)
-    return codes.astype(np.uint8), scale.view(np.uint8)
+    return codes.astype(np.uint8)
+
+
+# MXFP4 (docs/spec.md, section 4b) -------------------------------------------------------------
+
+_MXFP4 = FP4_FORMATS["mxfp4"]
+
+
+def mxfp4_groups(values: np.ndarray, eps: float, rule: str = "rceil"):
+    """(e2m1 codes uint8 ``[..., 32]``, one per value, 0-15; UE8M0 exponent bytes uint8 ``[...]``)
+    of float32 ``values`` ``[..., 32]``: section 3 with fmax 6 and emax_elem 2, each code
+    ``e2m1(RN(v * 2^(127 - e)))`` rounded to nearest even and saturated to +-6."""
+    values = np.ascontiguousarray(values, dtype=np.float32)
+    amax = np.maximum(finite_amax(values), np.float32(eps))
+    exponents = rule_exponents(amax, _MXFP4.fmax, _MXFP4.emax_elem, rule)
+    inverse = ((np.uint32(254) - exponents) << 23).view(np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        t = (values * inverse[..., None]).astype(np.float32)
+    return e2m1_codes(t, values), exponents.astype(np.uint8)
 
 
 def pack_e2m1(codes: np.ndarray) -> np.ndarray:

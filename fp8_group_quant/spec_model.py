@@ -46,13 +46,14 @@ class Format:
     inf_codes: tuple[int, int]  # +Inf, -Inf
     negative_zero: int  # the code of a result that would be -0
     element: Any  # ml_dtypes type decoding the codes, or None for int8
+    sign_bit: int = 0x80  # the code's sign bit (e2m1's is bit 3)
 
     @cached_property
     def grid(self) -> tuple[list[float], list[int]]:
         """(values, codes) of the non-negative finite values up to fmax, ascending."""
         if self.element is None:
             return [float(i) for i in range(128)], list(range(128))
-        decoded = np.arange(128, dtype=np.uint8).view(self.element).astype(np.float64)
+        decoded = np.arange(self.sign_bit, dtype=np.uint8).view(self.element).astype(np.float64)
         pairs = sorted(
             (float(v), code) for code, v in enumerate(decoded) if np.isfinite(v) and v <= self.fmax
         )
@@ -77,7 +78,7 @@ class Format:
             return code
         if code == 0:
             return self.negative_zero
-        return (-code) & 0xFF if self.element is None else code | 0x80
+        return (-code) & 0xFF if self.element is None else code | self.sign_bit
 
 
 FORMATS = {
@@ -87,6 +88,8 @@ FORMATS = {
         Format("e5m2", 57344.0, (0x7E, 0xFE), (0x7C, 0xFC), 0x80, ml_dtypes.float8_e5m2),
         Format("int8", 127.0, (0x00, 0x00), (0x7F, 0x81), 0x00, None),
         Format("e4m3fnuz", 224.0, (0x80, 0x80), (0x7E, 0xFE), 0x00, ml_dtypes.float8_e4m3fnuz),
+        # section 4b's element format: codes 0-15, NaN +0, +-Inf +-6
+        Format("e2m1", 6.0, (0x0, 0x0), (0x7, 0xF), 0x8, ml_dtypes.float4_e2m1fn, sign_bit=0x8),
     )
 }
 
@@ -102,7 +105,7 @@ def ue8m0_exponent(scale: float) -> int:
 
 
 # the OCP MX emax_elem of the formats scale_rule="floor" takes (section 3, item 6)
-EMAX_ELEM = {"e4m3": 8, "e5m2": 15}
+EMAX_ELEM = {"e4m3": 8, "e5m2": 15, "e2m1": 2}
 
 
 def scalar_group(values, fmt, ue8m0, eps, rule="rceil"):
@@ -436,3 +439,12 @@ def nvfp4_group(values, global_scale: float) -> tuple[list[int], int]:
         else:
             codes.append(e2m1_code(f32(v / d) if d > 0 else v * 0.0))
     return codes, scale_code
+
+
+# section 4b: MXFP4, section 3 with the e2m1 row ----------------------------------------------
+
+
+def mxfp4_group(values, eps: float, rule: str = "rceil") -> tuple[list[int], int]:
+    """Section 4b for 32 float32 values (Python floats): (e2m1 codes, the UE8M0 byte)."""
+    codes, scale = scalar_group(values, "e2m1", True, eps, rule)
+    return codes, ue8m0_exponent(scale)

@@ -24,7 +24,7 @@ import torch
 
 from . import api
 from ._layout import Geometry, LayoutName
-from ._request import check_options, is_nvfp4, output_shape
+from ._request import check_options, is_fp4, output_shape
 from ._spec import (
     DEFAULT_EPS,
     ActivationName,
@@ -35,8 +35,9 @@ from ._spec import (
 
 __all__ = ["quantize", "quantize_packed"]
 
-_NVFP4_OP = (
-    "dtype='e2m1': NVFP4 (three outputs) is not a custom op yet; call fp8_group_quant.quantize"
+_FP4_OP = (
+    "dtype='e2m1': NVFP4 and MXFP4 (codes two a byte) are not custom ops yet; call "
+    "fp8_group_quant.quantize"
 )
 _TORCH_DTYPES = {"int32": torch.int32, "float32": torch.float32, "uint8": torch.uint8}
 
@@ -73,8 +74,8 @@ def _quantize_fake(
     """Outputs shaped, typed and strided as the real call's, over storage of the same size."""
     options = check_options(group_size, dtype, scale, layout, eps, pad_rows, activation,
                             scale_rule)  # fmt: skip
-    if options.nvfp4:
-        raise NotImplementedError(_NVFP4_OP)
+    if options.fp4 is not None:
+        raise NotImplementedError(_FP4_OP)
     fmt, mode = options.fmt, options.mode
     if x.shape[-1] % (group_size * mode.width_factor):
         raise ValueError(
@@ -106,8 +107,8 @@ def quantize(
     scale_rule: ScaleRuleName = "rceil",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``fgq.quantize`` through the custom op (no ``out=``): traceable by ``torch.compile``."""
-    if is_nvfp4(dtype, scale):
-        raise NotImplementedError(_NVFP4_OP)
+    if is_fp4(dtype, scale):
+        raise NotImplementedError(_FP4_OP)
     return torch.ops.fp8_group_quant.quantize(
         x, group_size, dtype, scale, layout, eps, pad_rows, activation, scale_rule
     )

@@ -99,6 +99,18 @@ __device__ __forceinline__ void patch_group(const Params& p, const V& values,
   }
 }
 
+// the UE8M0 exponent byte of amax (eps applied) by the call's scale_rule (docs/spec.md section 3)
+// NOTES: both rules from amax's bits, no division (ue8m0_exponent says why that is the
+// spec's quotient; Markstein's division is 10 dependent instructions), both computed, then
+// selected: a uniform branch between them would sit on the group's chain.
+__device__ __forceinline__ u32 rule_exponent(const Params& p, float amax) {
+  // scale_rule="floor": amax's biased exponent minus emax_elem, at least 1
+  const u32 floor_rule = static_cast<u32>(
+      max(static_cast<int>(__float_as_uint(amax) >> 23) - static_cast<int>(p.floor_emax), 1));
+  const u32 rceil = ue8m0_exponent(amax, p.fmax, p.ue8m0_floor);
+  return p.floor_emax != 0u ? floor_rule : rceil;
+}
+
 // scale, encode and store one group ---------------------------------------------------------------
 // From `magnitude`, the group's maximum magnitude over finite values; `patch` gives the
 // non-finite values their codes before the stores (see quantize_group for the arguments).
@@ -120,14 +132,7 @@ __device__ __forceinline__ void finish_group(const Params& p, const V& values, u
       encode_lane<kIn, kOut, kDivideExact, kValues>(values, scale, 0.0f, codes);
     }
   } else {
-    // NOTES: both rules from amax's bits, no division (ue8m0_exponent says why that is the
-    // spec's quotient; Markstein's division is 10 dependent instructions), both computed, then
-    // selected: a uniform branch between them would sit on the group's chain.
-    // scale_rule="floor": amax's biased exponent minus emax_elem, at least 1
-    const u32 floor_rule = static_cast<u32>(
-        max(static_cast<int>(__float_as_uint(amax) >> 23) - static_cast<int>(p.floor_emax), 1));
-    const u32 rceil = ue8m0_exponent(amax, p.fmax, p.ue8m0_floor);
-    exponent = p.floor_emax != 0u ? floor_rule : rceil;
+    exponent = rule_exponent(p, amax);
     scale = __uint_as_float(exponent << 23);
     // 2^-(exponent - bias) times the format's 2^kCodeExponent, as float32 bits
     const float inverse =

@@ -1,5 +1,5 @@
 // The kernels' entry points: the __global__ templates that Python instantiates by name
-// (_plan.KernelKey.name_expression, _plan.nvfp4_names). What they are built from:
+// (_plan.KernelKey.name_expression, _plan.nvfp4_amax_name). What they are built from:
 //   common.cuh      integer types, numbers, exact float32 arithmetic, warp and launch helpers
 //   formats.cuh     input types, the lanes of values the quantizer reads, output encodings,
 //                   UE8M0 scales
@@ -8,7 +8,7 @@
 //   group.cuh       the per-group work: the maximum, the scale, the codes and their stores
 //   one_pass.cuh    quantize_groups' one-pass grid walk
 //   norm.cuh        RMSNorm's arithmetic and quantize_norm's walk over the rows
-//   nvfp4.cuh       NVFP4's formats and the bodies of its two kernels
+//   fp4.cuh         the FP4 formats (NVFP4, MXFP4): e2m1 codes, the bodies of their kernels
 //
 // quantize_groups: every input type, group size, output format, scale layout and activation,
 // two grid walks from one template (docs/perf.md). kOnePass: the group slots of the real rows
@@ -27,7 +27,8 @@
 // is launched. The one-pass path has no slots for them: the last real row's slots write them.
 //
 // quantize_masked: the masked MoE layout's persistent kernel over the same per-group work.
-// quantize_norm: the fused (add-)RMSNorm. quantize_nvfp4 and nvfp4_amax: NVFP4.
+// quantize_norm: the fused (add-)RMSNorm. quantize_fp4: NVFP4 and MXFP4; nvfp4_amax: NVFP4's
+// computed global scale.
 //
 // NOTES: the row loop and the masked walk are written inside their kernels, not in functions
 // beside the one-pass walk: moved into functions that take the parameters by reference, they
@@ -35,10 +36,10 @@
 #include "activation.cuh"
 #include "common.cuh"
 #include "formats.cuh"
+#include "fp4.cuh"
 #include "group.cuh"
 #include "layouts.cuh"
 #include "norm.cuh"
-#include "nvfp4.cuh"
 #include "one_pass.cuh"
 
 namespace fgq {
@@ -386,15 +387,15 @@ __global__ void __maxnreg__((norm_registers<kIn, kLayout, kPer>()))
   }
 }
 
-// NVFP4 (nvfp4.cuh) -------------------------------------------------------------------------------
+// FP4 (fp4.cuh) -----------------------------------------------------------------------------------
 
-// e2m1 codes and e4m3 scales of 16 values each
-template <int kIn>
-__global__ void __launch_bounds__(kMaxThreads) quantize_nvfp4(const __grid_constant__ Params p) {
-  nvfp4_quantize_group<kIn>(p);
+// e2m1 codes two a byte and the scales of kFormat (kNvfp4, kMxfp4: Fp4Kind), stored in kLayout
+template <int kIn, int kFormat, int kLayout>
+__global__ void __launch_bounds__(kMaxThreads) quantize_fp4(const __grid_constant__ Params p) {
+  fp4_quantize_group<kIn, kFormat, kLayout>(p);
 }
 
-// the largest finite magnitude of x, for a global scale computed from it
+// NVFP4: the largest finite magnitude of x, for a global scale computed from it
 template <int kIn>
 __global__ void __launch_bounds__(kMaxThreads) nvfp4_amax(const __grid_constant__ Params p) {
   nvfp4_amax_walk<kIn>(p);

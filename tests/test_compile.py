@@ -33,7 +33,7 @@ def _check_compiled(arch: str, keys: list[str], lowered: dict[str, str], report:
     assert set(lowered) == set(keys)
     assert len(set(lowered.values())) == len(keys)  # one distinct kernel per key
     kernels = ("_ZN3fgq15quantize_groups", "_ZN3fgq15quantize_masked", "_ZN3fgq13quantize_norm",
-               "_ZN3fgq14quantize_nvfp4", "_ZN3fgq10nvfp4_amax")  # fmt: skip
+               "_ZN3fgq12quantize_fp4", "_ZN3fgq10nvfp4_amax")  # fmt: skip
     assert all(name.startswith(kernels) for name in lowered.values())
     # ptxas's resource report: one spill line per kernel, and on Hopper, where the register
     # bounds were measured, no kernel spills (a spill in the loop cost int8 and float-scale
@@ -53,7 +53,8 @@ def test_instantiation_count():
     # input the two-lane walking kernel with the weight in shared memory); bfloat16 SiLU of
     # UE8M0 scales (float words and packed, four formats) at six blocks an SM too; the one-pass
     # kernel of plain aligned input with the load linear in the slot (contiguous rows); then
-    # NVFP4's two kernels per input type
+    # per input type the FP4 kernel of each format and layout (NVFP4 blocked, MXFP4 row and
+    # blocked) and NVFP4's amax kernel
     combinations = 4 * (4 * 3 + 2)
     six_blocks = 4 * 4 * 2
     flat = 3 * combinations
@@ -63,7 +64,7 @@ def test_instantiation_count():
         + 2 * combinations
         + six_blocks
         + flat
-        + 3 * 2
+        + 3 * (3 + 1)
     )
 
 
@@ -96,8 +97,12 @@ def test_every_instantiation_compiles(arch, request):
 def _one_of_each_kernel() -> list[str]:
     """A name expression of each kernel template and input mode of quantize.cu."""
     names = _plan.all_name_expressions()
-    kinds = ("quantize_groups", "quantize_masked", "quantize_norm", "quantize_nvfp4", "nvfp4_amax")
+    kinds = ("quantize_groups", "quantize_masked", "quantize_norm", "nvfp4_amax")
     picked = [next(n for n in names if f"fgq::{kind}<" in n) for kind in kinds]
+    # every FP4 format and layout of bfloat16 (one lane a group of 16, two of 32), and MXFP4 of
+    # float32 (four lanes a group)
+    picked += [n for n in names if n.startswith("fgq::quantize_fp4<fgq::kBF16")]
+    picked.append(next(n for n in names if n.startswith("fgq::quantize_fp4<fgq::kF32, fgq::kMx")))
     # SiLU's two tables (bfloat16's band, the others' exponential) and the flat one-pass load
     for input_type in ("fgq::kBF16", "fgq::kF16"):
         prefix = f"fgq::quantize_groups<{input_type}"
