@@ -40,7 +40,7 @@ __device__ __forceinline__ void one_pass_group(const Params& p, Table& table) {
   // load
   // NOTES: PDL: nothing global is read or written before the producer of x is done (the
   // previous kernel may also still read q and the scales), but the activation's table,
-  // constant data copied before the loads (SiluBandTable); once our loads are issued the next
+  // constant data copied before the loads (BandTable); once our loads are issued the next
   // kernel may start its prologue
   table.start(p.table_by_threads != 0u);
   wait_for_producer();

@@ -4,7 +4,8 @@
 //   formats.cuh     input types, the lanes of values the quantizer reads, output encodings,
 //                   UE8M0 scales
 //   layouts.cuh     where the scale of (batch, row, group) is stored, and the padding zeros
-//   activation.cuh  the activation trait (kIdentity, kSiluMul): SiLU's arithmetic and tables
+//   activation.cuh  the activation trait (kIdentity, kSiluMul, kGeluTanhMul): the gated
+//                   activations' arithmetic and tables
 //   group.cuh       the per-group work: the maximum, the scale, the codes and their stores
 //   one_pass.cuh    quantize_groups' one-pass grid walk
 //   norm.cuh        RMSNorm's arithmetic and quantize_norm's walk over the rows
