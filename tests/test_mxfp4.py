@@ -256,7 +256,9 @@ def test_mxfp4_input_and_dequantize_checks():
     with pytest.raises(ValueError, match="x: MXFP4 needs K a multiple of 32"):
         mxfp4_call(np.ones((2, 48), np.float32), "row")
     q, s = mxfp4_call(np.ones((2, 64), np.float32), "row")
-    with pytest.raises(ValueError, match="MXFP4 group_size=32 and none"):
+    with pytest.raises(
+        ValueError, match=r"MXFP4 group_size=32 \(or none\) and no global_scale; got group_size=64"
+    ):
         fgq.dequantize(q, s, 64, dtype="e2m1")
     with pytest.raises(ValueError, match=r"scales: MXFP4 scales are float32 \(2, 2\)"):
         fgq.dequantize(q, s[:, :1], 32, dtype="e2m1")
