@@ -329,13 +329,7 @@ def test_the_vectorised_silu_follows_the_spec_text():
         rng.uniform(-130, 130, 3000).astype(np.float32),
         np.array([0.0, -0.0, 110.0, -110.0, -64.0, 64.0, np.inf, -np.inf, 1e-45], np.float32),
     ])  # fmt: skip
-    got = activation.silu(gates)
-    for g, value in zip(gates.tolist(), got.tolist()):
-        expected = spec_model.silu(g)
-        if math.isnan(expected):
-            assert math.isnan(value), g
-        else:
-            assert np.float32(value).view(np.uint32) == np.float32(expected).view(np.uint32), g
+    _assert_bits_as_the_model(activation.silu(gates), gates, spec_model.silu)
 
 
 # the fused kernel on the GPU against the NumPy backend --------------------------------------------
@@ -797,13 +791,7 @@ def test_the_vectorised_gelu_follows_the_spec_text():
         np.array([0.0, -0.0, -16.0, -16.5, -10.9, -11.0, 1e-45, -1e-45, 3e38, -3e38, np.inf,
                   -np.inf], np.float32),
     ])  # fmt: skip
-    got = activation.gelu_tanh(gates)
-    for g, value in zip(gates.tolist(), got.tolist()):
-        expected = spec_model.gelu_tanh(g)
-        if math.isnan(expected):
-            assert math.isnan(value), g
-        else:
-            assert np.float32(value).view(np.uint32) == np.float32(expected).view(np.uint32), g
+    _assert_bits_as_the_model(activation.gelu_tanh(gates), gates, spec_model.gelu_tanh)
 
 
 @pytest.mark.parametrize("input_dtype", ["bfloat16", "float16", "float32"])
@@ -897,3 +885,13 @@ def test_gelu_tanh_mul_in_the_masked_layout():
 
 def unpack(scales):
     return np.asarray(fgq.unpack_scales(scales.get() if hasattr(scales, "get") else scales, 2))
+
+
+def _assert_bits_as_the_model(got, gates, model) -> None:
+    """Each of ``got`` has the float32 bits of ``model`` at its gate (any NaN for a NaN)."""
+    for g, value in zip(gates.tolist(), got.tolist()):
+        expected = model(g)
+        if math.isnan(expected):
+            assert math.isnan(value), g
+        else:
+            assert np.float32(value).view(np.uint32) == np.float32(expected).view(np.uint32), g
