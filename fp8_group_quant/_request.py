@@ -299,6 +299,8 @@ def make_request(info: ArrayInfo, options: Options, operands: Operands = Operand
             )
         if operands.masked_m is not None:
             raise ValueError(f"masked_m: not supported with orientation={options.orientation!r}")
+        if info.kind != NUMPY:
+            _check_columns_on_device(info, options)
     if options.fp4 is not None:
         for name in ("masked_m", "residual"):
             if getattr(operands, name) is not None:
@@ -344,6 +346,18 @@ def make_request(info: ArrayInfo, options: Options, operands: Operands = Operand
     if info.kind != NUMPY and 0 not in shape:
         _check_device_limits(request, info)
     return request
+
+
+def _check_columns_on_device(info: ArrayInfo, options: Options) -> None:
+    """The column kernel's limits: tiles of 128 tokens by 128 channels, e4m3."""
+    if options.group_size != WEIGHT_BLOCK:
+        raise ValueError(
+            f"group_size: orientation={options.orientation!r} on the GPU takes groups of "
+            f"{WEIGHT_BLOCK} tokens (its 128x128 tiles), got {options.group_size}; other sizes "
+            f"run on the NumPy backend"
+        )
+    assert options.fmt is not None
+    _check_tile_limits(options.fmt, -(-info.shape[0] // WEIGHT_BLOCK), 1, "x")
 
 
 def _check_k(k: int, options: Options) -> None:
@@ -596,6 +610,7 @@ class WeightRequest:
     output: WeightGeometry
     batch_stride: int  # elements
     row_stride: int  # elements
+    x_aligned: bool = False  # base and strides allow 16-byte vector loads
 
 
 def make_weight_request(info: ArrayInfo, options: WeightOptions) -> WeightRequest:
@@ -613,4 +628,33 @@ def make_weight_request(info: ArrayInfo, options: WeightOptions) -> WeightReques
             )
         strides = row_strides(shape, tuple(info.strides))
     assert strides is not None  # rows of [N, K] or [E, N, K] always collapse
-    return WeightRequest(options, info.dtype, WeightGeometry(shape, options.layout), *strides)
+    geometry = WeightGeometry(shape, options.layout)
+    aligned = _aligned(info, strides, geometry.n, geometry.batches)
+    request = WeightRequest(options, info.dtype, geometry, *strides, aligned)
+    if info.kind != NUMPY:
+        _check_tile_limits(options.fmt, geometry.blocks[0], geometry.batches, "w")
+    return request
+
+
+def _aligned(info: ArrayInfo, strides: tuple[int, int], rows: int, batches: int) -> bool:
+    """Whether x's base and its row and batch strides (elements) allow 16-byte loads."""
+    batch_stride, row_stride = strides
+    return (
+        info.ptr % VECTOR_ALIGNMENT == 0
+        and (rows <= 1 or row_stride * info.itemsize % VECTOR_ALIGNMENT == 0)
+        and (batches <= 1 or batch_stride * info.itemsize % VECTOR_ALIGNMENT == 0)
+    )
+
+
+TILE_FORMAT = "e4m3"  # the tile kernels' one format (kernels/tile.cuh; _plan.TILE_FORMAT)
+
+
+def _check_tile_limits(fmt: OutputFormat, tiles_y: int, tiles_z: int, name: str) -> None:
+    """What the GPU's tile kernels cannot do: formats but e4m3, grids past 65,535 in y or z."""
+    if fmt.name != TILE_FORMAT:
+        raise ValueError(
+            f"dtype: the GPU kernels of quantize_weight and orientation='col'/'both' write "
+            f"{TILE_FORMAT!r}; {fmt.name!r} runs on the NumPy backend (docs/spec.md, section 9)"
+        )
+    if tiles_y > 65535 or tiles_z > 65535:
+        raise ValueError(f"{name}: more than 65,535 tiles of 128 rows (or batches) on the GPU")

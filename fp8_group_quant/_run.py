@@ -61,8 +61,10 @@ def quantize(x, call: Call, out, scale_out):
             if given is not None:
                 raise ValueError(f"{name}: not supported with dtype='e2m1' (NVFP4)")
     info, request, described = _request_of(x, call)
-    if info.kind == NUMPY and request.orientation != ROW_WISE:
-        return _host.run_oriented(request, x, info, out, scale_out)
+    if request.orientation != ROW_WISE:
+        if info.kind == NUMPY:
+            return _host.run_oriented(request, x, info, out, scale_out)
+        return _device.run_oriented(request, info, out, scale_out)
     if info.kind == NUMPY:
         return _host.run(request, x, info, out, scale_out, call.arrays)
     plan, info, request, described = device_plan(x, call, out, scale_out, info, request, described)
@@ -83,9 +85,9 @@ def device_plan(x, call: Call, out, scale_out, info=None, request=None, describe
     if info is None:
         info, request, described = _request_of(x, call)
     if request.orientation != ROW_WISE:
-        raise NotImplementedError(
-            f"orientation={request.orientation!r}: the CUDA kernel is not written yet (docs/spec.md"
-            f", section 9); quantize a numpy array or torch CPU tensor"
+        raise ValueError(
+            f"orientation: prepare binds the row-wise kernel; call quantize for "
+            f"orientation={request.orientation!r}"
         )
     if request.residual:
         _check_residual_writes(info, described, out, scale_out)
@@ -209,10 +211,7 @@ def quantize_weight(w, options: WeightOptions, out, scale_out):
     info = describe(w, "w")
     request = make_weight_request(info, options)
     if info.kind != NUMPY:
-        raise NotImplementedError(
-            "quantize_weight: the CUDA kernel is not written yet (docs/spec.md, section 9); "
-            "quantize a numpy array or torch CPU tensor"
-        )
+        return _device.run_weight(request, info, out, scale_out)
     return _host.run_weight(request, w, info, out, scale_out)
 
 

@@ -95,12 +95,31 @@ def test_col_shape_sweep(backend, m, k):
     check_col(x, backend, scale="float32", layout="col_tma")
 
 
-@pytest.mark.parametrize("backend", NUMPY_AND_GPU)
-# the other group sizes and e5m2 with the OCP floor rule
+# the other group sizes and e5m2, on the NumPy backend (the GPU's tiles: 128 tokens, e4m3)
 @pytest.mark.parametrize("group_size, dtype", [(32, "e4m3"), (64, "e5m2"), (256, "e4m3")])
-def test_col_group_sizes(backend, group_size, dtype):
+def test_col_group_sizes(group_size, dtype):
     x = activations(np.random.default_rng(group_size), (301, 512), "float16", specials=True)
-    check_col(x, backend, group_size=group_size, dtype=dtype, scale="ue8m0", layout="col")
+    check_col(x, "numpy", group_size=group_size, dtype=dtype, scale="ue8m0", layout="col")
+
+
+@pytest.mark.gpu
+def test_gpu_refuses_other_token_groups():
+    torch = pytest.importorskip("torch")
+    x = torch.ones((256, 256), dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(ValueError, match="group_size: orientation='col' on the GPU"):
+        fgq.quantize(x, 64, orientation="col")
+
+
+@pytest.mark.parametrize("backend", NUMPY_AND_GPU)
+# the OCP floor rule, column-wise and both
+@pytest.mark.parametrize("orientation", ["col", "both"])
+def test_col_floor_rule(backend, orientation):
+    x = activations(np.random.default_rng(9), (130, 256), "bfloat16", specials=True)
+    got = fgq.quantize(to_device(x, backend), 128, scale="ue8m0", layout="col",
+                       scale_rule="floor", orientation=orientation)  # fmt: skip
+    codes, scales = spec_model.quantize_columns(x, 128, "e4m3", "ue8m0", 1e-10, "floor")
+    assert_same_bytes(to_host_bytes(got[-2]), codes, "qt", inputs=x.T)
+    assert_same_bytes(to_host_bytes(got[-1]), scales.astype("<f4"), "scales_t (logical order)")
 
 
 @pytest.mark.parametrize("backend", NUMPY_AND_GPU)
