@@ -24,6 +24,7 @@ from ._outputs import (
     check_disjoint,
     check_output,
     check_writes,
+    output_pair,
     specs,
     transposed_specs,
     weight_specs,
@@ -279,9 +280,8 @@ def run_oriented(request: Request, x_info: ArrayInfo, out, scale_out):
     """orientation "col" ((qt, scales_t)) or "both" (BothOrientations) of a GPU ``x``;
     ``out`` and ``scale_out`` are pairs (row, col) for "both"."""
     both = request.orientation == BOTH
-    (row_out, col_out), (row_s, col_s) = (
-        (out, scale_out) if both else ((None, out), (None, scale_out))
-    )
+    row_out, col_out = output_pair(out, "out", both)
+    row_s, col_s = output_pair(scale_out, "scale_out", both)
     q_spec, s_spec = specs(request)
     qt_spec, st_spec = transposed_specs(request)
     pairs = [(col_out, "out", qt_spec), (col_s, "scale_out", st_spec)]

@@ -18,6 +18,7 @@ from ._outputs import (
     check_disjoint,
     check_output,
     check_writes,
+    output_pair,
     specs,
     transposed_specs,
     weight_specs,
@@ -127,8 +128,8 @@ def run_oriented(request: Request, x: np.ndarray, x_info: ArrayInfo, out, scale_
     ``out`` and ``scale_out`` are pairs (row, col) for "both". Every check runs before
     anything is written."""
     both = request.orientation == BOTH
-    row_out, col_out = _pair(out, "out", both)
-    row_scale_out, col_scale_out = _pair(scale_out, "scale_out", both)
+    row_out, col_out = output_pair(out, "out", both)
+    row_scale_out, col_scale_out = output_pair(scale_out, "scale_out", both)
     q_spec, s_spec = transposed_specs(request)
     rows_given = _row_outputs(request, x_info, row_out, row_scale_out)
     qt, qt_info, st, st_info, _ = _checked(x_info, q_spec, s_spec, col_out, col_scale_out,
@@ -142,20 +143,6 @@ def run_oriented(request: Request, x: np.ndarray, x_info: ArrayInfo, out, scale_
     _flat(qt_info, q_spec.storage).view(np.uint8)[...] = codes.reshape(-1)
     reference.store_scales(geometry, _flat(st_info, geometry.scale_storage), scales, exponents)
     return BothOrientations(rows[0], rows[1], qt, st) if both else (qt, st)
-
-
-def _pair(given, name: str, both: bool) -> tuple:
-    """(row, col) outputs of a call: "both" takes a pair (either may be None), "col" one."""
-    if not both:
-        return None, given
-    if given is None:
-        return None, None
-    if not isinstance(given, tuple) or len(given) != 2:
-        raise TypeError(
-            f"{name}: orientation='both' takes a pair (row-wise, column-wise) of arrays or "
-            f"None, got {type(given).__name__}"
-        )
-    return given
 
 
 def _row_outputs(request: Request, x_info: ArrayInfo, out, scale_out) -> list:

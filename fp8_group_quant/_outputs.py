@@ -177,3 +177,18 @@ def _check_ranges(ranges, reads: int, message: str = "{b}: its storage overlaps 
             name_b, (b0, b1) = ranges[j]
             if a0 < b1 and b0 < a1 and j >= reads:
                 raise ValueError(message.format(a=name_a, b=name_b))
+
+
+def output_pair(given, name: str, both: bool) -> tuple:
+    """(row, col) outputs of an oriented call: "both" takes a pair (either may be None),
+    "col" one array (its column-wise result)."""
+    if not both:
+        return None, given
+    if given is None:
+        return None, None
+    if not isinstance(given, tuple) or len(given) != 2:
+        raise TypeError(
+            f"{name}: orientation='both' takes a pair (row-wise, column-wise) of arrays or "
+            f"None, got {type(given).__name__}"
+        )
+    return given
