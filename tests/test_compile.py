@@ -354,8 +354,9 @@ def test_the_benchmarks_chain_kernels_compile():
     for arch in ARCHS:
         lowered = _jit.compile_offline(CHAIN_SOURCE, list(CHAIN_KERNELS), arch)
         assert len(set(lowered.values())) == 2
-        roofs = ["fgq::roofline_copy", "fgq::roofline_gated", "fgq::roofline_residual"]
-        assert len(set(_jit.compile_offline("roofline.cu", roofs, arch).values())) == 3
+        roofs = ["fgq::roofline_copy", "fgq::roofline_gated", "fgq::roofline_residual",
+                 "fgq::roofline_split"]  # fmt: skip
+        assert len(set(_jit.compile_offline("roofline.cu", roofs, arch).values())) == 4
 
 
 def test_launch_config_mirrors_the_driver_structs():

@@ -228,7 +228,9 @@ def _timing_rows(args) -> tuple[list[dict], dict]:
     if args.linear:
         from . import linear  # torch only here
 
-        return linear.run_linear(args), {}
+        device = _hooks.cupy_module().cuda.runtime.getDevice()
+        targets = linear.run_targets(lambda f, name: _hooks.get_function(f, name, device))
+        return linear.run_linear(args), {"targets": targets}
     return (plain.run_matrix(args) if args.matrix else plain.run(args)), {}
 
 

@@ -15,6 +15,7 @@ import statistics
 import numpy as np
 
 import fp8_group_quant as fgq
+from fp8_group_quant import ScaleName
 
 REPEATS, CALLS = 7, 20  # repeats of CALLS back-to-back calls; the median repeat is reported
 
@@ -91,3 +92,143 @@ def run_linear(args) -> list[dict]:
               f"{row['fp8_gemm_us']:9.2f} {row['bf16_gemm_us']:10.2f} "
               f"{row['quant_forward_us'] / row['fp8_gemm_us']:10.2f}")  # fmt: skip
     return rows
+
+
+# the issue's speed targets: the quantizers against a roofline kernel of the same traffic ------
+
+# (experts, N, K) of the weight targets (issue 44: within 1.10x of the roof) and (M, K) of both
+# orientations' (within 1.15x)
+WEIGHT_SHAPES = ((1, 7168, 2048), (1, 2048, 7168), (1, 4096, 7168), (256, 2048, 7168))
+BOTH_SHAPES = ((4096, 7168), (16384, 7168), (8192, 2048))
+
+
+def _graph_pair(cupy, quantizer, roof, inputs: int) -> tuple[float, float]:
+    """GPU us per call of the quantizer and of its roof, interleaved CUDA-graph replays."""
+    from .timing import CALLS, interleaved_graph_times_us
+
+    calls = max(inputs, CALLS)
+    lists = [
+        [quantizer(i % inputs) for i in range(calls)],
+        [roof(i % inputs) for i in range(calls)],
+    ]
+    ours, roof_us = interleaved_graph_times_us(cupy, lists, replays=11)
+    return ours, roof_us
+
+
+def _buffers(cupy, shape, nbytes_each: int) -> int:
+    """Inputs to rotate over: at least ROTATE_BYTES, two at least, 16 at most."""
+    from .timing import ROTATE_BYTES
+
+    return max(2, min(16, -(-ROTATE_BYTES // nbytes_each)))
+
+
+def weight_target(cupy, roofline, shape, scale: ScaleName) -> dict:
+    """quantize_weight (float16 in: bfloat16's traffic, ``scale``, layout row) against
+    roofline_copy on the same 3NK bytes."""
+    from .timing import ROOFLINE_THREADS
+
+    e, n, k = shape
+    full = (e, n, k) if e > 1 else (n, k)
+    count = _buffers(cupy, full, 2 * e * n * k)
+    inputs = [_random(cupy, full, 0.02, seed=i) for i in range(count)]
+    outputs = [fgq.quantize_weight(w, scale=scale) for w in inputs]
+    # one expert against the NumPy backend (experts are independent; the host is slow at 256)
+    first = (inputs[0][0], *(a[0] for a in outputs[0])) if e > 1 else (inputs[0], *outputs[0])
+    _check_weight(cupy, first[0], first[1:], scale)
+    chunks = e * n * k * 2 // 32
+    grid = (-(-chunks // ROOFLINE_THREADS), 1, 1)
+
+    def quantizer(i):
+        q, s = outputs[i]
+        return lambda: fgq.quantize_weight(inputs[i], scale=scale, out=q, scale_out=s)
+
+    def roof(i):
+        return lambda: roofline(grid, (ROOFLINE_THREADS, 1, 1),
+                                (inputs[i], outputs[i][0], np.int64(chunks)))  # fmt: skip
+
+    ours, roof_us = _graph_pair(cupy, quantizer, roof, count)
+    return dict(kind="weight", shape=list(shape), scale=scale, ours_us=ours, roofline_us=roof_us,
+                ours_over_roofline=ours / roof_us, target=1.10)  # fmt: skip
+
+
+def _random(cupy, shape, scale: float, seed: int):
+    """float16 values drawn on the device (never constants), bfloat16's traffic."""
+    rng = cupy.random.default_rng(seed)
+    return (rng.standard_normal(shape, dtype=cupy.float32) * scale).astype(cupy.float16)
+
+
+def _check_weight(cupy, w, outputs, scale: ScaleName) -> None:
+    q, s = outputs
+    q_host, s_host = fgq.quantize_weight(cupy.asnumpy(w), scale=scale)  # q: uint8 on cupy
+    if not (np.array_equal(cupy.asnumpy(q), q_host.view(np.uint8))
+            and np.array_equal(cupy.asnumpy(s), s_host)):  # fmt: skip
+        raise AssertionError(f"quantize_weight {w.shape} differs from the NumPy backend")
+
+
+def both_target(cupy, roofline_split, shape, scale: ScaleName) -> dict:
+    """quantize(orientation="both") (float16 in, ``scale``, layout col) against roofline_split:
+    one read of 2MK bytes, two writes of MK."""
+    from .timing import ROOFLINE_THREADS
+
+    m, k = shape
+    count = _buffers(cupy, shape, 2 * m * k)
+    inputs = [_random(cupy, shape, 1.0, seed=i) for i in range(count)]
+    outputs = [fgq.quantize(x, 128, scale=scale, layout="col", orientation="both") for x in inputs]
+    expected = fgq.quantize(cupy.asnumpy(inputs[0]), 128, scale=scale, layout="col",
+                            orientation="both")  # fmt: skip
+    for got, want in zip(outputs[0], expected):
+        if not np.array_equal(cupy.asnumpy(got).view(np.uint8), np.asarray(want).view(np.uint8)):
+            raise AssertionError(f"quantize(orientation='both') {shape} differs from NumPy")
+    chunks = m * k * 2 // 32
+    grid = (-(-chunks // ROOFLINE_THREADS), 1, 1)
+
+    def quantizer(i):
+        q, s, qt, st = outputs[i]
+        return lambda: fgq.quantize(
+            inputs[i],
+            128,
+            scale=scale,
+            layout="col",
+            orientation="both",
+            out=(q, qt),
+            scale_out=(s, st),
+        )
+
+    def roof(i):
+        q, _, qt, _ = outputs[i]
+        return lambda: roofline_split(grid, (ROOFLINE_THREADS, 1, 1),
+                                      (inputs[i], q, qt, np.int64(chunks)))  # fmt: skip
+
+    ours, roof_us = _graph_pair(cupy, quantizer, roof, count)
+    return dict(kind="both", shape=list(shape), scale=scale, ours_us=ours, roofline_us=roof_us,
+                ours_over_roofline=ours / roof_us, target=1.15)  # fmt: skip
+
+
+def run_targets(get_function) -> list[dict]:
+    """Both targets, each quantizer checked against the NumPy backend and then timed beside its
+    roof; ``get_function(file, name)`` loads a benchmark kernel on the current device."""
+    import cupy
+
+    roofline = get_function("roofline.cu", "fgq::roofline_copy")
+    split = get_function("roofline.cu", "fgq::roofline_split")
+    print(f"{'kind':>6} {'shape':>18} {'scale':>7} {'ours us':>9} {'roof us':>9} {'ours/roof':>9} "
+          f"{'target':>6}")  # fmt: skip
+    rows = []
+    scales: tuple[ScaleName, ...] = ("ue8m0", "float32")
+    for scale in scales:
+        for weight in WEIGHT_SHAPES:
+            rows.append(weight_target(cupy, roofline, weight, scale))
+            _print_target(rows[-1])
+            cupy.get_default_memory_pool().free_all_blocks()
+        for activation in BOTH_SHAPES:
+            rows.append(both_target(cupy, split, activation, scale))
+            _print_target(rows[-1])
+            cupy.get_default_memory_pool().free_all_blocks()
+    return rows
+
+
+def _print_target(row: dict) -> None:
+    shape = "x".join(map(str, row["shape"]))
+    print(f"{row['kind']:>6} {shape:>18} {row['scale']:>7} {row['ours_us']:9.2f} "
+          f"{row['roofline_us']:9.2f} {row['ours_over_roofline']:9.3f} {row['target']:6.2f}",
+          flush=True)  # fmt: skip
