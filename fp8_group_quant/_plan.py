@@ -664,36 +664,49 @@ def _common_tile_params(options, x_aligned: bool) -> dict:
                 x_aligned=int(x_aligned))  # fmt: skip
 
 
-def prepare_weight(request, x_aligned: bool, device: int, tuning: Tuning) -> Launch:
-    """quantize_weight_blocks over a (kb, nb, E) grid; a ``_request.WeightRequest``."""
+def weight_params(request, x_aligned: bool):
+    """The Params of quantize_weight_blocks for a ``_request.WeightRequest``."""
     g, options = request.output, request.options
-    nb, kb = g.blocks
     scales = g.scales
     batch, row, word = scales.scale_byte_strides
     if g.layout == "bytes":  # one byte a block, row-major: the float layout's strides in bytes
         batch, row, word = (v // 4 for v in (batch, row, word))
-    params = params_type()(
-        rows=g.n, cols=g.k, groups_per_row=kb, batches=g.batches,
+    return params_type()(
+        rows=g.n, cols=g.k, groups_per_row=g.blocks[1], batches=g.batches,
         x_batch_stride=request.batch_stride, x_row_stride=request.row_stride,
         q_batch_stride=g.n * g.k, s_batch_stride=batch, s_row_stride=row, s_word_stride=word,
         scale_rows=scales.scale_rows, weight_layout=WEIGHT_LAYOUT_CODES[g.layout],
         **_common_tile_params(options, x_aligned),
     )  # fmt: skip
+
+
+def prepare_weight(request, x_aligned: bool, device: int, tuning: Tuning) -> Launch:
+    """quantize_weight_blocks over a (kb, nb, E) grid; a ``_request.WeightRequest``."""
+    g, options = request.output, request.options
+    nb, kb = g.blocks
+    params = weight_params(request, x_aligned)
     handle = _loaded(weight_name(request.input_dtype, options.scale.name), device, TILE_THREADS)[0]
     pdl = pdl_supported(device, tuning.pdl)
     return Launch(handle, (kb, nb, g.batches), (TILE_THREADS, 1, 1), params, pdl)
+
+
+def columns_params(request, tuning: Tuning):
+    """The Params of quantize_columns: the row-wise result's (make_params) and the t_* fields
+    of the column-wise one's scales."""
+    params = make_params(request, tuning)
+    t = request.transposed
+    _, t_row, t_word = t.scale_byte_strides
+    params.cols, params.x_aligned = request.input_shape[1], int(request.x_aligned)
+    params.t_row_stride, params.t_word_stride = t_row, t_word
+    params.t_groups, params.t_scale_rows = t.groups, t.scale_rows
+    return params
 
 
 def prepare_columns(request, device: int, tuning: Tuning) -> Launch:
     """quantize_columns over a (K / 128, ceil(M / 128)) grid: the row-wise Params of the
     request (used where q is given: "both") and the column-wise result's t_* fields."""
     m, k = request.input_shape
-    params = make_params(request, tuning)
-    t = request.transposed
-    _, t_row, t_word = t.scale_byte_strides
-    params.cols, params.x_aligned = k, int(request.x_aligned)
-    params.t_row_stride, params.t_word_stride = t_row, t_word
-    params.t_groups, params.t_scale_rows = t.groups, t.scale_rows
+    params = columns_params(request, tuning)
     name = columns_name(request.input_dtype, request.scale.name, request.layout.kernel_trait)
     handle = _loaded(name, device, TILE_THREADS)[0]
     grid = (k // TILE, -(-m // TILE), 1)

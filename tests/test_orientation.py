@@ -262,3 +262,30 @@ def test_specs_are_what_the_spec_says():
                                    "packed", "col")  # fmt: skip
     assert qt_spec == OutputSpec((256, 5), (5, 1), 1280, "float8_e4m3fn", "uint8")
     assert st_spec.shape == (256, 1) and st_spec.strides == (1, 256)
+
+
+# the launch's Params against the layouts (no GPU needed: the kernel's address arithmetic) ----
+
+
+# every layout the column kernel takes; M = 300 (a partial token group), K = 384
+@pytest.mark.parametrize("layout, scale", LAYOUT_SCALES)
+def test_columns_params_address_the_layout(layout, scale):
+    from fp8_group_quant._arrays import describe
+    from fp8_group_quant._plan import columns_params
+    from fp8_group_quant._request import check_options
+    from fp8_group_quant._tuning import active
+
+    x = np.ones((300, 384), np.float32)
+    options = check_options(128, "e4m3", scale, layout, orientation="both")
+    params = columns_params(make_request(describe(x, "x"), options), active()[1])
+    assert (params.rows, params.cols, params.groups_per_row) == (300, 384, 3)
+    assert (params.t_groups, params.t_scale_rows) == (3, 384)  # K = 384 is a multiple of 4
+    storage = spec_model.Storage((384, 384), 128, layout, False)
+    packed = layout.startswith("packed")
+    for c, j in np.ndindex(384, 3):  # (channel, token group): where the kernel's t Params put it
+        word = c * params.t_row_stride + (j // 4 if packed else j) * params.t_word_stride
+        assert word + (j % 4 if packed else 0) == storage.scale_offset(0, c, j), (c, j)
+    rows = spec_model.Storage((300, 384), 128, layout, False)
+    for m, g in np.ndindex(300, 3):  # the row-wise result's, as every other kernel reads them
+        word = m * params.s_row_stride + (g // 4 if packed else g) * params.s_word_stride
+        assert word + (g % 4 if packed else 0) == rows.scale_offset(0, m, g), (m, g)

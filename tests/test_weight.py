@@ -258,3 +258,48 @@ def test_weight_layout_names_match():
     from fp8_group_quant._layout import WEIGHT_LAYOUTS
 
     assert set(get_args(fgq.WeightLayoutName)) == set(WEIGHT_LAYOUTS)
+
+
+# the launch's Params against the layout (no GPU needed: the kernel's address arithmetic) -----
+
+
+def _kernel_scale_bytes(params, scales: np.ndarray, n: int) -> np.ndarray:
+    """The scale storage quantize_weight_blocks writes with ``params``, by its address
+    arithmetic (kernels/tile.cuh), from block scales ``[E, nb, kb]``: float words, bytes, or
+    the packed rows' bytes with the padding and the spare bytes above the last block zeroed."""
+    e, nb, kb = scales.shape
+    size = params.s_batch_stride * e if e else 0
+    out = np.zeros(max(size, 1), np.uint8)
+    for b, i, j in np.ndindex(e, nb, kb):
+        s = np.float32(scales[b, i, j])
+        exponent = int(np.float32(s).view(np.uint32) >> 23)
+        base = b * params.s_batch_stride
+        if params.weight_layout == 2:
+            for row in range(i * 128, min(i * 128 + 128, params.scale_rows)):
+                word = base + row * params.s_row_stride + (j // 4) * params.s_word_stride
+                out[word + j % 4] = exponent if row < n else 0
+                if j == params.groups_per_row - 1:
+                    out[word + j % 4 + 1 : word + 4] = 0
+        elif params.weight_layout == 1:
+            out[base + i * params.s_row_stride + j * params.s_word_stride] = exponent
+        else:
+            at = base + i * params.s_row_stride + j * params.s_word_stride
+            out[at : at + 4] = np.frombuffer(s.tobytes(), np.uint8)
+    return out[:size]
+
+
+# each layout, a batch of experts with partial blocks both ways
+@pytest.mark.parametrize("layout, scale", LAYOUT_SCALES)
+def test_weight_params_address_the_layout(layout, scale):
+    from fp8_group_quant._plan import weight_params
+
+    w = weights(np.random.default_rng(12), (2, 300, 600), "float32")
+    request = make_weight_request(describe(w, "w"), check_weight_options(
+        (128, 128), "e4m3", scale, layout, 1e-10, "rceil"))  # fmt: skip
+    params = weight_params(request, True)
+    assert (params.rows, params.cols, params.groups_per_row, params.batches) == (300, 600, 5, 2)
+    assert params.x_row_stride == 600 and params.x_batch_stride == 300 * 600
+    assert params.q_batch_stride == 300 * 600
+    _, block_scales = spec_model.quantize_weight(w, "e4m3", scale, 1e-10)
+    got = _kernel_scale_bytes(params, block_scales, 300)
+    assert_same_bytes(got, spec_model.weight_scale_bytes(block_scales, 300, layout), layout)
