@@ -23,9 +23,9 @@ from ._arrays import (
     to_cupy,
     torch_cpu_to_numpy,
 )
-from ._layout import BLOCKED, SCALE_LAYOUTS, Geometry, scale_layout
+from ._layout import BLOCKED, SCALE_LAYOUTS, WEIGHT_BLOCK, Geometry, scale_layout
 from ._request import NVFP4_GROUP
-from ._spec import FORMATS_BY_DTYPE, FP4_FORMATS, OUTPUT_FORMATS, output_format
+from ._spec import FORMATS_BY_DTYPE, FP4_FORMATS, GROUP_SIZES, OUTPUT_FORMATS, output_format
 
 MXFP4_GROUP = FP4_FORMATS["mxfp4"].group_size
 
@@ -82,6 +82,8 @@ def _group_size(q_info: ArrayInfo, s_info: ArrayInfo, given) -> int:
     k = q_info.shape[-1]
     if s_info.dtype == "float32" and s_info.shape and s_info.shape[-1]:
         groups = s_info.shape[-1]
+        if given is not None and k % given and -(-k // given) == groups:
+            return given  # a partial last group (the column-wise result, section 4d)
         if k % groups:
             raise ValueError(
                 f"scales: expected a number of groups a row that divides q's K = {k}, got {groups}"
@@ -91,6 +93,12 @@ def _group_size(q_info: ArrayInfo, s_info: ArrayInfo, given) -> int:
                 f"group_size: {given} contradicts the shapes: q has K = {k} and scales hold "
                 f"{groups} groups a row, which makes group_size {k // groups}"
             )
+        if given is None and k // groups not in GROUP_SIZES:
+            raise ValueError(
+                f"scales: {groups} groups a row of q's K = {k} make group_size {k // groups}, "
+                f"which quantize never writes: pass group_size (a partial last group, as "
+                f"orientation='col' writes, needs it)"
+            )
         return k // groups
     if given is None:
         kind = "packed int32" if s_info.dtype == "int32" else "blocked uint8"
@@ -98,8 +106,6 @@ def _group_size(q_info: ArrayInfo, s_info: ArrayInfo, given) -> int:
             f"group_size: {kind} scales (padded to whole words or tiles) do not determine it; "
             f"pass the group_size quantize used"
         )
-    if k % given:
-        raise ValueError(f"q: last dimension must be a multiple of group_size={given}, got {k}")
     return given
 
 
@@ -187,26 +193,67 @@ def dequantize(q, scales, group_size: int | None = None, dtype=None, global_scal
         )
     fmt_name = _format_of(q_info, dtype)
     group_size = _group_size(q_info, s_info, group_size)
-    groups = q_info.shape[-1] // group_size
+    k = q_info.shape[-1]
+    groups = -(-k // group_size)  # the last group partial where group_size does not divide K
     scales = _float_scales(scales, s_info, q_info, group_size, groups)
     expected = tuple(q_info.shape[:-1]) + (groups,)
     if tuple(scales.shape) != expected:
         raise ValueError(f"scales: expected shape {expected}, got {tuple(scales.shape)}")
+    return _decoded(q, q_info, fmt_name) * _spread(scales, q_info, group_size, k, -1)
+
+
+def _decoded(q, q_info: ArrayInfo, fmt_name: str):
+    """float32 values of codes ``q`` in format ``fmt_name``, in q's library."""
     if q_info.kind == TORCH:
         import torch
 
         if fmt_name == "int8":
-            decoded = q.to(torch.float32)
-        else:
-            table = torch.from_numpy(_decode_table(fmt_name)).to(q.device)
-            decoded = table[q.view(torch.uint8).to(torch.int64)]
-        return decoded * scales.repeat_interleave(group_size, dim=-1)
+            return q.to(torch.float32)
+        table = torch.from_numpy(_decode_table(fmt_name)).to(q.device)
+        return table[q.view(torch.uint8).to(torch.int64)]
     xp = _namespace(q_info)
     if fmt_name == "int8":
-        values = q.astype(xp.float32)
+        return q.astype(xp.float32)
+    return xp.asarray(_decode_table(fmt_name))[q.view(xp.uint8)]
+
+
+def _spread(scales, info: ArrayInfo, width: int, extent: int, axis: int):
+    """Each scale repeated ``width`` times along ``axis``, cut at ``extent`` (partial groups)."""
+    if info.kind == TORCH:
+        spread = scales.repeat_interleave(width, dim=axis)
+        return spread.narrow(axis, 0, extent)
+    spread = _namespace(info).repeat(scales, width, axis=axis)
+    return spread[..., :extent] if axis == -1 else spread[..., :extent, :]
+
+
+def dequantize_weight(q, scales, block=(128, 128), dtype=None):
+    """Float32 ``q_i * s`` of the 128x128 block each value lies in, shape of ``q``
+    ``[..., N, K]``, from any layout ``quantize_weight`` writes: float32 ``[..., nb, kb]``
+    (``row`` or ``col``), uint8 exponent bytes ``[..., nb, kb]`` (``bytes``) or packed int32
+    ``[..., N, ceil(kb / 4)]`` (``packed``, row ``n`` holding block row ``n // 128``)."""
+    if tuple(block) != (WEIGHT_BLOCK, WEIGHT_BLOCK):
+        raise ValueError(f"block: only (128, 128) blocks are supported, got {block!r}")
+    if is_torch_cpu(q) or is_torch_cpu(scales):
+        _same_host_library(q, scales)
+        values = dequantize_weight(torch_cpu_to_numpy(q, "q"),
+                                   torch_cpu_to_numpy(scales, "scales"), block, dtype)  # fmt: skip
+        return numpy_to_torch_cpu(np.ascontiguousarray(values))
+    q_info, s_info = describe(q, "q"), describe(scales, "scales")
+    if len(q_info.shape) not in (2, 3):
+        raise ValueError(f"q: expected [N, K] or [E, N, K] codes, got shape {q_info.shape}")
+    n, k = q_info.shape[-2:]
+    nb, kb = -(-n // WEIGHT_BLOCK), -(-k // WEIGHT_BLOCK)
+    if s_info.dtype == "int32":
+        rows = unpack_scales(scales, kb)  # already one row of scales per weight row
     else:
-        values = xp.asarray(_decode_table(fmt_name))[q.view(xp.uint8)]
-    return values * xp.repeat(scales, group_size, axis=-1)
+        if tuple(s_info.shape[-2:]) != (nb, kb):
+            raise ValueError(f"scales: expected [..., {nb}, {kb}] blocks, got {s_info.shape}")
+        blocks = _exponents_to_float(scales, s_info) if s_info.dtype == "uint8" else scales
+        rows = _spread(blocks, s_info, WEIGHT_BLOCK, n, -2)
+    if tuple(rows.shape) != tuple(q_info.shape[:-1]) + (kb,):
+        raise ValueError(f"scales: expected {n} rows of {kb} blocks, got shape {s_info.shape}")
+    return _decoded(q, q_info, _format_of(q_info, dtype)) * _spread(rows, q_info, WEIGHT_BLOCK,
+                                                                    k, -1)  # fmt: skip
 
 
 def _same_host_library(q, scales) -> None:

@@ -193,7 +193,7 @@ def all_name_expressions() -> list[str]:
         names += [fp4_key(input_dtype, fp4, SCALE_LAYOUTS[layout]).name_expression
                   for fp4 in FP4_FORMATS.values() for layout in fp4.layouts]  # fmt: skip
         names.append(nvfp4_amax_name(input_dtype))
-    return names
+    return names + tile_name_expressions()
 
 
 def fp4_key(input_dtype: str, fp4, layout) -> KernelKey:
@@ -620,3 +620,94 @@ def warmup_keys(input_dtype: str, options) -> list[KernelKey]:
     if tile_rows(options.layout, key.lanes_per_group) == 1:
         keys.insert(0, dataclasses.replace(key, one_pass=True, flat=True))
     return keys
+
+
+# 128x128 tiles: weight blocks, the column-wise orientation and "both" (kernels/tile.cuh) ------
+
+TILE = 128  # a tile's rows and columns: a weight block, a token group
+TILE_THREADS = 256  # threads of a tile block (kTileThreads)
+TILE_FORMAT = "e4m3"  # the one format the tile kernels are instantiated for
+# how quantize_weight_blocks stores a block's scale (WeightLayoutKind)
+WEIGHT_LAYOUT_CODES = {"row": 0, "col": 0, "bytes": 1, "packed": 2}
+# the column kernel's (scale, address function) pairs: float words, UE8M0 in them, packed
+COLUMN_LAYOUTS = (("float32", "fgq::kFloatWords"), ("ue8m0", "fgq::kFloatWords"),
+                  ("ue8m0", "fgq::kPackedExponents"))  # fmt: skip
+
+
+def weight_name(input_dtype: str, scale: str) -> str:
+    """The quantize_weight_blocks instantiation of an input type and scale kind."""
+    return _template("quantize_weight_blocks", INPUT_TYPES[input_dtype].kernel_trait,
+                     OUTPUT_FORMATS[TILE_FORMAT].kernel_trait,
+                     SCALE_FORMATS[scale].kernel_trait)  # fmt: skip
+
+
+def columns_name(input_dtype: str, scale: str, layout_trait: str) -> str:
+    """The quantize_columns instantiation of an input type, scale kind and address function."""
+    return _template("quantize_columns", INPUT_TYPES[input_dtype].kernel_trait,
+                     OUTPUT_FORMATS[TILE_FORMAT].kernel_trait, SCALE_FORMATS[scale].kernel_trait,
+                     layout_trait)  # fmt: skip
+
+
+def tile_name_expressions() -> list[str]:
+    """Every tile instantiation: input types x scale kinds for weights (the layout is a
+    run-time store), and x the three (scale, address function) pairs for columns."""
+    names = [weight_name(i, s) for i in INPUT_TYPES for s in ("float32", "ue8m0")]
+    return names + [columns_name(i, s, t) for i in INPUT_TYPES for s, t in COLUMN_LAYOUTS]
+
+
+def _common_tile_params(options, x_aligned: bool) -> dict:
+    """The Params fields of a tile launch that come from the format and the options."""
+    fmt = options.fmt
+    return dict(eps=options.eps, fmax=fmt.fmax, inverse_fmax=fmt.inverse_fmax,
+                ue8m0_floor=UE8M0_FLOOR, nonfinite_codes=fmt.nonfinite_word,
+                floor_emax=fmt.emax_elem if options.scale_rule == "floor" else 0,
+                x_aligned=int(x_aligned))  # fmt: skip
+
+
+def weight_params(request, x_aligned: bool):
+    """The Params of quantize_weight_blocks for a ``_request.WeightRequest``."""
+    g, options = request.output, request.options
+    scales = g.scales
+    batch, row, word = scales.scale_byte_strides
+    if g.layout == "bytes":  # one byte a block, row-major: the float layout's strides in bytes
+        batch, row, word = (v // 4 for v in (batch, row, word))
+    return params_type()(
+        rows=g.n, cols=g.k, groups_per_row=g.blocks[1], batches=g.batches,
+        x_batch_stride=request.batch_stride, x_row_stride=request.row_stride,
+        q_batch_stride=g.n * g.k, s_batch_stride=batch, s_row_stride=row, s_word_stride=word,
+        scale_rows=scales.scale_rows, weight_layout=WEIGHT_LAYOUT_CODES[g.layout],
+        **_common_tile_params(options, x_aligned),
+    )  # fmt: skip
+
+
+def prepare_weight(request, x_aligned: bool, device: int, tuning: Tuning) -> Launch:
+    """quantize_weight_blocks over a (kb, nb, E) grid; a ``_request.WeightRequest``."""
+    g, options = request.output, request.options
+    nb, kb = g.blocks
+    params = weight_params(request, x_aligned)
+    handle = _loaded(weight_name(request.input_dtype, options.scale.name), device, TILE_THREADS)[0]
+    pdl = pdl_supported(device, tuning.pdl)
+    return Launch(handle, (kb, nb, g.batches), (TILE_THREADS, 1, 1), params, pdl)
+
+
+def columns_params(request, tuning: Tuning):
+    """The Params of quantize_columns: the row-wise result's (make_params) and the t_* fields
+    of the column-wise one's scales."""
+    params = make_params(request, tuning)
+    t = request.transposed
+    _, t_row, t_word = t.scale_byte_strides
+    params.cols, params.x_aligned = request.input_shape[1], int(request.x_aligned)
+    params.t_row_stride, params.t_word_stride = t_row, t_word
+    params.t_groups, params.t_scale_rows = t.groups, t.scale_rows
+    return params
+
+
+def prepare_columns(request, device: int, tuning: Tuning) -> Launch:
+    """quantize_columns over a (K / 128, ceil(M / 128)) grid: the row-wise Params of the
+    request (used where q is given: "both") and the column-wise result's t_* fields."""
+    m, k = request.input_shape
+    params = columns_params(request, tuning)
+    name = columns_name(request.input_dtype, request.scale.name, request.layout.kernel_trait)
+    handle = _loaded(name, device, TILE_THREADS)[0]
+    grid = (k // TILE, -(-m // TILE), 1)
+    return Launch(handle, grid, (TILE_THREADS, 1, 1), params, pdl_supported(device, tuning.pdl))

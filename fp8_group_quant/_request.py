@@ -19,7 +19,19 @@ import numpy as np
 
 from ._abi import LANE_BYTES, MAX_NORM_LANES
 from ._arrays import NUMPY, ArrayInfo
-from ._layout import Geometry, ScaleLayout, combination_error, row_strides, scale_layout
+from ._layout import (
+    BLOCKED,
+    WEIGHT_BLOCK,
+    WEIGHT_LAYOUTS,
+    WEIGHT_NEEDS_UE8M0,
+    Geometry,
+    ScaleLayout,
+    WeightGeometry,
+    combination_error,
+    row_strides,
+    scale_layout,
+    transposed_geometry,
+)
 from ._plan import KernelKey, fp4_key, grid_limits_error, max_experts
 from ._spec import (
     DEFAULT_EPS,
@@ -44,6 +56,9 @@ VECTOR_ALIGNMENT = 16  # bytes: the kernel's vector loads and q's 16-byte stores
 NVFP4_GROUP = FP4_FORMATS["nvfp4"].group_size  # NVFP4: values a scale
 E4M3_SCALE = FP4_FORMATS["nvfp4"].scale  # NVFP4's block scale format
 NVFP4_GIVEN, NVFP4_ON_DEVICE, NVFP4_COMPUTED = 0, 1, 2  # where NVFP4's global scale comes from
+ROW_WISE, COLUMN_WISE, BOTH = "row", "col", "both"  # orientations (docs/spec.md, section 4d)
+ORIENTATIONS = (ROW_WISE, COLUMN_WISE, BOTH)
+WEIGHT_FORMATS = ("e4m3", "e5m2")  # the formats torch._scaled_mm and DeepGEMM read
 
 
 @dataclass(frozen=True)
@@ -61,6 +76,7 @@ class Options:
     expected_m: int | None = None  # masked layout: rows per expert the grid is sized for
     eps_norm: float | None = None  # fused RMSNorm when set
     fp4: Fp4Format | None = None  # dtype="e2m1": NVFP4 or MXFP4
+    orientation: str = ROW_WISE  # "col": x transposed, groups along tokens; "both": both
 
     @property
     def norm(self) -> bool:
@@ -80,10 +96,17 @@ def is_fp4(dtype, scale) -> bool:
 
 def check_options(
     group_size, dtype, scale, layout, eps=DEFAULT_EPS, pad_rows=False, activation=None,
-    scale_rule="rceil", expected_m=None, eps_norm=None,
+    scale_rule="rceil", expected_m=None, eps_norm=None, orientation=ROW_WISE,
 ) -> Options:  # fmt: skip
     """The ``Options`` of a call's arguments, each checked (TypeError or ValueError naming it)."""
+    if not isinstance(orientation, str) or orientation not in ORIENTATIONS:
+        raise ValueError(
+            f"orientation: expected one of {', '.join(map(repr, ORIENTATIONS))}, got "
+            f"{orientation!r}"
+        )
     if is_fp4(dtype, scale):
+        if orientation != ROW_WISE:
+            raise ValueError(f"orientation: {orientation!r} is not supported with dtype='e2m1'")
         return _fp4_options(group_size, dtype, scale, layout, eps, pad_rows, activation,
                             scale_rule, expected_m, eps_norm)  # fmt: skip
     group_size = check_group_size(group_size)
@@ -96,10 +119,33 @@ def check_options(
         eps_norm = _check_eps_norm(eps_norm)
         if mode.name is not None:
             raise ValueError("norm: cannot be combined with activation")
-    return Options(
+    options = Options(
         group_size, fmt, scale, layout, check_eps(eps), check_flag(pad_rows, "pad_rows"), mode,
         check_scale_rule(scale_rule, fmt, scale), _check_expected_m(expected_m), eps_norm,
+        orientation=orientation,
     )  # fmt: skip
+    _check_orientation(options)
+    return options
+
+
+def _check_orientation(options: Options) -> None:
+    """The options the column-wise kernel does not take (docs/spec.md, section 4d)."""
+    if options.orientation == ROW_WISE:
+        return
+    refused = {
+        "layout": options.layout.name == BLOCKED,
+        "pad_rows": options.pad_rows,
+        "activation": options.mode.name is not None,
+        "norm": options.norm,
+        "expected_m": options.expected_m is not None,
+    }
+    for name, given in refused.items():
+        if given:
+            value = getattr(options, name, None)
+            shown = value.name if isinstance(value, ScaleLayout) else value
+            raise ValueError(
+                f"{name}: not supported with orientation={options.orientation!r}, got {shown!r}"
+            )
 
 
 def _fp4_options(group_size, dtype, scale, layout, eps, pad_rows, activation, scale_rule,
@@ -195,10 +241,18 @@ class Request:
     nvfp4 = property(lambda self: self.options.nvfp4)
     fp4 = property(lambda self: self.options.fp4)
 
+    orientation = property(lambda self: self.options.orientation)
+
     @cached_property
     def output(self) -> Geometry:
         shape = output_shape(self.mode, self.input_shape)
         return Geometry(shape, self.group_size, self.layout, self.pad_rows)
+
+    @cached_property
+    def transposed(self) -> Geometry:
+        """The column-wise result's scales: ``K`` rows of ``ceil(M / G)`` token groups."""
+        m, k = self.input_shape
+        return transposed_geometry(m, k, self.group_size, self.layout)
 
     def kernel_key(self) -> KernelKey:
         if self.fp4 is not None:
@@ -237,6 +291,16 @@ def make_request(info: ArrayInfo, options: Options, operands: Operands = Operand
 
     Raises TypeError or ValueError naming the argument; nothing has been launched or written.
     """
+    if options.orientation != ROW_WISE:
+        if len(info.shape) != 2:
+            raise ValueError(
+                f"x: orientation={options.orientation!r} needs x of shape [M, K], got shape "
+                f"{tuple(info.shape)}"
+            )
+        if operands.masked_m is not None:
+            raise ValueError(f"masked_m: not supported with orientation={options.orientation!r}")
+        if info.kind != NUMPY:
+            _check_columns_on_device(info, options)
     if options.fp4 is not None:
         for name in ("masked_m", "residual"):
             if getattr(operands, name) is not None:
@@ -282,6 +346,18 @@ def make_request(info: ArrayInfo, options: Options, operands: Operands = Operand
     if info.kind != NUMPY and 0 not in shape:
         _check_device_limits(request, info)
     return request
+
+
+def _check_columns_on_device(info: ArrayInfo, options: Options) -> None:
+    """The column kernel's limits: tiles of 128 tokens by 128 channels, e4m3."""
+    if options.group_size != WEIGHT_BLOCK:
+        raise ValueError(
+            f"group_size: orientation={options.orientation!r} on the GPU takes groups of "
+            f"{WEIGHT_BLOCK} tokens (its 128x128 tiles), got {options.group_size}; other sizes "
+            f"run on the NumPy backend"
+        )
+    assert options.fmt is not None
+    _check_tile_limits(options.fmt, -(-info.shape[0] // WEIGHT_BLOCK), 1, "x")
 
 
 def _check_k(k: int, options: Options) -> None:
@@ -483,3 +559,102 @@ def _check_global(info: ArrayInfo, operands: Operands) -> dict:
             f"global_scale: expected one float32 element, got {array.dtype} of shape {array.shape}"
         )
     return {"global_mode": NVFP4_ON_DEVICE}
+
+
+# 128x128 weight blocks (docs/spec.md, section 4c) ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class WeightOptions:
+    """Every option of a ``quantize_weight`` call, checked."""
+
+    fmt: OutputFormat
+    scale: ScaleFormat
+    layout: str  # a key of WEIGHT_LAYOUTS
+    eps: float
+    scale_rule: str = "rceil"
+
+
+def check_weight_options(block, dtype, scale, layout, eps, scale_rule) -> WeightOptions:
+    """The ``WeightOptions`` of a ``quantize_weight`` call (TypeError or ValueError naming it)."""
+    square = (WEIGHT_BLOCK, WEIGHT_BLOCK)
+    if not isinstance(block, (tuple, list)) or len(block) != 2 or any(
+        isinstance(b, bool) or not isinstance(b, int | np.integer) for b in block
+    ):  # fmt: skip
+        raise TypeError(f"block: expected a pair of ints {square}, got {block!r}")
+    if tuple(block) != square:
+        raise ValueError(f"block: only {square} blocks are supported, got {tuple(block)}")
+    fmt = output_format(dtype)
+    if fmt.name not in WEIGHT_FORMATS:
+        raise ValueError(
+            f"dtype: quantize_weight writes {' or '.join(WEIGHT_FORMATS)}, got {dtype!r}"
+        )
+    scale = scale_format(scale)
+    if not isinstance(layout, str) or layout not in WEIGHT_LAYOUTS:
+        raise ValueError(f"layout: expected one of {', '.join(WEIGHT_LAYOUTS)}, got {layout!r}")
+    if layout in WEIGHT_NEEDS_UE8M0 and not scale.power_of_two:
+        raise ValueError(
+            f"layout={layout!r} holds UE8M0 exponent bytes; it needs scale='ue8m0', got "
+            f"scale={scale.name!r}"
+        )
+    return WeightOptions(fmt, scale, layout, check_eps(eps), check_scale_rule(scale_rule, fmt,
+                                                                              scale))  # fmt: skip
+
+
+@dataclass(frozen=True)
+class WeightRequest:
+    """One validated ``quantize_weight`` call."""
+
+    options: WeightOptions
+    input_dtype: str
+    output: WeightGeometry
+    batch_stride: int  # elements
+    row_stride: int  # elements
+    x_aligned: bool = False  # base and strides allow 16-byte vector loads
+
+
+def make_weight_request(info: ArrayInfo, options: WeightOptions) -> WeightRequest:
+    """Check the weight ``info``; the WeightRequest (nothing launched or written)."""
+    if info.dtype not in INPUT_TYPES:
+        raise TypeError(f"w: expected one of {', '.join(INPUT_TYPES)}, got {info.dtype}")
+    shape = tuple(info.shape)
+    if len(shape) not in (2, 3):
+        raise ValueError(f"w: expected [N, K] or [E, N, K], got shape {shape}")
+    strides: tuple[int, int] | None = (0, shape[-1])
+    if 0 not in shape:
+        if shape[-1] > 1 and info.strides[-1] != 1:
+            raise ValueError(
+                f"w: the last dimension must be contiguous (stride 1), got strides {info.strides}"
+            )
+        strides = row_strides(shape, tuple(info.strides))
+    assert strides is not None  # rows of [N, K] or [E, N, K] always collapse
+    geometry = WeightGeometry(shape, options.layout)
+    aligned = _aligned(info, strides, geometry.n, geometry.batches)
+    request = WeightRequest(options, info.dtype, geometry, *strides, aligned)
+    if info.kind != NUMPY:
+        _check_tile_limits(options.fmt, geometry.blocks[0], geometry.batches, "w")
+    return request
+
+
+def _aligned(info: ArrayInfo, strides: tuple[int, int], rows: int, batches: int) -> bool:
+    """Whether x's base and its row and batch strides (elements) allow 16-byte loads."""
+    batch_stride, row_stride = strides
+    return (
+        info.ptr % VECTOR_ALIGNMENT == 0
+        and (rows <= 1 or row_stride * info.itemsize % VECTOR_ALIGNMENT == 0)
+        and (batches <= 1 or batch_stride * info.itemsize % VECTOR_ALIGNMENT == 0)
+    )
+
+
+TILE_FORMAT = "e4m3"  # the tile kernels' one format (kernels/tile.cuh; _plan.TILE_FORMAT)
+
+
+def _check_tile_limits(fmt: OutputFormat, tiles_y: int, tiles_z: int, name: str) -> None:
+    """What the GPU's tile kernels cannot do: formats but e4m3, grids past 65,535 in y or z."""
+    if fmt.name != TILE_FORMAT:
+        raise ValueError(
+            f"dtype: the GPU kernels of quantize_weight and orientation='col'/'both' write "
+            f"{TILE_FORMAT!r}; {fmt.name!r} runs on the NumPy backend (docs/spec.md, section 9)"
+        )
+    if tiles_y > 65535 or tiles_z > 65535:
+        raise ValueError(f"{name}: more than 65,535 tiles of 128 rows (or batches) on the GPU")

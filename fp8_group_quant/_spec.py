@@ -288,6 +288,7 @@ def check_eps(eps) -> float:
 
 
 ScaleRuleName = Literal["rceil", "floor"]
+OrientationName = Literal["row", "col", "both"]  # docs/spec.md, section 4d
 SCALE_RULES = ("rceil", "floor")  # the UE8M0 exponent rules (docs/spec.md, section 3)
 
 

@@ -8,14 +8,16 @@ from typing import Any, TypeVar
 
 from . import _device, _jit, _plan, _run, _settings
 from ._arrays import device_signature
-from ._dequantize import as_float8, dequantize, scale_offsets, unpack_scales
+from ._dequantize import as_float8, dequantize, dequantize_weight, scale_offsets, unpack_scales
 from ._device import PreparedQuantize
-from ._layout import PACKED, LayoutName
-from ._request import Options, check_options
+from ._layout import PACKED, WEIGHT_BLOCK, LayoutName, WeightLayoutName
+from ._outputs import BothOrientations
+from ._request import Options, check_options, check_weight_options
 from ._spec import (
     DEFAULT_EPS,
     INPUT_TYPES,
     ActivationName,
+    OrientationName,
     OutputDType,
     ScaleName,
     ScaleRuleName,
@@ -24,12 +26,15 @@ from ._spec import (
 Array = TypeVar("Array", bound=Any)  # numpy, cupy, torch (CPU or CUDA), JAX or numba
 
 __all__ = [
+    "BothOrientations",
     "PreparedQuantize",
     "as_float8",
     "dequantize",
+    "dequantize_weight",
     "prepare",
     "quantize",
     "quantize_packed",
+    "quantize_weight",
     "scale_offsets",
     "unpack_scales",
     "warmup",
@@ -54,6 +59,7 @@ def quantize(
     residual=None,
     scale_rule: ScaleRuleName = "rceil",
     global_scale=None,
+    orientation: OrientationName = "row",
 ) -> tuple[Array, ...]:
     """Quantize ``x`` per token in groups of ``group_size`` channels.
 
@@ -141,6 +147,16 @@ def quantize(
         (never read on the host; it must hold a positive finite value). None computes
         ``448 * 6 / amax(x)`` on the device (one extra pass over ``x``) and returns it as a
         third output, a one-element float32 array. No other option applies to NVFP4.
+    orientation : {"row", "col", "both"}
+        ``"row"``: groups of channels (everything above). ``"col"``: ``x [M, K]`` quantized
+        transposed, for the weight-gradient GEMM: ``qt [K, M]`` with each value in its group
+        of ``group_size`` consecutive tokens of one channel (the last group partial when
+        ``M % group_size``: its maximum over the tokens that exist), scales in ``layout``
+        over ``[K, ceil(M / group_size)]`` (``"col"``: strides ``(1, K)``, what
+        ``torch._scaled_mm`` reads). ``"both"``: ``BothOrientations(q, scales, qt,
+        scales_t)`` from one read of ``x``; ``out`` and ``scale_out`` are then pairs (row,
+        col). Not with ``pad_rows``, ``activation``, ``norm``, ``masked_m``, FP4 or
+        ``layout="blocked"`` (``docs/spec.md``, section 4d).
 
     Returns
     -------
@@ -155,22 +171,24 @@ def quantize(
         # call without validating again (the options were, when it was made)
         signature = device_signature(x)
         if signature is not None and expected_m is None:
-            raw = (group_size, dtype, scale, layout, eps, pad_rows, activation, scale_rule)
+            raw = (group_size, dtype, scale, layout, eps, pad_rows, activation, scale_rule,
+                   orientation)  # fmt: skip
             plan = _device.cached((*signature[:-1], raw))
             if plan is not None:
                 return plan.run(signature[-1], out, scale_out)
     call = _call(group_size, dtype, scale, layout, eps, pad_rows, activation, scale_rule,
-                 masked_m, expected_m, norm, residual, global_scale)  # fmt: skip
+                 masked_m, expected_m, norm, residual, global_scale, orientation)  # fmt: skip
     return _run.quantize(x, call, out, scale_out)
 
 
 def _call(group_size, dtype, scale, layout, eps, pad_rows, activation, scale_rule, masked_m,
-          expected_m, norm, residual, global_scale) -> _run.Call:  # fmt: skip
+          expected_m, norm, residual, global_scale, orientation="row") -> _run.Call:  # fmt: skip
     """The validated options of a call and its other arrays."""
     weight, eps_norm = _norm_argument(norm, residual)
     options = check_options(group_size, dtype, scale, layout, eps, pad_rows, activation,
-                            scale_rule, expected_m, eps_norm)  # fmt: skip
-    raw: tuple = (group_size, dtype, scale, layout, eps, pad_rows, activation, scale_rule)
+                            scale_rule, expected_m, eps_norm, orientation)  # fmt: skip
+    raw: tuple = (group_size, dtype, scale, layout, eps, pad_rows, activation, scale_rule,
+                  orientation)  # fmt: skip
     if expected_m is not None or eps_norm is not None:
         raw += (expected_m, eps_norm)
     arrays, global_value = _run.global_scale_arguments(global_scale)
@@ -191,6 +209,52 @@ def _norm_argument(norm, residual) -> tuple:
         got = f"a tuple of {len(norm)} items" if isinstance(norm, tuple) else type(norm).__name__
         raise TypeError(f"norm: expected a (weight, eps_norm) tuple, got {got}")
     return norm
+
+
+def quantize_weight(
+    w: Array,
+    block: tuple[int, int] = (WEIGHT_BLOCK, WEIGHT_BLOCK),
+    *,
+    dtype: OutputDType = "e4m3",
+    scale: ScaleName = "float32",
+    layout: WeightLayoutName = "row",
+    eps: float = DEFAULT_EPS,
+    scale_rule: ScaleRuleName = "rceil",
+    out=None,
+    scale_out=None,
+) -> tuple[Array, Array]:
+    """Quantize a weight ``w [N, K]`` (or experts ``[E, N, K]``) in 128x128 blocks.
+
+    For each block ``v`` of 128 rows by 128 columns (cut at ``N`` and ``K``: a partial edge
+    block's maximum is over the values that exist): ``amax = max(eps, max|v_i| over finite
+    v_i)``, ``s = amax / fmax`` or its UE8M0 power of two, ``q_i = RNE(clamp(v_i / s))``: the
+    arithmetic of ``quantize`` (``docs/spec.md``, section 4c), bit for bit.
+
+    Parameters
+    ----------
+    w : numpy.ndarray or torch CPU tensor, ``[N, K]`` or ``[E, N, K]``
+        bfloat16, float16 or float32; last dimension contiguous; any ``N`` and ``K``.
+    block : (128, 128)
+    dtype : {"e4m3", "e5m2"}
+    scale : {"float32", "ue8m0"}
+    layout : {"row", "col", "bytes", "packed"}
+        With ``nb = ceil(N/128)``, ``kb = ceil(K/128)``: ``row`` float32 ``[nb, kb]`` strides
+        ``(kb, 1)`` (DeepGEMM on SM90; ``torch._scaled_mm`` takes its ``.t()``); ``col``
+        float32 ``[nb, kb]`` strides ``(1, nb)``; ``bytes`` uint8 exponent bytes ``[nb, kb]``
+        (UE8M0); ``packed`` int32 ``[N, ceil(kb/4)]`` strides ``(1, align(N, 4))``, row ``n``
+        holding block row ``n // 128``'s exponents four to a word (UE8M0; DeepGEMM on SM100).
+        Batched weights put the expert dimension first (stride ``nb*kb``, or
+        ``align(N, 4) * ceil(kb/4)`` for ``packed``).
+    eps, scale_rule : as for ``quantize``.
+    out, scale_out : optional, with exactly the shapes, dtypes and strides returned.
+
+    Returns
+    -------
+    q : ``w``'s shape, float8 codes (numpy ``ml_dtypes``, torch ``float8``).
+    scales : as ``layout`` says.
+    """
+    options = check_weight_options(block, dtype, scale, layout, eps, scale_rule)
+    return _run.quantize_weight(w, options, out, scale_out)
 
 
 def prepare(

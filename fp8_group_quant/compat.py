@@ -15,15 +15,23 @@ fp8_group_quant's contract (see the README). Swap by changing an import::
 
     # from vllm._custom_ops import scaled_fp4_quant
     from fp8_group_quant.compat import scaled_fp4_quant
+
+    # from deep_gemm.utils.math import per_block_cast_to_fp8
+    from fp8_group_quant.compat import per_block_cast_to_fp8
+
+    # from torchao.prototype.blockwise_fp8_training.kernels import (
+    #     triton_fp8_blockwise_act_quant_lhs, ...)
+    from fp8_group_quant.compat import act_quant_lhs, act_quant_rhs, act_quant_transposed_lhs
 """
 
 from __future__ import annotations
 
 import math
+import sys
 
 from ._layout import COL, COL_TMA, PACKED, ROW, Geometry, LayoutName, scale_layout
 from ._spec import ScaleName
-from .api import quantize
+from .api import quantize, quantize_weight
 
 __all__ = [
     "per_token_group_quant_fp8",
@@ -35,6 +43,12 @@ __all__ = [
     "mxfp8_quantize",
     "fp4_quantize",
     "scaled_fp4_quant",
+    "per_block_cast_to_fp8",
+    "act_quant_lhs",
+    "act_quant_rhs",
+    "act_quant_transposed_lhs",
+    "weight_quant_rhs",
+    "weight_quant_transposed_rhs",
 ]
 
 
@@ -522,3 +536,104 @@ def _nvfp4(input, global_scale, swizzled: bool):
     if not swizzled:
         return q, _linear_scales(scales, x.shape[0], x.shape[1] // 16, 16)
     return q, scales
+
+
+# 128x128 weights and the training orientations (docs/spec.md, sections 4c and 4d) -----------
+
+DEEPGEMM_EPS = 1e-4  # the clamp of DeepGEMM's amax (deep_gemm/utils/math.py)
+TORCHAO_EPS = 1e-12  # torchao's blockwise training kernels' EPS
+
+
+def per_block_cast_to_fp8(x, use_ue8m0: bool, gran_k: int = 128):
+    """DeepGEMM's ``per_block_cast_to_fp8`` (deep_gemm/utils/math.py at commit 38939a4, the
+    same function vLLM and SGLang copy): e4m3 codes ``[m, n]`` and float32 block scales
+    ``[ceil(m/128), ceil(n/128)]`` of 128x128 blocks, partial edge blocks allowed, the block
+    maximum clamped at 1e-4. ``use_ue8m0`` makes the scales powers of two (the ceiling of
+    ``amax / 448``).
+
+    Differences: with ``use_ue8m0`` none on finite input (both multiply by an exact power of
+    two). With float scales DeepGEMM multiplies by ``RN(1 / s)`` where this library divides by
+    ``s``, so a code can differ by one step where the two roundings part. A NaN in a block makes
+    DeepGEMM's whole block NaN (its maximum is NaN); here it stays in its own code (section 5).
+    ``gran_k`` other than 128 is refused (the blocks here are 128x128).
+    """
+    if gran_k != 128:
+        raise ValueError(f"gran_k: only 128 (128x128 blocks) is supported, got {gran_k!r}")
+    if len(tuple(x.shape)) != 2:
+        raise ValueError(f"x: expected a 2-D weight [m, n], got shape {tuple(x.shape)}")
+    return quantize_weight(x, scale="ue8m0" if use_ue8m0 else "float32", eps=DEEPGEMM_EPS)
+
+
+def _torchao_checks(x, block_size: int, dtype) -> None:
+    """torchao's arguments: block_size 128 (our tiles), e4m3 only (as torchao asserts)."""
+    if block_size != 128:
+        raise ValueError(f"block_size: only 128 is supported, got {block_size!r}")
+    if dtype is not None and "float8_e4m3fn" not in str(dtype):
+        raise ValueError(f"dtype: torchao's blockwise kernels write float8_e4m3fn, got {dtype}")
+
+
+def act_quant_lhs(x, block_size: int = 128, dtype=None):
+    """torchao's ``triton_fp8_blockwise_act_quant_lhs`` (torchao/prototype/blockwise_fp8_training/
+    kernels.py at commit 0598012): ``x [M, K]`` in 1 x ``block_size`` groups; codes ``[M, K]``
+    row-major, scales ``[M, K/128]`` column-major (strides ``(1, M)``), the layout
+    ``torch._scaled_mm`` reads. The scale is the dequantization factor (torchao calls it the
+    reciprocal scale).
+
+    Difference: torchao computes ``448 / amax`` in float64, rounds it to float32, multiplies by
+    it and stores ``RN(1 / that)``; this library stores ``RN(amax / 448)`` and divides by it
+    (docs/spec.md, section 3): scales agree to the last bit or two, codes but for rare ties.
+    Its ``EPS`` (1e-12) is used as eps. NaN and Inf follow section 5.
+    """
+    _torchao_checks(x, block_size, dtype)
+    return quantize(x, block_size, layout=COL, eps=TORCHAO_EPS)
+
+
+def act_quant_transposed_lhs(x, block_size: int = 128, dtype=None):
+    """torchao's ``triton_fp8_blockwise_act_quant_transposed_lhs`` (same file and commit):
+    ``x [M, K]`` quantized transposed, groups of ``block_size`` tokens of one channel; codes
+    ``[K, M]`` row-major, scales ``[K, M/128]`` strides ``(1, K)``: ``quantize(x, 128,
+    orientation="col", layout="col")``. torchao requires M to be a multiple of 128; here the last
+    token group may be partial. Arithmetic differences as for ``act_quant_lhs``."""
+    _torchao_checks(x, block_size, dtype)
+    return quantize(x, block_size, layout=COL, eps=TORCHAO_EPS, orientation="col")
+
+
+def act_quant_rhs(x, block_size: int = 128, dtype=None):
+    """torchao's ``triton_fp8_blockwise_act_quant_rhs`` (same file and commit): ``x [M, K]`` in
+    ``block_size`` x 1 groups (tokens of one channel); codes ``[M, K]`` column-major (strides
+    ``(1, M)``), scales ``[M/128, K]`` row-major: the column-wise result's transposes, no copy.
+    torchao returns ``1 / (448 / amax)`` here too (its docstring says scales); arithmetic
+    differences as for ``act_quant_lhs``."""
+    _torchao_checks(x, block_size, dtype)
+    qt, scales_t = quantize(x, block_size, layout=COL, eps=TORCHAO_EPS, orientation="col")
+    return qt.T, scales_t.T
+
+
+def weight_quant_rhs(x, block_size: int = 128, dtype=None):
+    """torchao's ``triton_fp8_blockwise_weight_quant_rhs`` (same file and commit): 128x128
+    blocks of ``x [M, N]``; codes ``[M, N]`` column-major (strides ``(1, M)``), scales
+    ``[M/128, N/128]`` strides ``(1, M/128)``. Column-major codes are those of ``x``
+    transposed, so ``x.T`` is quantized (a copy of the input where it is not already
+    column-major). Arithmetic differences as for ``act_quant_lhs``."""
+    _torchao_checks(x, block_size, dtype)
+    q, scales = quantize_weight(_contiguous(x.T), eps=TORCHAO_EPS)
+    return q.T, scales.T
+
+
+def weight_quant_transposed_rhs(x, block_size: int = 128, dtype=None):
+    """torchao's ``triton_fp8_blockwise_weight_quant_transposed_rhs`` (same file and commit):
+    128x128 blocks of ``x [M, N]``, returned transposed: codes ``[N, M]`` column-major (strides
+    ``(1, N)``), scales ``[N/128, M/128]`` strides ``(1, N/128)``: the transposes of
+    ``quantize_weight(x)``, no copy."""
+    _torchao_checks(x, block_size, dtype)
+    q, scales = quantize_weight(x, eps=TORCHAO_EPS)
+    return q.T, scales.T
+
+
+def _contiguous(array):
+    """``array`` row-major: torch's ``contiguous()``, or its library's ``ascontiguousarray``
+    (numpy, cupy); no copy where it already is."""
+    if hasattr(array, "contiguous"):
+        return array.contiguous()
+    library = sys.modules[type(array).__module__.split(".")[0]]
+    return library.ascontiguousarray(array)

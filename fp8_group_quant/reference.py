@@ -23,7 +23,7 @@ from ._spec import (
 __all__ = [
     "quantize_groups", "encode", "ue8m0_exponents", "floor_exponents", "quantize_into",
     "quantize_into_masked", "nvfp4_global_scale", "nvfp4_groups", "mxfp4_groups", "pack_e2m1",
-    "store_scales",
+    "store_scales", "quantize_blocks", "quantize_token_groups",
 ]  # fmt: skip
 
 _ABS_MASK = np.uint32(0x7FFFFFFF)
@@ -96,6 +96,38 @@ def quantize_groups(values: np.ndarray, fmt, scale, eps: float, rule: str = "rce
             scales = (amax / np.float32(fmt.fmax)).astype(np.float32)
             t = values / scales[..., None]
     return encode(t, values, fmt), scales, exponents
+
+
+def quantize_blocks(values: np.ndarray, fmt, scale, eps: float, rule: str = "rceil",
+                    block: int = 128):  # fmt: skip
+    """Quantize ``[B, N, K]`` float32 ``values`` in blocks of ``block`` x ``block`` (section 4c):
+    each block's values are one group of ``quantize_groups``. A partial edge block is padded
+    with zeros, which never raise a maximum floored at ``eps``. Returns ``(codes uint8
+    [B, N, K], scales float32 [B, nb, kb], exponents uint32 [B, nb, kb] or None)``."""
+    b, n, k = values.shape
+    nb, kb = -(-n // block), -(-k // block)
+    padded = np.zeros((b, nb * block, kb * block), np.float32)
+    padded[:, :n, :k] = values
+    tiles = padded.reshape(b, nb, block, kb, block).transpose(0, 1, 3, 2, 4)
+    codes, scales, exponents = quantize_groups(
+        tiles.reshape(b, nb, kb, block * block), fmt, scale, eps, rule
+    )
+    codes = codes.reshape(b, nb, kb, block, block).transpose(0, 1, 3, 2, 4)
+    return codes.reshape(b, nb * block, kb * block)[:, :n, :k], scales, exponents
+
+
+def quantize_token_groups(values: np.ndarray, fmt, scale, eps: float, rule: str, group: int):
+    """The column-wise result of float32 ``values [M, K]`` (section 4d): each channel's runs of
+    ``group`` consecutive tokens are groups, the last one partial where ``group`` does not
+    divide ``M`` (zero-padded, as for weight blocks). Returns ``(codes uint8 [K, M], scales
+    float32 [K, cg], exponents uint32 [K, cg] or None)``."""
+    m, k = values.shape
+    groups = -(-m // group)
+    padded = np.zeros((groups * group, k), np.float32)
+    padded[:m] = values
+    codes, scales, exponents = quantize_groups(padded.T.reshape(k, groups, group), fmt, scale,
+                                               eps, rule)  # fmt: skip
+    return codes.reshape(k, groups * group)[:, :m], scales, exponents
 
 
 def quantize_into(

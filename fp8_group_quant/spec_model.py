@@ -259,11 +259,18 @@ def quantize(x, group_size, fmt, scale, eps, rule="rceil"):
 def expected_storage(codes, scales, storage: Storage):
     """(q bytes, scale bytes): every byte of the storage a call owns, padding zero, with the
     model's ``codes`` and ``scales`` at the places section 6 gives them."""
-    b, m, ng = storage.batches, storage.rows, storage.groups
+    b, m = storage.batches, storage.rows
     q = np.zeros((b, storage.q_rows, storage.k), np.uint8)
     q[:, :m] = codes.reshape(b, m, storage.k)
+    return q.reshape(-1), expected_scale_bytes(scales, storage)
+
+
+def expected_scale_bytes(scales, storage: Storage) -> np.ndarray:
+    """Every byte of the scale storage of ``storage``, padding zero, ``scales`` (floats, one per
+    group) at the places section 6 gives them."""
+    b, m, ng = storage.batches, storage.rows, storage.groups
     scale_bytes = np.zeros(storage.scale_words * 4, np.uint8)
-    scales = scales.reshape(b, m, ng)
+    scales = np.asarray(scales).reshape(b, m, ng)
     for bi, mi, gi in np.ndindex(b, m, ng):
         offset = storage.scale_offset(bi, mi, gi)
         s = float(scales[bi, mi, gi])
@@ -271,7 +278,65 @@ def expected_storage(codes, scales, storage: Storage):
             scale_bytes[offset] = ue8m0_exponent(s)
         else:
             scale_bytes[offset : offset + 4] = list(struct.pack("<f", s))
-    return q.reshape(-1), scale_bytes
+    return scale_bytes
+
+
+# sections 4c and 4d: weight blocks and token groups -----------------------------------------
+
+WEIGHT_BLOCK = 128
+
+
+def quantize_weight(w, fmt, scale, eps, rule="rceil"):
+    """(codes uint8 [E, N, K], block scales float64 [E, nb, kb]) of ``w`` ``[N, K]`` or
+    ``[E, N, K]``: each block of 128 x 128 values that exist is one group of section 3."""
+    values = np.asarray(w).astype(np.float32)
+    values = values.reshape((values.shape[0] if values.ndim == 3 else 1, *values.shape[-2:]))
+    e, n, k = values.shape
+    nb, kb = -(-n // WEIGHT_BLOCK), -(-k // WEIGHT_BLOCK)
+    codes = np.zeros((e, n, k), np.uint8)
+    scales = np.zeros((e, nb, kb))
+    for b, i, j in np.ndindex(e, nb, kb):
+        rows = slice(i * WEIGHT_BLOCK, (i + 1) * WEIGHT_BLOCK)
+        columns = slice(j * WEIGHT_BLOCK, (j + 1) * WEIGHT_BLOCK)
+        block = values[b, rows, columns]
+        group, scales[b, i, j] = scalar_group(block.reshape(-1).tolist(), fmt, scale == "ue8m0",
+                                              eps, rule)  # fmt: skip
+        codes[b, rows, columns] = np.array(group, np.uint8).reshape(block.shape)
+    return codes, scales
+
+
+def weight_scale_bytes(scales, n: int, layout: str) -> np.ndarray:
+    """Every byte of a weight's scale storage in ``layout`` (section 4c's table), from the
+    block scales ``[E, nb, kb]`` of a weight of ``n`` rows; padding zero."""
+    e, nb, kb = scales.shape
+    if layout == "packed":  # row r holds block row r // 128, then section 6's packed layout
+        rows = np.repeat(scales, WEIGHT_BLOCK, axis=1)[:, :n]
+        storage = Storage((e, n, kb * WEIGHT_BLOCK), WEIGHT_BLOCK, "packed", False)
+        return expected_scale_bytes(rows, storage)
+    out = np.zeros(e * nb * kb * (1 if layout == "bytes" else 4), np.uint8)
+    for b, i, j in np.ndindex(e, nb, kb):
+        s = float(scales[b, i, j])
+        if layout == "bytes":
+            out[b * nb * kb + i * kb + j] = ue8m0_exponent(s)
+            continue
+        index = b * nb * kb + (j * nb + i if layout == "col" else i * kb + j)
+        out[4 * index : 4 * index + 4] = list(struct.pack("<f", s))
+    return out
+
+
+def quantize_columns(x, group_size, fmt, scale, eps, rule="rceil"):
+    """(codes uint8 [K, M], scales float64 [K, cg]) of ``x [M, K]`` column-wise: channel ``k``'s
+    tokens ``j*G .. j*G + G - 1`` that exist are one group of section 3."""
+    values = np.asarray(x).astype(np.float32)
+    m, k = values.shape
+    groups = -(-m // group_size)
+    codes = np.zeros((k, m), np.uint8)
+    scales = np.zeros((k, groups))
+    for c, j in np.ndindex(k, groups):
+        tokens = slice(j * group_size, (j + 1) * group_size)
+        group = values[tokens, c].tolist()
+        codes[c, tokens], scales[c, j] = scalar_group(group, fmt, scale == "ue8m0", eps, rule)
+    return codes, scales
 
 
 # section 2a: the fused SiLU, one value at a time ---------------------------------------------

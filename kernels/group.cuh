@@ -24,6 +24,21 @@ __device__ __forceinline__ u32 group_max(u32 value, u32 mask) {
 // scale and encode one lane's values --------------------------------------------------------------
 enum ScaleOp : int { kMultiply = 0, kDivideFast = 1, kDivideExact = 2 };
 
+// one value scaled for encoding: v / scale (factor = RN(1 / scale) for kDivideFast), or
+// v * factor for kMultiply, factor already holding the format's 2^kCodeExponent (both exact
+// powers of two)
+template <int kOut, int kOp>
+__device__ __forceinline__ float scaled_value(float v, float scale, float factor) {
+  float t;
+  if constexpr (kOp == kMultiply) t = mul_rn(v, factor);
+  if constexpr (kOp == kDivideFast) t = divide_fast(v, scale, factor);
+  if constexpr (kOp == kDivideExact) t = div_rn(v, scale);
+  if constexpr (kOp != kMultiply && Output<kOut>::kCodeExponent != 0) {
+    t = mul_rn(t, static_cast<float>(1u << Output<kOut>::kCodeExponent));
+  }
+  return t;
+}
+
 template <int kIn, int kOut, int kOp, int kValues, typename V>
 __device__ __forceinline__ void encode_lane(const V& values, float scale, float factor,
                                             u32 (&codes)[kValues / 4]) {
@@ -32,14 +47,7 @@ __device__ __forceinline__ void encode_lane(const V& values, float scale, float 
     float t[4];
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      const float v = LaneValues<kIn, V>::value(values, 4 * w + j);
-      // kMultiply: factor already holds the format's 2^kCodeExponent; both exact powers of two
-      if constexpr (kOp == kMultiply) t[j] = mul_rn(v, factor);
-      if constexpr (kOp == kDivideFast) t[j] = divide_fast(v, scale, factor);
-      if constexpr (kOp == kDivideExact) t[j] = div_rn(v, scale);
-      if constexpr (kOp != kMultiply && Output<kOut>::kCodeExponent != 0) {
-        t[j] = mul_rn(t[j], static_cast<float>(1u << Output<kOut>::kCodeExponent));
-      }
+      t[j] = scaled_value<kOut, kOp>(LaneValues<kIn, V>::value(values, 4 * w + j), scale, factor);
     }
     codes[w] = Output<kOut>::encode4(t);
   }
@@ -111,6 +119,35 @@ __device__ __forceinline__ u32 rule_exponent(const Params& p, float amax) {
   return p.floor_emax != 0u ? floor_rule : rceil;
 }
 
+// the power of two a value is multiplied by under UE8M0 exponent byte `exponent`:
+// 2^-(exponent - bias) times the format's 2^kCodeExponent, as float32 bits
+template <int kOut>
+__device__ __forceinline__ float ue8m0_inverse(u32 exponent) {
+  return __uint_as_float((2u * kF32Bias + Output<kOut>::kCodeExponent - exponent) << 23);
+}
+
+// the scale of a group whose maximum is amax (eps applied), and this lane's codes under it;
+// `exponent` receives the UE8M0 byte (0 for float scales)
+template <int kIn, int kOut, int kScale, int kValues, typename V>
+__device__ __forceinline__ float encode_scaled(const Params& p, const V& values, float amax,
+                                               u32& exponent, u32 (&codes)[kValues / 4]) {
+  float scale;
+  if constexpr (kScale == kFloat32Scale) {
+    exponent = 0u;
+    scale = divide_by_max(amax, p.fmax, p.inverse_fmax);
+    if (scale >= kMinFastDivisor) {
+      encode_lane<kIn, kOut, kDivideFast, kValues>(values, scale, rcp_rn(scale), codes);
+    } else {
+      encode_lane<kIn, kOut, kDivideExact, kValues>(values, scale, 0.0f, codes);
+    }
+  } else {
+    exponent = rule_exponent(p, amax);
+    scale = __uint_as_float(exponent << 23);
+    encode_lane<kIn, kOut, kMultiply, kValues>(values, scale, ue8m0_inverse<kOut>(exponent), codes);
+  }
+  return scale;
+}
+
 // scale, encode and store one group ---------------------------------------------------------------
 // From `magnitude`, the group's maximum magnitude over finite values; `patch` gives the
 // non-finite values their codes before the stores (see quantize_group for the arguments).
@@ -122,23 +159,8 @@ __device__ __forceinline__ void finish_group(const Params& p, const V& values, u
                                              u8* scale_at, bool store_scale, int group,
                                              u32 (&codes)[kValues / 4]) {
   const float amax = fmaxf(LaneValues<kIn, V>::magnitude_to_f32(magnitude), p.eps);
-  float scale;
-  u32 exponent = 0u;
-  if constexpr (kScale == kFloat32Scale) {
-    scale = divide_by_max(amax, p.fmax, p.inverse_fmax);
-    if (scale >= kMinFastDivisor) {
-      encode_lane<kIn, kOut, kDivideFast, kValues>(values, scale, rcp_rn(scale), codes);
-    } else {
-      encode_lane<kIn, kOut, kDivideExact, kValues>(values, scale, 0.0f, codes);
-    }
-  } else {
-    exponent = rule_exponent(p, amax);
-    scale = __uint_as_float(exponent << 23);
-    // 2^-(exponent - bias) times the format's 2^kCodeExponent, as float32 bits
-    const float inverse =
-        __uint_as_float((2u * kF32Bias + Output<kOut>::kCodeExponent - exponent) << 23);
-    encode_lane<kIn, kOut, kMultiply, kValues>(values, scale, inverse, codes);
-  }
+  u32 exponent;
+  const float scale = encode_scaled<kIn, kOut, kScale, kValues>(p, values, amax, exponent, codes);
   if (__builtin_expect(patch, 0)) patch_group<kIn, kUnsignedNaN, kValues>(p, values, codes);
   // the codes, then the scale (one lane per group)
   if (store_q) store_codes<kValues>(q_dst, codes);

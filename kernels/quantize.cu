@@ -10,6 +10,7 @@
 //   one_pass.cuh    quantize_groups' one-pass grid walk
 //   norm.cuh        RMSNorm's arithmetic and quantize_norm's walk over the rows
 //   fp4.cuh         the FP4 formats (NVFP4, MXFP4): e2m1 codes, the bodies of their kernels
+//   tile.cuh        128x128 tiles: weight blocks, the column-wise orientation and "both"
 //
 // quantize_groups: every input type, group size, output format, scale layout and activation,
 // two grid walks from one template (docs/perf.md). kOnePass: the group slots of the real rows
@@ -42,6 +43,7 @@
 #include "layouts.cuh"
 #include "norm.cuh"
 #include "one_pass.cuh"
+#include "tile.cuh"
 
 namespace fgq {
 
@@ -386,6 +388,21 @@ __global__ void __maxnreg__((norm_registers<kIn, kLayout, kPer>()))
   } else {
     norm_rows<kIn, kGroup, kOut, kScale, kLayout, kPer, false, false>(p, warp_sums, row_r, norm_stash);
   }
+}
+
+// 128x128 tiles (tile.cuh) ------------------------------------------------------------------------
+
+// quantize_weight: one block a 128x128 weight block; the scale layout is a run-time choice
+// (one store a block), so the key is the input type, the format and the scale kind
+template <int kIn, int kOut, int kScale>
+__global__ void __launch_bounds__(kTileThreads, tile_blocks_per_sm<kScale>()) quantize_weight_blocks(const __grid_constant__ Params p) {
+  weight_block_tile<kIn, kOut, kScale>(p);
+}
+
+// orientation "col" (p.q null) and "both": one block a tile of 128 tokens by 128 channels
+template <int kIn, int kOut, int kScale, int kLayout>
+__global__ void __launch_bounds__(kTileThreads, tile_blocks_per_sm<kScale>()) quantize_columns(const __grid_constant__ Params p) {
+  column_tile<kIn, kOut, kScale, kLayout>(p);
 }
 
 // FP4 (fp4.cuh) -----------------------------------------------------------------------------------

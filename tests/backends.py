@@ -256,3 +256,19 @@ def check(x_host, x_device, lib, group_size, dtype, scale, layout, pad_rows=Fals
     rows = q_ref.reshape(geometry.batches, geometry.q_rows, geometry.k)[:, : geometry.rows]
     assert_same_bytes(to_host_bytes(q2), rows, f"q, allocated ({what})")
     assert_same_bytes(to_host_bytes(s2), to_host_bytes(s), f"scales, allocated ({what})")
+
+
+def poisoned_spec(spec, lib: str, poison: int):
+    """(view, storage bytes): a view with ``spec``'s shape and strides (an ``OutputSpec`` of
+    fp8_group_quant._outputs) over ``spec.storage`` poisoned elements of ``lib``."""
+    itemsize = 4 if spec.dtype in ("float32", "int32") else 1
+    buffer = poisoned_bytes(spec.storage * itemsize, poison, lib)
+    return strided_view(buffer, spec.dtype, spec.shape, spec.strides, lib), buffer
+
+
+def assert_allocated(results, expected: tuple, what: str) -> None:
+    """The outputs of a call that allocated them hold ``expected`` bytes (logical order),
+    one entry per output."""
+    assert len(results) == len(expected), f"{what}: {len(results)} outputs"
+    for i, (got, want) in enumerate(zip(results, expected)):
+        assert_same_bytes(to_host_bytes(got), want, f"output {i}, allocated ({what})")

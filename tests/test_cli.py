@@ -161,7 +161,7 @@ def test_bench_fused_times_the_paths_asked_in_its_own_order(monkeypatch, capsys,
 BENCH_OPTIONS = ["--m", "--k", "--input-dtype", "--dtype", "--scale", "--layout", "--group-size",
                  "--scale-rule", "--json", "--plot", "--only", "--cold-start", "--matrix",
                  "--profile-host", "--fused", "--paths", "--nvfp4", "--chain",
-                 "--peers"]  # fmt: skip
+                 "--peers", "--linear", "--n"]  # fmt: skip
 
 
 def test_bench_help_lists_every_option(capsys):
@@ -184,7 +184,7 @@ def test_bench_json_config_keeps_its_keys_and_their_order(monkeypatch):
     assert cli.main(["bench", "--m", "1", "--k", "256"]) == 0
     config = bench_cli.json_config(seen[-1])
     assert list(config) == ["command", "tokens", "hidden"] + [
-        option[2:].replace("-", "_") for option in BENCH_OPTIONS[:-1]
+        option[2:].replace("-", "_") for option in BENCH_OPTIONS if option != "--peers"
     ]
     assert config["command"] == "bench" and config["tokens"] == 4096
     assert config["m"] == [1] and config["k"] == [256]

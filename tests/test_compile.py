@@ -33,7 +33,8 @@ def _check_compiled(arch: str, keys: list[str], lowered: dict[str, str], report:
     assert set(lowered) == set(keys)
     assert len(set(lowered.values())) == len(keys)  # one distinct kernel per key
     kernels = ("_ZN3fgq15quantize_groups", "_ZN3fgq15quantize_masked", "_ZN3fgq13quantize_norm",
-               "_ZN3fgq12quantize_fp4", "_ZN3fgq10nvfp4_amax")  # fmt: skip
+               "_ZN3fgq12quantize_fp4", "_ZN3fgq10nvfp4_amax", "_ZN3fgq22quantize_weight_blocks",
+               "_ZN3fgq16quantize_columns")  # fmt: skip
     assert all(name.startswith(kernels) for name in lowered.values())
     # ptxas's resource report: one spill line per kernel, and on Hopper, where the register
     # bounds were measured, no kernel spills (a spill in the loop cost int8 and float-scale
@@ -54,7 +55,8 @@ def test_instantiation_count():
     # UE8M0 scales (float words and packed, four formats) at six blocks an SM too; the one-pass
     # kernel of plain aligned input with the load linear in the slot (contiguous rows); then
     # per input type the FP4 kernel of each format and layout (NVFP4 blocked, MXFP4 row and
-    # blocked) and NVFP4's amax kernel
+    # blocked) and NVFP4's amax kernel; then the 128x128 tiles of e4m3: weight blocks (inputs x
+    # scale kinds) and the column-wise kernel (inputs x float words, UE8M0 in them, packed)
     combinations = 4 * (4 * 3 + 2)
     six_blocks = 4 * 4 * 2
     flat = 3 * combinations
@@ -65,6 +67,8 @@ def test_instantiation_count():
         + six_blocks
         + flat
         + 3 * (3 + 1)
+        + 3 * 2
+        + 3 * 3
     )
 
 
@@ -97,7 +101,8 @@ def test_every_instantiation_compiles(arch, request):
 def _one_of_each_kernel() -> list[str]:
     """A name expression of each kernel template and input mode of quantize.cu."""
     names = _plan.all_name_expressions()
-    kinds = ("quantize_groups", "quantize_masked", "quantize_norm", "nvfp4_amax")
+    kinds = ("quantize_groups", "quantize_masked", "quantize_norm", "nvfp4_amax",
+             "quantize_weight_blocks", "quantize_columns")  # fmt: skip
     picked = [next(n for n in names if f"fgq::{kind}<" in n) for kind in kinds]
     # every FP4 format and layout of bfloat16 (one lane a group of 16, two of 32), and MXFP4 of
     # float32 (four lanes a group)
@@ -109,7 +114,11 @@ def _one_of_each_kernel() -> list[str]:
         picked.append(next(n for n in names if "kSiluMul" in n and n.startswith(prefix)))
         picked.append(next(n for n in names if "kGeluTanhMul" in n and n.startswith(prefix)))
     picked.append(_plan.DEFAULT_KEY.name_expression)
-    return picked
+    # the tiles' heaviest: UE8M0 (one block an SM), 16-bit and float32 input, packed columns
+    picked += [_plan.weight_name("bfloat16", "ue8m0"), _plan.weight_name("float32", "ue8m0"),
+               _plan.columns_name("float32", "ue8m0", "fgq::kPackedExponents"),
+               _plan.columns_name("bfloat16", "float32", "fgq::kFloatWords")]  # fmt: skip
+    return list(dict.fromkeys(picked))
 
 
 def test_no_module_declares_constant_memory():
@@ -345,8 +354,9 @@ def test_the_benchmarks_chain_kernels_compile():
     for arch in ARCHS:
         lowered = _jit.compile_offline(CHAIN_SOURCE, list(CHAIN_KERNELS), arch)
         assert len(set(lowered.values())) == 2
-        roofs = ["fgq::roofline_copy", "fgq::roofline_gated", "fgq::roofline_residual"]
-        assert len(set(_jit.compile_offline("roofline.cu", roofs, arch).values())) == 3
+        roofs = ["fgq::roofline_copy", "fgq::roofline_gated", "fgq::roofline_residual",
+                 "fgq::roofline_split"]  # fmt: skip
+        assert len(set(_jit.compile_offline("roofline.cu", roofs, arch).values())) == 4
 
 
 def test_launch_config_mirrors_the_driver_structs():

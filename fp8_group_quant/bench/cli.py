@@ -115,6 +115,14 @@ def _mode_arguments(parser: argparse.ArgumentParser) -> None:
         "table, --fused's SiLU-and-multiply, --chain); vllm=PATH of the PTX that `python -m "
         "fp8_group_quant.bench.peers_vllm VLLM_CSRC OUT.ptx` builds from the vllm sdist (--fused)",
     )
+    parser.add_argument(
+        "--linear",
+        action="store_true",
+        help="an FP8 linear layer's budget per M: the quantizer (forward; backward: both "
+        "orientations and the weight), torch._scaled_mm's FP8 GEMM and bf16's (needs torch; "
+        "--k[0] is the hidden size)",
+    )
+    parser.add_argument("--n", type=_positive, default=2048, help="--linear: the layer's outputs")
 
 
 def _positive(text: str) -> int:
@@ -217,6 +225,12 @@ def _timing_rows(args) -> tuple[list[dict], dict]:
         return chain.run_chain(args), {}
     if args.nvfp4:
         return nvfp4.run_nvfp4(args), {}
+    if args.linear:
+        from . import linear  # torch only here
+
+        device = _hooks.cupy_module().cuda.runtime.getDevice()
+        targets = linear.run_targets(lambda f, name: _hooks.get_function(f, name, device))
+        return linear.run_linear(args), {"targets": targets}
     return (plain.run_matrix(args) if args.matrix else plain.run(args)), {}
 
 
