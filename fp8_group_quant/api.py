@@ -54,6 +54,8 @@ def quantize(
     residual=None,
     scale_rule: ScaleRuleName = "rceil",
     global_scale=None,
+    clamp_limit: float | None = None,
+    arithmetic: str = "float32",
 ) -> tuple[Array, ...]:
     """Quantize ``x`` per token in groups of ``group_size`` channels.
 
@@ -141,6 +143,14 @@ def quantize(
         (never read on the host; it must hold a positive finite value). None computes
         ``448 * 6 / amax(x)`` on the device (one extra pass over ``x``) and returns it as a
         third output, a one-element float32 array. No other option applies to NVFP4.
+    clamp_limit : float, optional
+        With a gated ``activation``: the clamped SwiGLU of gpt-oss-style models, the gate
+        clamped from above and the up value on both sides at ``clamp_limit`` (rounded to x's
+        dtype) before the activation (``docs/spec.md``, section 2a).
+    arithmetic : {"float32", "bfloat16"}
+        ``"float32"`` (default): section 3. ``"bfloat16"``: bfloat16 input only, the group
+        maximum, scale, reciprocal and scaled values rounded to bfloat16 as vLLM's masked
+        SiLU kernel does (section 3a); for drop-ins that must match it bit for bit.
 
     Returns
     -------
@@ -150,7 +160,8 @@ def quantize(
     scales : array of ``x``'s library, shape ``x.shape[:-1] + (ng or kp,)``, strides as above.
     global_scale : NVFP4 with ``global_scale=None`` only: the computed global scale.
     """
-    if masked_m is None and norm is None and residual is None and global_scale is None:
+    plain = clamp_limit is None and arithmetic == "float32"
+    if masked_m is None and norm is None and residual is None and global_scale is None and plain:
         # NOTES: the hot path: a plan made for the same input layout and options serves the
         # call without validating again (the options were, when it was made)
         signature = device_signature(x)
@@ -160,19 +171,22 @@ def quantize(
             if plan is not None:
                 return plan.run(signature[-1], out, scale_out)
     call = _call(group_size, dtype, scale, layout, eps, pad_rows, activation, scale_rule,
-                 masked_m, expected_m, norm, residual, global_scale)  # fmt: skip
+                 masked_m, expected_m, norm, residual, global_scale,
+                 (clamp_limit, arithmetic))  # fmt: skip
     return _run.quantize(x, call, out, scale_out)
 
 
 def _call(group_size, dtype, scale, layout, eps, pad_rows, activation, scale_rule, masked_m,
-          expected_m, norm, residual, global_scale) -> _run.Call:  # fmt: skip
-    """The validated options of a call and its other arrays."""
+          expected_m, norm, residual, global_scale,
+          modes=(None, "float32")) -> _run.Call:  # fmt: skip
+    """The validated options of a call and its other arrays; ``modes``: (clamp_limit,
+    arithmetic)."""
     weight, eps_norm = _norm_argument(norm, residual)
     options = check_options(group_size, dtype, scale, layout, eps, pad_rows, activation,
-                            scale_rule, expected_m, eps_norm)  # fmt: skip
+                            scale_rule, expected_m, eps_norm, *modes)  # fmt: skip
     raw: tuple = (group_size, dtype, scale, layout, eps, pad_rows, activation, scale_rule)
-    if expected_m is not None or eps_norm is not None:
-        raw += (expected_m, eps_norm)
+    if expected_m is not None or eps_norm is not None or modes != (None, "float32"):
+        raw += (expected_m, eps_norm, *modes)
     arrays, global_value = _run.global_scale_arguments(global_scale)
     if global_scale is not None and not options.nvfp4:
         raise ValueError("global_scale: only NVFP4 (dtype='e2m1', scale='e4m3') takes one")

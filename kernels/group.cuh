@@ -111,6 +111,43 @@ __device__ __forceinline__ u32 rule_exponent(const Params& p, float amax) {
   return p.floor_emax != 0u ? floor_rule : rceil;
 }
 
+// arithmetic='bfloat16' (docs/spec.md, section 3a; vLLM's masked SiLU kernel) -------------------
+__device__ __forceinline__ float round_bf16(float v) {
+  return __uint_as_float(input_pair<kBF16>(v, 0.0f) << 16);
+}
+
+// the group's scale with every step rounded to bfloat16, its exponent byte for a power-of-two
+// scale, and the bfloat16 reciprocal the values are multiplied by; amax has eps applied (eps
+// is the bfloat16 one in this mode, Params.eps)
+// NOTES: log2 of a bfloat16 scale lies at least 8e-4 from a boundary that moves the ceiling
+// (tests/test_upstream_modes.py), so log2f's few ulp never move the ceiling
+template <int kScale>
+__device__ __forceinline__ float bf16_scale(const Params& p, float amax, float& scale,
+                                            u32& exponent) {
+  scale = round_bf16(mul_rn(amax, round_bf16(p.inverse_fmax)));
+  if constexpr (kScale != kFloat32Scale) {
+    const int ceiling = static_cast<int>(ceilf(round_bf16(log2f(scale))));
+    exponent = static_cast<u32>(min(max(ceiling + kF32Bias, 1), 254));
+    scale = __uint_as_float(exponent << 23);
+  }
+  return round_bf16(div_rn(1.0f, scale));
+}
+
+template <int kIn, int kOut, int kValues, typename V>
+__device__ __forceinline__ void encode_lane_bf16(const V& values, float inverse,
+                                                 u32 (&codes)[kValues / 4]) {
+#pragma unroll
+  for (int w = 0; w < kValues / 4; ++w) {
+    float t[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      t[j] = round_bf16(mul_rn(LaneValues<kIn, V>::value(values, 4 * w + j), inverse));
+      t[j] = mul_rn(t[j], static_cast<float>(1u << Output<kOut>::kCodeExponent));
+    }
+    codes[w] = Output<kOut>::encode4(t);
+  }
+}
+
 // scale, encode and store one group ---------------------------------------------------------------
 // From `magnitude`, the group's maximum magnitude over finite values; `patch` gives the
 // non-finite values their codes before the stores (see quantize_group for the arguments).
@@ -124,7 +161,11 @@ __device__ __forceinline__ void finish_group(const Params& p, const V& values, u
   const float amax = fmaxf(LaneValues<kIn, V>::magnitude_to_f32(magnitude), p.eps);
   float scale;
   u32 exponent = 0u;
-  if constexpr (kScale == kFloat32Scale) {
+  // NOTES: a runtime mode under a uniform branch, for the one drop-in that asks for it
+  if (__builtin_expect(p.bf16_arithmetic != 0u, 0)) {
+    const float inverse = bf16_scale<kScale>(p, amax, scale, exponent);
+    encode_lane_bf16<kIn, kOut, kValues>(values, inverse, codes);
+  } else if constexpr (kScale == kFloat32Scale) {
     scale = divide_by_max(amax, p.fmax, p.inverse_fmax);
     if (scale >= kMinFastDivisor) {
       encode_lane<kIn, kOut, kDivideFast, kValues>(values, scale, rcp_rn(scale), codes);
