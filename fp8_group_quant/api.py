@@ -4,10 +4,11 @@ them into a Request (``_request``), and runs the NumPy backend or a GPU plan."""
 from __future__ import annotations
 
 import dataclasses
+import sys
 from typing import Any, TypeVar
 
 from . import _device, _jit, _plan, _run, _settings
-from ._arrays import device_signature
+from ._arrays import device_signature, is_dynamo_compiling
 from ._dequantize import as_float8, dequantize, scale_offsets, unpack_scales
 from ._device import PreparedQuantize
 from ._layout import PACKED, LayoutName
@@ -170,10 +171,25 @@ def quantize(
             plan = _device.cached((*signature[:-1], raw))
             if plan is not None:
                 return plan.run(signature[-1], out, scale_out)
+    if _dynamo_tracing(x):  # torch.compile: the custom op, which dynamo traces
+        from . import torch_ops
+
+        return torch_ops.quantize_traced(
+            x, group_size, out, scale_out, dtype=dtype, scale=scale, layout=layout, eps=eps,
+            pad_rows=pad_rows, activation=activation, masked_m=masked_m, expected_m=expected_m,
+            norm=norm, residual=residual, scale_rule=scale_rule, global_scale=global_scale,
+            clamp_limit=clamp_limit, arithmetic=arithmetic,
+        )  # fmt: skip
     call = _call(group_size, dtype, scale, layout, eps, pad_rows, activation, scale_rule,
                  masked_m, expected_m, norm, residual, global_scale,
                  (clamp_limit, arithmetic))  # fmt: skip
     return _run.quantize(x, call, out, scale_out)
+
+
+def _dynamo_tracing(x) -> bool:
+    """``x`` is a torch tensor that torch.compile's dynamo is tracing (a folded constant there)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor) and is_dynamo_compiling(torch)
 
 
 def _call(group_size, dtype, scale, layout, eps, pad_rows, activation, scale_rule, masked_m,
