@@ -22,7 +22,12 @@ __device__ __forceinline__ u32 group_max(u32 value, u32 mask) {
 }
 
 // scale and encode one lane's values --------------------------------------------------------------
-enum ScaleOp : int { kMultiply = 0, kDivideFast = 1, kDivideExact = 2 };
+// kMultiplyBf16: arithmetic='bfloat16' (docs/spec.md, section 3a), the product rounded to bfloat16
+enum ScaleOp : int { kMultiply = 0, kDivideFast = 1, kDivideExact = 2, kMultiplyBf16 = 3 };
+
+__device__ __forceinline__ float round_bf16(float v) {
+  return __uint_as_float(input_pair<kBF16>(v, 0.0f) << 16);
+}
 
 template <int kIn, int kOut, int kOp, int kValues, typename V>
 __device__ __forceinline__ void encode_lane(const V& values, float scale, float factor,
@@ -37,6 +42,7 @@ __device__ __forceinline__ void encode_lane(const V& values, float scale, float 
       if constexpr (kOp == kMultiply) t[j] = mul_rn(v, factor);
       if constexpr (kOp == kDivideFast) t[j] = divide_fast(v, scale, factor);
       if constexpr (kOp == kDivideExact) t[j] = div_rn(v, scale);
+      if constexpr (kOp == kMultiplyBf16) t[j] = round_bf16(mul_rn(v, factor));
       if constexpr (kOp != kMultiply && Output<kOut>::kCodeExponent != 0) {
         t[j] = mul_rn(t[j], static_cast<float>(1u << Output<kOut>::kCodeExponent));
       }
@@ -112,10 +118,6 @@ __device__ __forceinline__ u32 rule_exponent(const Params& p, float amax) {
 }
 
 // arithmetic='bfloat16' (docs/spec.md, section 3a; vLLM's masked SiLU kernel) -------------------
-__device__ __forceinline__ float round_bf16(float v) {
-  return __uint_as_float(input_pair<kBF16>(v, 0.0f) << 16);
-}
-
 // the group's scale with every step rounded to bfloat16, its exponent byte for a power-of-two
 // scale, and the bfloat16 reciprocal the values are multiplied by; amax has eps applied (eps
 // is the bfloat16 one in this mode, Params.eps)
@@ -133,21 +135,6 @@ __device__ __forceinline__ float bf16_scale(const Params& p, float amax, float& 
   return round_bf16(div_rn(1.0f, scale));
 }
 
-template <int kIn, int kOut, int kValues, typename V>
-__device__ __forceinline__ void encode_lane_bf16(const V& values, float inverse,
-                                                 u32 (&codes)[kValues / 4]) {
-#pragma unroll
-  for (int w = 0; w < kValues / 4; ++w) {
-    float t[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      t[j] = round_bf16(mul_rn(LaneValues<kIn, V>::value(values, 4 * w + j), inverse));
-      t[j] = mul_rn(t[j], static_cast<float>(1u << Output<kOut>::kCodeExponent));
-    }
-    codes[w] = Output<kOut>::encode4(t);
-  }
-}
-
 // scale, encode and store one group ---------------------------------------------------------------
 // From `magnitude`, the group's maximum magnitude over finite values; `patch` gives the
 // non-finite values their codes before the stores (see quantize_group for the arguments).
@@ -162,9 +149,10 @@ __device__ __forceinline__ void finish_group(const Params& p, const V& values, u
   float scale;
   u32 exponent = 0u;
   // NOTES: a runtime mode under a uniform branch, for the one drop-in that asks for it
-  if (__builtin_expect(p.bf16_arithmetic != 0u, 0)) {
+  // NOTES: bfloat16 input only (the request checks it), so no other instantiation carries it
+  if (kIn == kBF16 && __builtin_expect(p.bf16_arithmetic != 0u, 0)) {
     const float inverse = bf16_scale<kScale>(p, amax, scale, exponent);
-    encode_lane_bf16<kIn, kOut, kValues>(values, inverse, codes);
+    encode_lane<kIn, kOut, kMultiplyBf16, kValues>(values, scale, inverse, codes);
   } else if constexpr (kScale == kFloat32Scale) {
     scale = divide_by_max(amax, p.fmax, p.inverse_fmax);
     if (scale >= kMinFastDivisor) {
