@@ -89,6 +89,7 @@ PARAMS = (
     ("i64", "r_batch_stride", "add-RMSNorm: residual elements between batches"),
     ("i64", "r_row_stride", "add-RMSNorm: residual elements between rows"),
     ("float", "eps_norm", "RMSNorm: added to the mean square"),
+    ("u32", "norm_round_twice", "norm_rounding='twice': x * r rounded to x's type first"),
     ("u32", "global_mode", "NVFP4: global_scale (0), *global_ptr (1), from amax (2)"),
     ("float", "global_scale", "NVFP4: the global scale, in mode 0"),
     ("ptr", "global_ptr", "NVFP4: see global_mode (nvfp4_amax writes amax there)"),

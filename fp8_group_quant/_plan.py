@@ -491,6 +491,7 @@ def make_params(request, tuning: Tuning, **pointers):
         fmax=fmt.fmax,
         inverse_fmax=fmt.inverse_fmax,
         bf16_arithmetic=1 if request.arithmetic == "bfloat16" else 0,
+        norm_round_twice=1 if request.norm_rounding == "twice" else 0,
         clamp_limit=_clamp_limit(request),
         ue8m0_floor=UE8M0_FLOOR,
         nonfinite_codes=fmt.nonfinite_word,

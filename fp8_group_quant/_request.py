@@ -63,6 +63,7 @@ class Options:
     fp4: Fp4Format | None = None  # dtype="e2m1": NVFP4 or MXFP4
     clamp_limit: float | None = None  # gated activations: the gate and up clamp (float32 value)
     arithmetic: str = "float32"  # "bfloat16": vLLM's masked SiLU kernel's scale steps
+    norm_rounding: str = "once"  # "twice": vLLM's RMSNorm rounds x * r before the weight
 
     @property
     def norm(self) -> bool:
@@ -83,6 +84,7 @@ def is_fp4(dtype, scale) -> bool:
 def check_options(
     group_size, dtype, scale, layout, eps=DEFAULT_EPS, pad_rows=False, activation=None,
     scale_rule="rceil", expected_m=None, eps_norm=None, clamp_limit=None, arithmetic="float32",
+    norm_rounding="once",
 ) -> Options:  # fmt: skip
     """The ``Options`` of a call's arguments, each checked (TypeError or ValueError naming it)."""
     if is_fp4(dtype, scale):
@@ -106,7 +108,17 @@ def check_options(
         check_scale_rule(scale_rule, fmt, scale), _check_expected_m(expected_m), eps_norm,
         clamp_limit=_check_clamp_limit(clamp_limit, mode),
         arithmetic=_check_arithmetic(arithmetic, fmt, scale_rule),
+        norm_rounding=_check_norm_rounding(norm_rounding, eps_norm),
     )  # fmt: skip
+
+
+def _check_norm_rounding(norm_rounding, eps_norm) -> str:
+    """norm_rounding: "once" (section 2b) or "twice" (vLLM's), the latter with norm only."""
+    if not isinstance(norm_rounding, str) or norm_rounding not in ("once", "twice"):
+        raise ValueError(f"norm_rounding: expected 'once' or 'twice', got {norm_rounding!r}")
+    if norm_rounding == "twice" and eps_norm is None:
+        raise ValueError("norm_rounding: applies to the fused RMSNorm; pass norm=(weight, eps)")
+    return norm_rounding
 
 
 def _check_clamp_limit(clamp_limit, mode: InputMode) -> float | None:
@@ -237,6 +249,7 @@ class Request:
     fp4 = property(lambda self: self.options.fp4)
     clamp_limit = property(lambda self: self.options.clamp_limit)
     arithmetic = property(lambda self: self.options.arithmetic)
+    norm_rounding = property(lambda self: self.options.norm_rounding)
 
     @cached_property
     def output(self) -> Geometry:

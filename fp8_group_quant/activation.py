@@ -386,8 +386,10 @@ def rms_norm(
     eps_norm: float,
     input_dtype: str,
     residual: np.ndarray | None = None,
+    round_twice: bool = False,
 ) -> tuple[np.ndarray, np.ndarray | None]:
-    """(y as float32 values of ``input_dtype``, the new residual or None) for ``x`` [..., K]."""
+    """(y as float32 values of ``input_dtype``, the new residual or None) for ``x`` [..., K];
+    ``round_twice``: ``x * r`` rounded to the input dtype before the weight, as vLLM does."""
     k = x.shape[-1]
     values = np.asarray(x).astype(F32).reshape(-1, k)
     new_residual = None
@@ -400,6 +402,9 @@ def rms_norm(
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         mean = (sum_of_squares(values, itemsize) / F32(k)).astype(F32)
         r = rsqrt((mean + F32(eps_norm)).astype(F32))
-        y = ((values * r[:, None]).astype(F32) * np.asarray(weight).astype(F32)).astype(F32)
+        normalized = (values * r[:, None]).astype(F32)
+        if round_twice:
+            normalized = round_to(normalized, input_dtype)
+        y = (normalized * np.asarray(weight).astype(F32)).astype(F32)
     y = _canonical_nan(round_to(_canonical_nan(y), input_dtype))
     return y.reshape(x.shape), new_residual

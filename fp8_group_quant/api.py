@@ -57,6 +57,7 @@ def quantize(
     global_scale=None,
     clamp_limit: float | None = None,
     arithmetic: str = "float32",
+    norm_rounding: str = "once",
 ) -> tuple[Array, ...]:
     """Quantize ``x`` per token in groups of ``group_size`` channels.
 
@@ -152,6 +153,9 @@ def quantize(
         ``"float32"`` (default): section 3. ``"bfloat16"``: bfloat16 input only, the group
         maximum, scale, reciprocal and scaled values rounded to bfloat16 as vLLM's masked
         SiLU kernel does (section 3a); for drop-ins that must match it bit for bit.
+    norm_rounding : {"once", "twice"}
+        With ``norm``: ``"once"`` (default) rounds ``x * r * weight`` once (section 2b);
+        ``"twice"`` rounds ``x * r`` to x's dtype before the weight, as vLLM's RMSNorm does.
 
     Returns
     -------
@@ -161,7 +165,7 @@ def quantize(
     scales : array of ``x``'s library, shape ``x.shape[:-1] + (ng or kp,)``, strides as above.
     global_scale : NVFP4 with ``global_scale=None`` only: the computed global scale.
     """
-    plain = clamp_limit is None and arithmetic == "float32"
+    plain = clamp_limit is None and arithmetic == "float32" and norm_rounding == "once"
     if masked_m is None and norm is None and residual is None and global_scale is None and plain:
         # NOTES: the hot path: a plan made for the same input layout and options serves the
         # call without validating again (the options were, when it was made)
@@ -178,11 +182,11 @@ def quantize(
             x, group_size, out, scale_out, dtype=dtype, scale=scale, layout=layout, eps=eps,
             pad_rows=pad_rows, activation=activation, masked_m=masked_m, expected_m=expected_m,
             norm=norm, residual=residual, scale_rule=scale_rule, global_scale=global_scale,
-            clamp_limit=clamp_limit, arithmetic=arithmetic,
+            clamp_limit=clamp_limit, arithmetic=arithmetic, norm_rounding=norm_rounding,
         )  # fmt: skip
     call = _call(group_size, dtype, scale, layout, eps, pad_rows, activation, scale_rule,
                  masked_m, expected_m, norm, residual, global_scale,
-                 (clamp_limit, arithmetic))  # fmt: skip
+                 (clamp_limit, arithmetic, norm_rounding))  # fmt: skip
     return _run.quantize(x, call, out, scale_out)
 
 
@@ -194,14 +198,14 @@ def _dynamo_tracing(x) -> bool:
 
 def _call(group_size, dtype, scale, layout, eps, pad_rows, activation, scale_rule, masked_m,
           expected_m, norm, residual, global_scale,
-          modes=(None, "float32")) -> _run.Call:  # fmt: skip
+          modes=(None, "float32", "once")) -> _run.Call:  # fmt: skip
     """The validated options of a call and its other arrays; ``modes``: (clamp_limit,
-    arithmetic)."""
+    arithmetic, norm_rounding)."""
     weight, eps_norm = _norm_argument(norm, residual)
     options = check_options(group_size, dtype, scale, layout, eps, pad_rows, activation,
                             scale_rule, expected_m, eps_norm, *modes)  # fmt: skip
     raw: tuple = (group_size, dtype, scale, layout, eps, pad_rows, activation, scale_rule)
-    if expected_m is not None or eps_norm is not None or modes != (None, "float32"):
+    if expected_m is not None or eps_norm is not None or modes != (None, "float32", "once"):
         raw += (expected_m, eps_norm, *modes)
     arrays, global_value = _run.global_scale_arguments(global_scale)
     if global_scale is not None and not options.nvfp4:

@@ -58,7 +58,7 @@ _LIBRARY.define(
 _OPTIONS = (
     "int group_size, str dtype, str scale, str layout, float eps, bool pad_rows, "
     "str? activation, str scale_rule, float? clamp_limit, str arithmetic, "
-    "int? expected_m, float? eps_norm"
+    "int? expected_m, float? eps_norm, str norm_rounding"
 )
 _LIBRARY.define(f"outputs(Tensor x, {_OPTIONS}) -> (Tensor, Tensor)")
 _LIBRARY.define(
@@ -78,13 +78,14 @@ def _quantize_op(
 
 
 def _quantize_into_op(x, q, scales, group_size, dtype, scale, layout, eps, pad_rows, activation,
-                      scale_rule, clamp_limit, arithmetic, expected_m, eps_norm, masked_m,
-                      weight, residual) -> None:  # fmt: skip
+                      scale_rule, clamp_limit, arithmetic, expected_m, eps_norm, norm_rounding,
+                      masked_m, weight, residual) -> None:  # fmt: skip
     norm = None if weight is None else (weight, eps_norm)
     api.quantize(x, group_size, dtype=dtype, scale=scale, layout=layout, eps=eps, out=q,
                  scale_out=scales, pad_rows=pad_rows, activation=activation, masked_m=masked_m,
                  expected_m=expected_m, norm=norm, residual=residual, scale_rule=scale_rule,
-                 clamp_limit=clamp_limit, arithmetic=arithmetic)  # fmt: skip
+                 clamp_limit=clamp_limit, arithmetic=arithmetic,
+                 norm_rounding=norm_rounding)  # fmt: skip
 
 
 for _key in ("CUDA", "CPU"):
@@ -129,11 +130,12 @@ def _quantize_into_fake(x, q, scales, *args) -> None:
 
 
 def _outputs_op(x, group_size, dtype, scale, layout, eps, pad_rows, activation, scale_rule,
-                clamp_limit, arithmetic, expected_m, eps_norm):  # fmt: skip
+                clamp_limit, arithmetic, expected_m, eps_norm, norm_rounding):  # fmt: skip
     """Uninitialised outputs of a call, its options checked; real and fake alike, so that the
     checks run outside dynamo's trace."""
     options = check_options(group_size, dtype, scale, layout, eps, pad_rows, activation,
-                            scale_rule, expected_m, eps_norm, clamp_limit, arithmetic)  # fmt: skip
+                            scale_rule, expected_m, eps_norm, clamp_limit, arithmetic,
+                            norm_rounding)  # fmt: skip
     return _empty_outputs(x, options, tuple(x.shape))
 
 
@@ -157,7 +159,7 @@ def quantize_traced(x: torch.Tensor, group_size: int, out, scale_out, **kwargs):
     options = (group_size, _name(kwargs["dtype"]), kwargs["scale"], kwargs["layout"],
                kwargs["eps"], kwargs["pad_rows"], kwargs["activation"], kwargs["scale_rule"],
                kwargs["clamp_limit"], kwargs["arithmetic"], kwargs["expected_m"],
-               eps_norm)  # fmt: skip
+               eps_norm, kwargs["norm_rounding"])  # fmt: skip
     q, scales = out, scale_out
     if q is None or scales is None:
         q_new, scales_new = torch.ops.fp8_group_quant.outputs(x, *options)

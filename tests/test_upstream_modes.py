@@ -173,3 +173,40 @@ def test_modes_on_every_backend_match_the_numpy_backend(backend, scale, layout, 
     for e, n in enumerate(rows):
         np.testing.assert_array_equal(got_q[e, :n], want_q[e, :n])
         np.testing.assert_array_equal(got_s[e, :n], want_s[e, :n])
+
+
+# norm_rounding="twice" (vLLM's RMSNorm rounds x * r to x's dtype before the weight) ---------------
+
+
+def test_norm_rounding_twice_rounds_before_the_weight():
+    rng = np.random.default_rng(2)
+    x = (rng.standard_normal((4, 1024)) / 32).astype(BF16)
+    w = (1 + rng.standard_normal(1024) / 10).astype(BF16)
+    y, _ = activation.rms_norm(x, w, 1e-6, "bfloat16", round_twice=True)
+    # the steps of section 2b with the extra rounding, for each row
+    r = activation.rsqrt(
+        (activation.sum_of_squares(x.astype(np.float32), 2) / np.float32(1024)) + np.float32(1e-6)
+    )
+    expected = _bf16(_bf16(x.astype(np.float32) * r[:, None]) * w.astype(np.float32))
+    np.testing.assert_array_equal(y, expected)
+    once, _ = activation.rms_norm(x, w, 1e-6, "bfloat16")
+    assert (once != y).any()  # the two roundings differ somewhere
+    q, s = fgq.quantize(x, 128, norm=(w, 1e-6), norm_rounding="twice")
+    q_ref, s_ref = fgq.quantize(y.astype(BF16), 128)
+    np.testing.assert_array_equal(q.view(np.uint8), q_ref.view(np.uint8))
+    np.testing.assert_array_equal(s, s_ref)
+    with pytest.raises(ValueError, match="norm_rounding"):
+        fgq.quantize(x, 128, norm_rounding="twice")
+
+
+@pytest.mark.parametrize("backend", NUMPY_AND_GPU)
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_norm_rounding_twice_on_every_backend(backend, dtype):
+    rng = np.random.default_rng(9)
+    x = (rng.standard_normal((6, 2048)) / 16).astype(NP_TYPES[dtype])
+    w = (1 + rng.standard_normal(2048) / 10).astype(NP_TYPES[dtype])
+    q_ref, s_ref = fgq.quantize(x, 128, norm=(w, 1e-6), norm_rounding="twice")
+    q, s = fgq.quantize(to_device(x, backend), 128, norm=(to_device(w, backend), 1e-6),
+                        norm_rounding="twice")  # fmt: skip
+    np.testing.assert_array_equal(to_host_bytes(q), to_host_bytes(q_ref))
+    np.testing.assert_array_equal(to_host_bytes(s), to_host_bytes(s_ref))
