@@ -230,7 +230,9 @@ def device_signature(x):
     """
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(x, torch.Tensor):
-        if not x.is_cuda:
+        # NOTES: under torch.compile a tensor has no pointer to read; the entry point then
+        # takes the custom op (api._dynamo_tracing)
+        if not x.is_cuda or is_dynamo_compiling(torch):
             return None
         ptr = x.data_ptr()
         return TORCH, x.dtype, x.shape, x.stride(), x.get_device(), ptr % 16 == 0, ptr
@@ -240,6 +242,13 @@ def device_signature(x):
         ptr = data.ptr
         return CUPY, x.dtype, x.shape, x.strides, data.device_id, ptr % 16 == 0, ptr
     return None
+
+
+def is_dynamo_compiling(torch) -> bool:
+    """Whether torch.compile's dynamo is tracing the caller (False in eager, where it costs a
+    call; older torch has no such function and no tracing of this package)."""
+    check = getattr(torch.compiler, "is_dynamo_compiling", None)
+    return check is not None and check()
 
 
 def pointer(array, kind: str) -> int:

@@ -62,21 +62,22 @@ def run(request: Request, x: np.ndarray, x_info: ArrayInfo, out, scale_out, oper
     values = x
     if request.norm:
         values, new = activation.rms_norm(x, operands["weight"], request.eps_norm, x_info.dtype,
-                                          residual)  # fmt: skip
+                                          residual, request.norm_rounding == "twice")  # fmt: skip
         if residual is not None and new is not None:
             residual[...] = new.astype(residual.dtype)
     elif request.mode.name is not None:  # a gated activation: gate then up
         n = geometry.k
         values = activation.gated_mul(request.mode.name, x[..., :n], x[..., n:],
-                                      request.input_dtype)  # fmt: skip
+                                      request.input_dtype, request.clamp_limit)  # fmt: skip
     storages = (_flat(q_info, geometry.q_storage).view(np.uint8),
                 _flat(s_info, geometry.scale_storage))  # fmt: skip
     arguments = (values, geometry, request.fmt, request.scale, request.eps, *storages)
+    rules = dict(rule=request.scale_rule, arithmetic=request.arithmetic)
     if request.masked is None:
-        reference.quantize_into(*arguments, rule=request.scale_rule)
+        reference.quantize_into(*arguments, **rules)
     else:
         counts = np.asarray(operands["masked_m"])
-        reference.quantize_into_masked(*arguments, counts, rule=request.scale_rule)
+        reference.quantize_into_masked(*arguments, counts, **rules)
     return q, scales
 
 

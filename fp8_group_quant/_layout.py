@@ -69,12 +69,13 @@ class ScaleLayout:
 TMA_ROW_ALIGN = 4  # a TMA box reads 16 bytes: four float32 or int32 scales
 BLOCK_ROWS, BLOCK_COLUMNS = 128, 4  # the blocked layout's tile: 128 rows by 4 groups, 512 bytes
 # a test keeps LayoutName equal to LAYOUTS
-LayoutName = Literal["row", "col", "col_tma", "packed", "packed_row", "blocked"]
+LayoutName = Literal["row", "col", "col_tma", "packed", "packed_row", "packed_col", "blocked"]
 ROW: LayoutName = "row"
 COL: LayoutName = "col"
 COL_TMA: LayoutName = "col_tma"
 PACKED: LayoutName = "packed"
 PACKED_ROW: LayoutName = "packed_row"
+PACKED_COL: LayoutName = "packed_col"
 BLOCKED: LayoutName = "blocked"
 SCALE_LAYOUTS = {
     layout.name: layout
@@ -88,6 +89,8 @@ SCALE_LAYOUTS = {
                     "DeepGEMM on Blackwell (SM100)"),
         ScaleLayout(PACKED_ROW, "int32", 4, 1, False, "fgq::kPackedExponents",
                     "row-major packed consumers"),
+        ScaleLayout(PACKED_COL, "int32", 4, 1, True, "fgq::kPackedExponents",
+                    "vLLM's masked MoE scales for any T (packed, MN-major, no TMA alignment)"),
         ScaleLayout(BLOCKED, "uint8", 1, BLOCK_ROWS, False, "fgq::kBlockedExponents",
                     "Blackwell block-scaled MMA (cuBLAS, CUTLASS, FlashInfer, torch._scaled_mm)",
                     swizzled=True, col_align=BLOCK_COLUMNS, mx_only=True),

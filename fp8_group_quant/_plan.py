@@ -11,7 +11,9 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from . import _abi, _jit
+import numpy as np
+
+from . import _abi, _jit, activation
 from ._abi import (
     LANE_BYTES,
     MASKED_THREADS,
@@ -485,9 +487,12 @@ def make_params(request, tuning: Tuning, **pointers):
         scale_rows=geometry.scale_rows,
         batches=geometry.batches,
         groups_per_row=geometry.groups,
-        eps=request.eps,
+        eps=_scale_eps(request),
         fmax=fmt.fmax,
         inverse_fmax=fmt.inverse_fmax,
+        bf16_arithmetic=1 if request.arithmetic == "bfloat16" else 0,
+        norm_round_twice=1 if request.norm_rounding == "twice" else 0,
+        clamp_limit=_clamp_limit(request),
         ue8m0_floor=UE8M0_FLOOR,
         nonfinite_codes=fmt.nonfinite_word,
         x_up_offset=request.x_up_offset,
@@ -498,6 +503,20 @@ def make_params(request, tuning: Tuning, **pointers):
         floor_emax=request.fmt.emax_elem if request.scale_rule == "floor" else 0,
         **pointers,
     )
+
+
+def _scale_eps(request) -> float:
+    """eps as the kernel applies it: arithmetic='bfloat16' floors amax in bfloat16."""
+    if request.arithmetic == "bfloat16":
+        return float(np.float32(request.eps).astype(INPUT_TYPES["bfloat16"].numpy_dtype))
+    return request.eps
+
+
+def _clamp_limit(request) -> float:
+    """The gated input's clamp in x's dtype (activation.clamp_limit_value); +Inf without one."""
+    if request.clamp_limit is None:
+        return math.inf
+    return float(activation.clamp_limit_value(request.clamp_limit, request.input_dtype))
 
 
 def prepare(request, device: int, tuning: Tuning) -> list[Launch]:

@@ -77,6 +77,9 @@ class Options:
     eps_norm: float | None = None  # fused RMSNorm when set
     fp4: Fp4Format | None = None  # dtype="e2m1": NVFP4 or MXFP4
     orientation: str = ROW_WISE  # "col": x transposed, groups along tokens; "both": both
+    clamp_limit: float | None = None  # gated activations: the gate and up clamp (float32 value)
+    arithmetic: str = "float32"  # "bfloat16": vLLM's masked SiLU kernel's scale steps
+    norm_rounding: str = "once"  # "twice": vLLM's RMSNorm rounds x * r before the weight
 
     @property
     def norm(self) -> bool:
@@ -96,7 +99,8 @@ def is_fp4(dtype, scale) -> bool:
 
 def check_options(
     group_size, dtype, scale, layout, eps=DEFAULT_EPS, pad_rows=False, activation=None,
-    scale_rule="rceil", expected_m=None, eps_norm=None, orientation=ROW_WISE,
+    scale_rule="rceil", expected_m=None, eps_norm=None, orientation=ROW_WISE, clamp_limit=None,
+    arithmetic="float32", norm_rounding="once",
 ) -> Options:  # fmt: skip
     """The ``Options`` of a call's arguments, each checked (TypeError or ValueError naming it)."""
     if not isinstance(orientation, str) or orientation not in ORIENTATIONS:
@@ -107,6 +111,9 @@ def check_options(
     if is_fp4(dtype, scale):
         if orientation != ROW_WISE:
             raise ValueError(f"orientation: {orientation!r} is not supported with dtype='e2m1'")
+        if clamp_limit is not None or arithmetic != "float32":
+            name = "clamp_limit" if clamp_limit is not None else "arithmetic"
+            raise ValueError(f"{name}: not supported with dtype='e2m1'")
         return _fp4_options(group_size, dtype, scale, layout, eps, pad_rows, activation,
                             scale_rule, expected_m, eps_norm)  # fmt: skip
     group_size = check_group_size(group_size)
@@ -123,6 +130,9 @@ def check_options(
         group_size, fmt, scale, layout, check_eps(eps), check_flag(pad_rows, "pad_rows"), mode,
         check_scale_rule(scale_rule, fmt, scale), _check_expected_m(expected_m), eps_norm,
         orientation=orientation,
+        clamp_limit=_check_clamp_limit(clamp_limit, mode),
+        arithmetic=_check_arithmetic(arithmetic, fmt, scale_rule),
+        norm_rounding=_check_norm_rounding(norm_rounding, eps_norm),
     )  # fmt: skip
     _check_orientation(options)
     return options
@@ -146,6 +156,49 @@ def _check_orientation(options: Options) -> None:
             raise ValueError(
                 f"{name}: not supported with orientation={options.orientation!r}, got {shown!r}"
             )
+
+
+def _check_norm_rounding(norm_rounding, eps_norm) -> str:
+    """norm_rounding: "once" (section 2b) or "twice" (vLLM's), the latter with norm only."""
+    if not isinstance(norm_rounding, str) or norm_rounding not in ("once", "twice"):
+        raise ValueError(f"norm_rounding: expected 'once' or 'twice', got {norm_rounding!r}")
+    if norm_rounding == "twice" and eps_norm is None:
+        raise ValueError("norm_rounding: applies to the fused RMSNorm; pass norm=(weight, eps)")
+    return norm_rounding
+
+
+def _check_clamp_limit(clamp_limit, mode: InputMode) -> float | None:
+    """clamp_limit as a float32 value: positive and finite, with a gated activation only."""
+    if clamp_limit is None:
+        return None
+    if isinstance(clamp_limit, bool) or not isinstance(clamp_limit, (int, float)):
+        raise TypeError(f"clamp_limit: expected a float or None, got {type(clamp_limit).__name__}")
+    value = float(np.float32(clamp_limit))
+    if not (0.0 < value < math.inf):
+        raise ValueError(
+            f"clamp_limit: expected a positive finite float32 value, got {clamp_limit}"
+        )
+    if mode.width_factor != 2:
+        raise ValueError(
+            f"clamp_limit: clamps a gated activation's gate and up; pass activation='silu_mul' "
+            f"or 'gelu_tanh_mul' (got activation={mode.name!r})"
+        )
+    return value
+
+
+ARITHMETICS = ("float32", "bfloat16")  # docs/spec.md, section 3 and 3a
+
+
+def _check_arithmetic(arithmetic, fmt: OutputFormat, scale_rule) -> str:
+    """arithmetic: "float32" (section 3) or "bfloat16" (section 3a: FP8 formats, "rceil")."""
+    if not isinstance(arithmetic, str) or arithmetic not in ARITHMETICS:
+        raise ValueError(f"arithmetic: expected one of {ARITHMETICS}, got {arithmetic!r}")
+    if arithmetic == "bfloat16" and (not fmt.is_float8 or scale_rule != "rceil"):
+        raise ValueError(
+            f"arithmetic='bfloat16': takes an FP8 dtype and scale_rule='rceil', got "
+            f"dtype={fmt.name!r}, scale_rule={scale_rule!r}"
+        )
+    return arithmetic
 
 
 def _fp4_options(group_size, dtype, scale, layout, eps, pad_rows, activation, scale_rule,
@@ -240,6 +293,9 @@ class Request:
     eps_norm = property(lambda self: self.options.eps_norm or 0.0)
     nvfp4 = property(lambda self: self.options.nvfp4)
     fp4 = property(lambda self: self.options.fp4)
+    clamp_limit = property(lambda self: self.options.clamp_limit)
+    arithmetic = property(lambda self: self.options.arithmetic)
+    norm_rounding = property(lambda self: self.options.norm_rounding)
 
     orientation = property(lambda self: self.options.orientation)
 
@@ -335,6 +391,8 @@ def make_request(info: ArrayInfo, options: Options, operands: Operands = Operand
         and (output.rows <= 1 or row_stride * info.itemsize % VECTOR_ALIGNMENT == 0)
         and (output.batches <= 1 or batch_stride * info.itemsize % VECTOR_ALIGNMENT == 0)
     )
+    if options.arithmetic == "bfloat16" and info.dtype != "bfloat16":
+        raise TypeError(f"x: arithmetic='bfloat16' reads bfloat16 input, got {info.dtype}")
     fields: dict = dict(masked=_check_masked(info, options, operands.masked_m))
     if options.norm:
         fields.update(_check_norm(info, operands.weight, operands.residual))

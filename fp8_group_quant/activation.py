@@ -40,6 +40,7 @@ __all__ = [
     "exp_parts",
     "silu",
     "silu_mul",
+    "clamp_gate_up",
     "round_to",
     "EXP_TABLE",
     "BandTable",
@@ -199,13 +200,34 @@ def round_to(values: np.ndarray, input_dtype: str) -> np.ndarray:
 GATES = {"silu_mul": silu, "gelu_tanh_mul": gelu_tanh}  # activation= -> the gate's function
 
 
-def gated_mul(name: str, gate: np.ndarray, up: np.ndarray, input_dtype: str) -> np.ndarray:
+def gated_mul(
+    name: str, gate: np.ndarray, up: np.ndarray, input_dtype: str, clamp_limit=None
+) -> np.ndarray:
     """``round(round(f(gate)) * up)`` in ``input_dtype`` for the activation ``name``, as float32
-    values: the activation rounded to the input dtype, then the product rounded again."""
-    s = round_to(GATES[name](np.asarray(gate).astype(F32)), input_dtype)
+    values: the activation rounded to the input dtype, then the product rounded again; with
+    ``clamp_limit``, gate and up clamped first (``clamp_gate_up``)."""
+    gate, up = np.asarray(gate).astype(F32), np.asarray(up).astype(F32)
+    if clamp_limit is not None:
+        gate, up = clamp_gate_up(gate, up, clamp_limit, input_dtype)
+    s = round_to(GATES[name](gate), input_dtype)
     with np.errstate(over="ignore", under="ignore", invalid="ignore"):
         y = _canonical_nan(s * np.asarray(up).astype(F32))
     return _canonical_nan(round_to(y, input_dtype))
+
+
+def clamp_limit_value(clamp_limit: float, input_dtype: str) -> np.float32:
+    """The limit as the kernel holds it: float32(clamp_limit) rounded to the input dtype."""
+    return round_to(np.array([clamp_limit], F32), input_dtype)[0]
+
+
+def clamp_gate_up(gate: np.ndarray, up: np.ndarray, clamp_limit: float, input_dtype: str):
+    """(min(gate, L), min(max(up, -L), L)) for float32 values of ``input_dtype``, with ``L`` the
+    limit rounded to that dtype (docs/spec.md, section 2a, clamp_limit); NaN stays NaN."""
+    limit = clamp_limit_value(clamp_limit, input_dtype)
+    with np.errstate(invalid="ignore"):
+        gate = np.where(gate > limit, limit, gate).astype(F32)
+        up = np.where(up > limit, limit, np.where(up < -limit, -limit, up)).astype(F32)
+    return gate, up
 
 
 def silu_mul(gate: np.ndarray, up: np.ndarray, input_dtype: str) -> np.ndarray:
@@ -364,8 +386,10 @@ def rms_norm(
     eps_norm: float,
     input_dtype: str,
     residual: np.ndarray | None = None,
+    round_twice: bool = False,
 ) -> tuple[np.ndarray, np.ndarray | None]:
-    """(y as float32 values of ``input_dtype``, the new residual or None) for ``x`` [..., K]."""
+    """(y as float32 values of ``input_dtype``, the new residual or None) for ``x`` [..., K];
+    ``round_twice``: ``x * r`` rounded to the input dtype before the weight, as vLLM does."""
     k = x.shape[-1]
     values = np.asarray(x).astype(F32).reshape(-1, k)
     new_residual = None
@@ -378,6 +402,9 @@ def rms_norm(
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         mean = (sum_of_squares(values, itemsize) / F32(k)).astype(F32)
         r = rsqrt((mean + F32(eps_norm)).astype(F32))
-        y = ((values * r[:, None]).astype(F32) * np.asarray(weight).astype(F32)).astype(F32)
+        normalized = (values * r[:, None]).astype(F32)
+        if round_twice:
+            normalized = round_to(normalized, input_dtype)
+        y = (normalized * np.asarray(weight).astype(F32)).astype(F32)
     y = _canonical_nan(round_to(_canonical_nan(y), input_dtype))
     return y.reshape(x.shape), new_residual

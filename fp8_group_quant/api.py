@@ -4,10 +4,11 @@ them into a Request (``_request``), and runs the NumPy backend or a GPU plan."""
 from __future__ import annotations
 
 import dataclasses
+import sys
 from typing import Any, TypeVar
 
 from . import _device, _jit, _plan, _run, _settings
-from ._arrays import device_signature
+from ._arrays import device_signature, is_dynamo_compiling
 from ._dequantize import as_float8, dequantize, dequantize_weight, scale_offsets, unpack_scales
 from ._device import PreparedQuantize
 from ._layout import PACKED, WEIGHT_BLOCK, LayoutName, WeightLayoutName
@@ -60,6 +61,9 @@ def quantize(
     scale_rule: ScaleRuleName = "rceil",
     global_scale=None,
     orientation: OrientationName = "row",
+    clamp_limit: float | None = None,
+    arithmetic: str = "float32",
+    norm_rounding: str = "once",
 ) -> tuple[Array, ...]:
     """Quantize ``x`` per token in groups of ``group_size`` channels.
 
@@ -157,6 +161,17 @@ def quantize(
         scales_t)`` from one read of ``x``; ``out`` and ``scale_out`` are then pairs (row,
         col). Not with ``pad_rows``, ``activation``, ``norm``, ``masked_m``, FP4 or
         ``layout="blocked"`` (``docs/spec.md``, section 4d).
+    clamp_limit : float, optional
+        With a gated ``activation``: the clamped SwiGLU of gpt-oss-style models, the gate
+        clamped from above and the up value on both sides at ``clamp_limit`` (rounded to x's
+        dtype) before the activation (``docs/spec.md``, section 2a).
+    arithmetic : {"float32", "bfloat16"}
+        ``"float32"`` (default): section 3. ``"bfloat16"``: bfloat16 input only, the group
+        maximum, scale, reciprocal and scaled values rounded to bfloat16 as vLLM's masked
+        SiLU kernel does (section 3a); for drop-ins that must match it bit for bit.
+    norm_rounding : {"once", "twice"}
+        With ``norm``: ``"once"`` (default) rounds ``x * r * weight`` once (section 2b);
+        ``"twice"`` rounds ``x * r`` to x's dtype before the weight, as vLLM's RMSNorm does.
 
     Returns
     -------
@@ -166,7 +181,8 @@ def quantize(
     scales : array of ``x``'s library, shape ``x.shape[:-1] + (ng or kp,)``, strides as above.
     global_scale : NVFP4 with ``global_scale=None`` only: the computed global scale.
     """
-    if masked_m is None and norm is None and residual is None and global_scale is None:
+    plain = clamp_limit is None and arithmetic == "float32" and norm_rounding == "once"
+    if masked_m is None and norm is None and residual is None and global_scale is None and plain:
         # NOTES: the hot path: a plan made for the same input layout and options serves the
         # call without validating again (the options were, when it was made)
         signature = device_signature(x)
@@ -176,21 +192,45 @@ def quantize(
             plan = _device.cached((*signature[:-1], raw))
             if plan is not None:
                 return plan.run(signature[-1], out, scale_out)
+    if _dynamo_tracing(x):  # torch.compile: the custom op, which dynamo traces
+        from . import torch_ops
+
+        if orientation != "row":
+            raise ValueError(
+                f"orientation: torch.compile traces the row-wise quantizer only, got "
+                f"{orientation!r}; call it outside the compiled region"
+            )
+
+        return torch_ops.quantize_traced(
+            x, group_size, out, scale_out, dtype=dtype, scale=scale, layout=layout, eps=eps,
+            pad_rows=pad_rows, activation=activation, masked_m=masked_m, expected_m=expected_m,
+            norm=norm, residual=residual, scale_rule=scale_rule, global_scale=global_scale,
+            clamp_limit=clamp_limit, arithmetic=arithmetic, norm_rounding=norm_rounding,
+        )  # fmt: skip
     call = _call(group_size, dtype, scale, layout, eps, pad_rows, activation, scale_rule,
-                 masked_m, expected_m, norm, residual, global_scale, orientation)  # fmt: skip
+                 masked_m, expected_m, norm, residual, global_scale, orientation,
+                 (clamp_limit, arithmetic, norm_rounding))  # fmt: skip
     return _run.quantize(x, call, out, scale_out)
 
 
+def _dynamo_tracing(x) -> bool:
+    """``x`` is a torch tensor that torch.compile's dynamo is tracing (a folded constant there)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor) and is_dynamo_compiling(torch)
+
+
 def _call(group_size, dtype, scale, layout, eps, pad_rows, activation, scale_rule, masked_m,
-          expected_m, norm, residual, global_scale, orientation="row") -> _run.Call:  # fmt: skip
-    """The validated options of a call and its other arrays."""
+          expected_m, norm, residual, global_scale, orientation="row",
+          modes=(None, "float32", "once")) -> _run.Call:  # fmt: skip
+    """The validated options of a call and its other arrays; ``modes``: (clamp_limit,
+    arithmetic, norm_rounding)."""
     weight, eps_norm = _norm_argument(norm, residual)
     options = check_options(group_size, dtype, scale, layout, eps, pad_rows, activation,
-                            scale_rule, expected_m, eps_norm, orientation)  # fmt: skip
+                            scale_rule, expected_m, eps_norm, orientation, *modes)  # fmt: skip
     raw: tuple = (group_size, dtype, scale, layout, eps, pad_rows, activation, scale_rule,
                   orientation)  # fmt: skip
-    if expected_m is not None or eps_norm is not None:
-        raw += (expected_m, eps_norm)
+    if expected_m is not None or eps_norm is not None or modes != (None, "float32", "once"):
+        raw += (expected_m, eps_norm, *modes)
     arrays, global_value = _run.global_scale_arguments(global_scale)
     if global_scale is not None and not options.nvfp4:
         raise ValueError("global_scale: only NVFP4 (dtype='e2m1', scale='e4m3') takes one")

@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 import sys
 
-from ._layout import COL, COL_TMA, PACKED, ROW, Geometry, LayoutName, scale_layout
+from ._layout import COL, COL_TMA, PACKED, PACKED_COL, ROW, Geometry, LayoutName, scale_layout
 from ._spec import ScaleName
 from .api import quantize, quantize_weight
 
@@ -171,7 +171,7 @@ def sglang_per_token_group_quant_fp8(
 _SCALE_FMTS: dict[str, tuple[ScaleName, LayoutName]] = {  # DeepGemmQuantScaleFMT: (scale, layout)
     "FLOAT32": ("float32", COL),
     "FLOAT32_CEIL_UE8M0": ("ue8m0", COL),
-    "UE8M0": ("ue8m0", PACKED),
+    "UE8M0": ("ue8m0", PACKED_COL),
 }
 
 
@@ -184,17 +184,16 @@ def persistent_masked_m_silu_mul_quant(
 ):
     """vLLM's ``persistent_masked_m_silu_mul_quant`` (batched DeepGEMM MoE experts).
 
-    ``y`` ``[E, T, 2H]`` (gate then up) and ``tokens_per_expert`` ``[E]``: the SiLU-and-multiply
-    of the first ``tokens_per_expert[e]`` tokens of each expert, quantized to e4m3 ``[E, T, H]``.
-    Scales as vLLM allocates them: ``quant_scale_fmt`` ``FLOAT32`` (or
+    ``y`` ``[E, T, 2H]`` bfloat16 (gate then up) and ``tokens_per_expert`` ``[E]``: the
+    SiLU-and-multiply of the first ``tokens_per_expert[e]`` tokens of each expert, quantized to
+    e4m3 ``[E, T, H]``. Scales as vLLM allocates them: ``quant_scale_fmt`` ``FLOAT32`` (or
     ``FLOAT32_CEIL_UE8M0``, powers of two) gives float32 ``[E, T, H/G]`` with strides
     ``(T*H/G, 1, T)``; ``UE8M0`` gives int32 ``[E, T, ceil(H/G/4)]`` with strides
-    ``(T*ceil(H/G/4), 1, T)`` (``T`` a multiple of 4 here: this library pads the packed layout
-    to TMA alignment). As in vLLM, the scales of tokens past the counts are zero and their codes
-    unwritten. ``quant_scale_fmt`` is vLLM's ``DeepGemmQuantScaleFMT`` or its name;
-    ``num_parallel_tokens`` is vLLM's tuning knob and is ignored. Values follow this library's
-    contract: vLLM's kernel computes the maximum, scale and scaled values in bfloat16, so 3.7%
-    of its codes (0.49% with UE8M0 scales) differ on random data (docs/spec.md, section 8).
+    ``(T*ceil(H/G/4), 1, T)`` for any T (the ``packed_col`` layout). As in vLLM, the scales of
+    tokens past the counts are zero and their codes unwritten. ``quant_scale_fmt`` is vLLM's
+    ``DeepGemmQuantScaleFMT`` or its name; ``num_parallel_tokens`` is vLLM's tuning knob and is
+    ignored. Values are vLLM's kernel's, bit for bit: ``arithmetic="bfloat16"``
+    (docs/spec.md, section 3a).
     """
     name = getattr(quant_scale_fmt, "name", quant_scale_fmt)
     if name not in _SCALE_FMTS:
@@ -205,10 +204,6 @@ def persistent_masked_m_silu_mul_quant(
     shape = tuple(getattr(y, "shape", ()))
     if len(shape) != 3:
         raise ValueError(f"y: expected [E, T, 2H], got shape {shape}")
-    if layout == PACKED and shape[1] % 4:
-        raise ValueError(
-            f"y: quant_scale_fmt=UE8M0 needs T to be a multiple of 4 here, got T={shape[1]}"
-        )
     geometry = Geometry(
         (shape[0], shape[1], shape[2] // 2), group_size, scale_layout(layout), False
     )
@@ -222,6 +217,7 @@ def persistent_masked_m_silu_mul_quant(
         scale_out=scale_out,
         activation="silu_mul",
         masked_m=tokens_per_expert,
+        arithmetic="bfloat16",
     )
 
 
@@ -263,15 +259,17 @@ def silu_mul_per_token_group_quant_fp8_colmajor(
 
     ``input`` ``[M, 2N]`` holds gate then up; returns ``(output [M, N] e4m3, scales)`` with
     float32 scales ``[M, N/G]`` column-major, strides ``(1, M)``; ``use_ue8m0`` makes them
-    powers of two (None means False here; vLLM reads its DeepGEMM setting). Values follow this
-    library's contract: vLLM scales by a rounded ``1/448`` and takes ``exp`` from Triton, so a
-    few codes differ (0.07% on random data, float scales; docs/spec.md, section 8). The gate
-    variants vLLM adds (``clamp_limit``, ``alpha``/``beta`` for SwiGLU-OAI) and the expert-ends
-    layout are not implemented and raise NotImplementedError; unlike vLLM, ``M`` need not be a
-    multiple of 8.
+    powers of two (None means False here; vLLM reads its DeepGEMM setting). ``clamp_limit``:
+    the clamped SwiGLU (gate clamped from above, up on both sides, before the activation;
+    ``docs/spec.md``, section 2a). Values follow this library's contract, which equals vLLM's
+    test reference (its ``silu_and_mul`` then its Triton quantizer); vLLM's fused kernel scales
+    by a rounded ``1/448`` and takes ``exp`` from Triton, so a few of its codes differ (0.07% on
+    random data, float scales; docs/spec.md, section 8). SwiGLU-OAI's ``alpha``/``beta`` and
+    the expert-ends layout are not implemented and raise NotImplementedError; unlike vLLM,
+    ``M`` need not be a multiple of 8.
     """
     for name, value, default in (
-        ("clamp_limit", clamp_limit, None), ("alpha", alpha, 1.0), ("beta", beta, 0.0),
+        ("alpha", alpha, 1.0), ("beta", beta, 0.0),
         ("expert_ends", expert_ends, None), ("expert_alignment", expert_alignment, 0),
     ):  # fmt: skip
         if value != default if default is not None else value is not None:
@@ -289,6 +287,7 @@ def silu_mul_per_token_group_quant_fp8_colmajor(
         eps=eps,
         out=output,
         activation="silu_mul",
+        clamp_limit=clamp_limit,
     )
 
 
@@ -310,7 +309,8 @@ def rms_norm_per_block_quant(
     ``[rows, K/G]`` row-major, with ``is_scale_transposed`` column-major ``(1, rows)`` (rows =
     every leading dimension flattened), or with ``tma_alignment=4`` TMA-aligned and per batch
     for 3-D input. ``residual`` is updated in place to ``input + residual``. Values follow
-    ``docs/spec.md`` section 2b (one rounding after the weight; vLLM rounds before it too).
+    ``docs/spec.md`` section 2b with ``norm_rounding="twice"``: ``x * r`` rounded to the input
+    dtype before the weight multiply, as vLLM's RMSNorm does.
     Runs on every backend (CUDA tensors through the fused kernel); ``scale_ub`` is not
     implemented.
     """
@@ -329,9 +329,8 @@ def rms_norm_per_block_quant(
     flatten = len(shape) > 2 and layout != COL_TMA  # vLLM's row and col scales are 2-D
     x = input.reshape(-1, shape[-1]) if flatten else input
     r = residual.reshape(-1, shape[-1]) if flatten and residual is not None else residual
-    q, scales = quantize(
-        x, group_size[1], dtype=quant_dtype, layout=layout, norm=(weight, epsilon), residual=r
-    )
+    q, scales = quantize(x, group_size[1], dtype=quant_dtype, layout=layout,
+                         norm=(weight, epsilon), residual=r, norm_rounding="twice")  # fmt: skip
     if r is not None and r is not residual:  # a reshape may have copied: write the sum back
         if hasattr(residual, "copy_"):
             residual.copy_(r.reshape(shape))

@@ -76,14 +76,19 @@ def encode(t: np.ndarray, values: np.ndarray, fmt: OutputFormat) -> np.ndarray:
     return np.where(magnitude >= _INF_BITS, table[which], codes).astype(np.uint8)
 
 
-def quantize_groups(values: np.ndarray, fmt, scale, eps: float, rule: str = "rceil"):
+def quantize_groups(
+    values: np.ndarray, fmt, scale, eps: float, rule: str = "rceil", arithmetic: str = "float32"
+):
     """Quantize groups along the last axis of float32 ``values`` [..., G].
 
-    ``fmt`` and ``scale`` are formats or their names; ``rule`` the UE8M0 exponent rule.
+    ``fmt`` and ``scale`` are formats or their names; ``rule`` the UE8M0 exponent rule;
+    ``arithmetic`` "float32" (section 3) or "bfloat16" (section 3a, ``bfloat16_groups``).
     Returns ``(codes uint8 [..., G], scales float32 [...], exponents uint32 [...] or None)``.
     """
     fmt, scale = output_format(fmt), scale_format(scale)
     values = np.ascontiguousarray(values, dtype=np.float32)
+    if arithmetic == "bfloat16":
+        return bfloat16_groups(values, fmt, scale.power_of_two, eps)
     amax = np.maximum(finite_amax(values), np.float32(eps))
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         if scale.power_of_two:
@@ -130,6 +135,31 @@ def quantize_token_groups(values: np.ndarray, fmt, scale, eps: float, rule: str,
     return codes.reshape(k, groups * group)[:, :m], scales, exponents
 
 
+def _bf16(values) -> np.ndarray:
+    """float32 values rounded to bfloat16 (nearest even) and back, exactly."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return np.asarray(values, np.float32).astype(ml_dtypes.bfloat16).astype(np.float32)
+
+
+def bfloat16_groups(values: np.ndarray, fmt: OutputFormat, power_of_two: bool, eps: float):
+    """Section 3a (vLLM's masked SiLU kernel): the maximum, scale, reciprocal and scaled values
+    each rounded to bfloat16; a power-of-two scale is ``2^ceil(bf16(log2(s)))``, no 1e-10 floor.
+    ``values`` are bfloat16 values as float32 [..., G]; returns what quantize_groups does."""
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        amax = np.maximum(finite_amax(values), _bf16(np.float32(eps)))
+        scales = _bf16(amax * _bf16(np.float32(1) / np.float32(fmt.fmax)))
+        exponents = None
+        if power_of_two:
+            # log2 of a bfloat16 value lies at least 8e-4 from the rounding boundaries that move
+            # the ceiling: any float32 log2 within a few ulp agrees (tests/test_upstream_modes.py)
+            ceiling = np.ceil(_bf16(np.log2(scales))).astype(np.int64)
+            exponents = np.clip(ceiling + 127, 1, 254).astype(np.uint32)
+            scales = (exponents << 23).view(np.float32)
+        inverse = _bf16(np.float32(1) / scales)
+        t = _bf16(values * inverse[..., None])
+    return encode(t, values, fmt), scales, exponents
+
+
 def quantize_into(
     x: np.ndarray,
     geometry: Geometry,
@@ -139,6 +169,7 @@ def quantize_into(
     q_storage: np.ndarray,
     scale_storage: np.ndarray,
     rule: str = "rceil",
+    arithmetic: str = "float32",
 ) -> None:
     """Quantize host ``x`` into flat storages laid out by ``geometry``, padding included.
 
@@ -147,7 +178,7 @@ def quantize_into(
     """
     b, m, ng, g = geometry.batches, geometry.rows, geometry.groups, geometry.group_size
     values = np.asarray(x).astype(np.float32).reshape(b, m, ng, g)
-    codes, scales, exponents = quantize_groups(values, fmt, scale, eps, rule)
+    codes, scales, exponents = quantize_groups(values, fmt, scale, eps, rule, arithmetic)
 
     q = q_storage.reshape(b, geometry.q_rows, geometry.k)
     q[:, :m] = codes.reshape(b, m, geometry.k)
@@ -181,6 +212,7 @@ def quantize_into_masked(
     scale_storage: np.ndarray,
     counts: np.ndarray,
     rule: str = "rceil",
+    arithmetic: str = "float32",
 ) -> None:
     """The masked MoE layout: as ``quantize_into``, for rows ``t < counts[e]`` of each batch
     ``e`` only (counts clamped to ``[0, T]``). Every other byte of both storages, padding rows
@@ -190,7 +222,7 @@ def quantize_into_masked(
     counts = np.clip(np.asarray(counts).astype(np.int64), 0, m)
     valid = np.arange(m)[None, :] < counts[:, None]  # [b, m]
     values = np.asarray(x).astype(np.float32).reshape(b, m, ng, g)
-    codes, scales, exponents = quantize_groups(values, fmt, scale, eps, rule)
+    codes, scales, exponents = quantize_groups(values, fmt, scale, eps, rule, arithmetic)
     q = q_storage.reshape(b, geometry.q_rows, geometry.k)
     q[:, :m][valid] = codes.reshape(b, m, geometry.k)[valid]
 

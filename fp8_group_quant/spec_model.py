@@ -181,7 +181,7 @@ class Storage:
 
     @property
     def packed(self) -> bool:
-        return self.layout in ("packed", "packed_row")
+        return self.layout in ("packed", "packed_row", "packed_col")
 
     @property
     def words(self) -> int:

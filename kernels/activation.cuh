@@ -357,6 +357,35 @@ template <typename Band, typename Arithmetic> struct GateTable<kBF16, Band, Arit
   typedef BandTable<Band> Type;
 };
 
+// clamp_limit (docs/spec.md, section 2a): gate <= L and -L <= up <= L, L in the input's type;
+// NaN stays NaN (min.NaN / max.NaN), as the definition's comparisons leave it
+template <int kIn>
+__device__ __forceinline__ void clamp_gate_up(float limit, u32 (&gate)[kLaneWords],
+                                              u32 (&up)[kLaneWords]) {
+#pragma unroll
+  for (int w = 0; w < kLaneWords; ++w) {
+    if constexpr (kIn == kF32) {
+      float g = __uint_as_float(gate[w]), u = __uint_as_float(up[w]);
+      asm("min.NaN.f32 %0, %0, %1;" : "+f"(g) : "f"(limit));
+      asm("{ min.NaN.f32 %0, %0, %1; max.NaN.f32 %0, %0, %2; }" : "+f"(u) : "f"(limit), "f"(-limit));
+      gate[w] = __float_as_uint(g);
+      up[w] = __float_as_uint(u);
+    } else {
+      // exact conversions: the limit is a value of the input type
+      const u32 high = input_pair<kIn>(limit, limit), low = input_pair<kIn>(-limit, -limit);
+      if constexpr (kIn == kBF16) {
+        asm("min.NaN.bf16x2 %0, %0, %1;" : "+r"(gate[w]) : "r"(high));
+        asm("{ min.NaN.bf16x2 %0, %0, %1; max.NaN.bf16x2 %0, %0, %2; }"
+            : "+r"(up[w]) : "r"(high), "r"(low));
+      } else {
+        asm("min.NaN.f16x2 %0, %0, %1;" : "+r"(gate[w]) : "r"(high));
+        asm("{ min.NaN.f16x2 %0, %0, %1; max.NaN.f16x2 %0, %0, %2; }"
+            : "+r"(up[w]) : "r"(high), "r"(low));
+      }
+    }
+  }
+}
+
 template <typename Band, typename Arithmetic>
 struct GatedMulActivation {
   enum : int { kInputs = 2, kMaskedSlots = kMaskedUnrollSilu };
@@ -368,6 +397,11 @@ struct GatedMulActivation {
                                               u32 (&words)[kLaneWords], u32 (&up)[kLaneWords]) {
     load_lane<kIn, kVec16>(src, words);
     load_lane<kIn, kVec16>(src + p.x_up_offset, up);
+    // NOTES: a runtime value under a uniform branch: the unclamped calls pay one compare a
+    // lane, and no instantiation is added
+    if (__builtin_expect(p.clamp_limit < __uint_as_float(kF32Inf), 0)) {
+      clamp_gate_up<kIn>(p.clamp_limit, words, up);
+    }
   }
   template <int kIn, typename Shared>
   __device__ static __forceinline__ void apply(u32 (&words)[kLaneWords],

@@ -22,17 +22,23 @@ __device__ __forceinline__ u32 group_max(u32 value, u32 mask) {
 }
 
 // scale and encode one lane's values --------------------------------------------------------------
-enum ScaleOp : int { kMultiply = 0, kDivideFast = 1, kDivideExact = 2 };
+// kMultiplyBf16: arithmetic='bfloat16' (docs/spec.md, section 3a), the product rounded to bfloat16
+enum ScaleOp : int { kMultiply = 0, kDivideFast = 1, kDivideExact = 2, kMultiplyBf16 = 3 };
+
+__device__ __forceinline__ float round_bf16(float v) {
+  return __uint_as_float(input_pair<kBF16>(v, 0.0f) << 16);
+}
 
 // one value scaled for encoding: v / scale (factor = RN(1 / scale) for kDivideFast), or
 // v * factor for kMultiply, factor already holding the format's 2^kCodeExponent (both exact
-// powers of two)
+// powers of two), or that product rounded to bfloat16 for kMultiplyBf16
 template <int kOut, int kOp>
 __device__ __forceinline__ float scaled_value(float v, float scale, float factor) {
   float t;
   if constexpr (kOp == kMultiply) t = mul_rn(v, factor);
   if constexpr (kOp == kDivideFast) t = divide_fast(v, scale, factor);
   if constexpr (kOp == kDivideExact) t = div_rn(v, scale);
+  if constexpr (kOp == kMultiplyBf16) t = round_bf16(mul_rn(v, factor));
   if constexpr (kOp != kMultiply && Output<kOut>::kCodeExponent != 0) {
     t = mul_rn(t, static_cast<float>(1u << Output<kOut>::kCodeExponent));
   }
@@ -119,6 +125,24 @@ __device__ __forceinline__ u32 rule_exponent(const Params& p, float amax) {
   return p.floor_emax != 0u ? floor_rule : rceil;
 }
 
+// arithmetic='bfloat16' (docs/spec.md, section 3a; vLLM's masked SiLU kernel) -------------------
+// the group's scale with every step rounded to bfloat16, its exponent byte for a power-of-two
+// scale, and the bfloat16 reciprocal the values are multiplied by; amax has eps applied (eps
+// is the bfloat16 one in this mode, Params.eps)
+// NOTES: log2 of a bfloat16 scale lies at least 8e-4 from a boundary that moves the ceiling
+// (tests/test_upstream_modes.py), so log2f's few ulp never move the ceiling
+template <int kScale>
+__device__ __forceinline__ float bf16_scale(const Params& p, float amax, float& scale,
+                                            u32& exponent) {
+  scale = round_bf16(mul_rn(amax, round_bf16(p.inverse_fmax)));
+  if constexpr (kScale != kFloat32Scale) {
+    const int ceiling = static_cast<int>(ceilf(round_bf16(log2f(scale))));
+    exponent = static_cast<u32>(min(max(ceiling + kF32Bias, 1), 254));
+    scale = __uint_as_float(exponent << 23);
+  }
+  return round_bf16(div_rn(1.0f, scale));
+}
+
 // the power of two a value is multiplied by under UE8M0 exponent byte `exponent`:
 // 2^-(exponent - bias) times the format's 2^kCodeExponent, as float32 bits
 template <int kOut>
@@ -132,7 +156,13 @@ template <int kIn, int kOut, int kScale, int kValues, typename V>
 __device__ __forceinline__ float encode_scaled(const Params& p, const V& values, float amax,
                                                u32& exponent, u32 (&codes)[kValues / 4]) {
   float scale;
-  if constexpr (kScale == kFloat32Scale) {
+  // NOTES: a runtime mode under a uniform branch, for the one drop-in that asks for it;
+  // bfloat16 input only (the request checks it), so no other instantiation carries it
+  if (kIn == kBF16 && __builtin_expect(p.bf16_arithmetic != 0u, 0)) {
+    exponent = 0u;
+    const float inverse = bf16_scale<kScale>(p, amax, scale, exponent);
+    encode_lane<kIn, kOut, kMultiplyBf16, kValues>(values, scale, inverse, codes);
+  } else if constexpr (kScale == kFloat32Scale) {
     exponent = 0u;
     scale = divide_by_max(amax, p.fmax, p.inverse_fmax);
     if (scale >= kMinFastDivisor) {

@@ -81,15 +81,26 @@ __device__ __forceinline__ float warp_fold(float v) {
   return v;
 }
 
+// RN(x * r), rounded to the input type first with norm_rounding="twice" (vLLM's, docs/spec.md
+// section 2b; a runtime value: one select a value)
+template <int kIn>
+__device__ __forceinline__ float normalized(float x, float r, bool twice) {
+  const float n = mul_rn(x, r);
+  return twice ? round_to_input<kIn>(n) : n;
+}
+
 // y = round(RN(x * r) * w), in the input type; weight(i) is w's value i as float32 (from the
 // loaded words, or from the float32 copy a walking block keeps: kStash); `maybe_nan` false
 // promises that no product is NaN (norm_rows)
 template <int kIn, typename Weight>
-__device__ __forceinline__ void normalize_lane(u32 (&words)[kLaneWords], Weight weight, float r, bool maybe_nan) {
+__device__ __forceinline__ void normalize_lane(u32 (&words)[kLaneWords], Weight weight, float r,
+                                               bool twice, bool maybe_nan) {
   u32 x[kLaneWords];
 #pragma unroll
   for (int w = 0; w < kLaneWords; ++w) x[w] = words[w];
-  map_lane<kIn, false>(words, [&](int i) { return mul_rn(mul_rn(value_of<kIn>(x, i), r), weight(i)); }, maybe_nan);
+  map_lane<kIn, false>(words, [&](int i) {
+    return mul_rn(normalized<kIn>(value_of<kIn>(x, i), r, twice), weight(i));
+  }, maybe_nan);
 }
 
 // y = round(RN(x * r) * w) for each value of a lane, rounded to the input type and kept as
@@ -97,9 +108,11 @@ __device__ __forceinline__ void normalize_lane(u32 (&words)[kLaneWords], Weight 
 // definition gives); weight as above
 template <int kIn, int kValues, typename Weight>
 __device__ __forceinline__ void normalize_lane(const u32 (&x)[kLaneWords], Weight weight, float r,
-                                               FloatLane<kValues>& y) {
+                                               bool twice, FloatLane<kValues>& y) {
 #pragma unroll
-  for (int i = 0; i < kValues; ++i) y.v[i] = round_to_input<kIn>(mul_rn(mul_rn(value_of<kIn>(x, i), r), weight(i)));
+  for (int i = 0; i < kValues; ++i) {
+    y.v[i] = round_to_input<kIn>(mul_rn(normalized<kIn>(value_of<kIn>(x, i), r, twice), weight(i)));
+  }
 }
 
 // the walk over rows ------------------------------------------------------------------------------
@@ -299,9 +312,9 @@ __device__ __forceinline__ void norm_rows(const Params& p, float (&warp_sums)[2]
       FloatLane<kValues> y;
       auto normalize = [&](auto weight_of) {
         if constexpr (kFloat) {
-          normalize_lane<kIn>(words[j], weight_of, r, y);
+          normalize_lane<kIn>(words[j], weight_of, r, p.norm_round_twice != 0u, y);
         } else {
-          normalize_lane<kIn>(words[j], weight_of, r, maybe_nan);
+          normalize_lane<kIn>(words[j], weight_of, r, p.norm_round_twice != 0u, maybe_nan);
         }
       };
       if constexpr (kStash) {

@@ -1,0 +1,212 @@
+"""The modes that let a drop-in reproduce an upstream kernel (docs/spec.md, sections 2a and 3a):
+``clamp_limit`` (the clamped SwiGLU) and ``arithmetic="bfloat16"`` (vLLM's masked SiLU
+kernel), on the NumPy backend and on the GPU against it, bit for bit; ``packed_col`` (vLLM's
+masked scales for any T)."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+from backends import NUMPY_AND_GPU, to_device, to_host_bytes
+from helpers import activations
+
+import fp8_group_quant as fgq
+from fp8_group_quant import activation, reference
+
+BF16 = ml_dtypes.bfloat16
+NP_TYPES = {"bfloat16": BF16, "float16": np.float16, "float32": np.float32}
+
+
+def _bf16(values) -> np.ndarray:
+    return np.asarray(values, np.float32).astype(BF16).astype(np.float32)
+
+
+# clamp_limit ------------------------------------------------------------------------------------
+
+
+# 7.0 and 10.0 are gpt-oss's and DeepSeek-V4's limits; 7.3 is no bfloat16 value (rounded first)
+@pytest.mark.parametrize("limit", [7.0, 10.0, 7.3])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_clamp_limit_quantizes_the_clamped_gate_and_up(dtype, limit):
+    rng = np.random.default_rng(7)
+    x = (rng.standard_normal((6, 512)) * 8).astype(NP_TYPES[dtype])
+    q, s = fgq.quantize(x, 128, activation="silu_mul", clamp_limit=limit)
+    lx = np.float32(np.float32(limit).astype(NP_TYPES[dtype]))
+    gate, up = x[:, :256].astype(np.float32), x[:, 256:].astype(np.float32)
+    assert (gate > lx).any() and (np.abs(up) > lx).any()  # both clamps bind
+    clamped = np.concatenate([np.minimum(gate, lx), np.clip(up, -lx, lx)], axis=-1)
+    q_ref, s_ref = fgq.quantize(clamped.astype(NP_TYPES[dtype]), 128, activation="silu_mul")
+    np.testing.assert_array_equal(q.view(np.uint8), q_ref.view(np.uint8))
+    np.testing.assert_array_equal(s, s_ref)
+    unclamped, _ = fgq.quantize(x, 128, activation="silu_mul")
+    assert (unclamped.view(np.uint8) != q.view(np.uint8)).any()
+
+
+def test_clamp_limit_keeps_nan_and_clamps_infinities():
+    gate = np.array([np.nan, np.inf, -np.inf, 3.0], np.float32)
+    up = np.array([1.0, 1.0, -np.inf, np.inf], np.float32)
+    g, u = activation.clamp_gate_up(gate, up, 7.0, "float32")
+    assert np.isnan(g[0]) and g[1] == 7.0 and g[2] == -np.inf and g[3] == 3.0
+    assert u[2] == -7.0 and u[3] == 7.0
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        ({"clamp_limit": 7.0}, ValueError, "gated activation"),  # without an activation
+        ({"clamp_limit": -1.0, "activation": "silu_mul"}, ValueError, "positive finite"),
+        ({"clamp_limit": float("inf"), "activation": "silu_mul"}, ValueError, "positive"),
+        ({"clamp_limit": True, "activation": "silu_mul"}, TypeError, "clamp_limit"),
+        ({"arithmetic": "float16"}, ValueError, "arithmetic"),
+        ({"arithmetic": "bfloat16", "dtype": "int8"}, ValueError, "FP8 dtype"),
+    ],
+)
+def test_mode_options_are_checked(kwargs, error, match):
+    x = np.zeros((2, 256), BF16)
+    with pytest.raises(error, match=match):
+        fgq.quantize(x, 128, **kwargs)
+
+
+def test_bfloat16_arithmetic_needs_bfloat16_input():
+    with pytest.raises(TypeError, match="bfloat16 input"):
+        fgq.quantize(np.zeros((2, 128), np.float16), 128, arithmetic="bfloat16")
+
+
+# arithmetic="bfloat16" ----------------------------------------------------------------------------
+
+
+def test_log2_of_every_bfloat16_scale_is_far_from_a_rounding_boundary():
+    # section 3a: ceil(B(log2 s)) must not depend on which float32 log2 computes it; the
+    # boundaries that move the ceiling are the midpoints next to an integer
+    bits = np.arange(0x0080, 0x7F80, dtype=np.uint16)  # every positive normal bfloat16
+    s = bits.view(BF16).astype(np.float64)
+    exact = np.log2(s)
+    k = np.round(exact)
+    kb = k.astype(np.float32).astype(BF16)
+    neighbour = np.where(exact > k, np.nextafter(kb, BF16(np.inf)), np.nextafter(kb, BF16(-np.inf)))
+    margin = np.abs(exact - (k + neighbour.astype(np.float64)) / 2)[exact != k]
+    assert margin.min() > 8e-4, margin.min()
+    # so a float32 log2 off by up to 8 ulp gives the same ceiling
+    ceiling = np.ceil(_bf16(exact.astype(np.float32)))
+    f32 = np.log2(s.astype(np.float32)).astype(np.float32)
+    for ulps in range(-8, 9):
+        moved = (f32.view(np.int32) + ulps).view(np.float32)
+        moved = np.where(f32 == 0, f32, moved)
+        np.testing.assert_array_equal(np.ceil(_bf16(moved)), ceiling)
+
+
+def test_bfloat16_arithmetic_rounds_the_logarithm_to_bfloat16():
+    # a group of maximum 448 * 2^-5 * 1.0078125 has s = 2^-5 * 1.0078125: log2(s) = -4.9888
+    # rounds to -5 in bfloat16, so the scale is 2^-5 and that value saturates to 448
+    amax = np.float32(448 * 2**-5 * 1.0078125)
+    x = np.full((1, 128), 0.5, np.float32)
+    x[0, 0] = amax
+    q, s = fgq.quantize(x.astype(BF16), 128, scale="ue8m0", arithmetic="bfloat16")
+    assert s[0, 0] == np.float32(2**-5)
+    assert q.view(np.uint8)[0, 0] == 0x7E  # 448, saturated
+    q_ceil, s_ceil = fgq.quantize(x.astype(BF16), 128, scale="ue8m0")
+    assert s_ceil[0, 0] == np.float32(2**-4)  # section 3's exact ceiling
+
+
+def test_bfloat16_arithmetic_known_float_scale():
+    # amax 100: s = B(100 * B(1/448)) = B(0.22278) = 0.22265625 (section 3: RN(100 / 448));
+    # r = B(1 / s) = B(4.4912) = 4.5, so 100 scales to 450 and saturates to 448 (0x7E)
+    x = np.full((1, 128), 10.0, np.float32)
+    x[0, 0] = 100.0
+    q, s = fgq.quantize(x.astype(BF16), 128, arithmetic="bfloat16")
+    assert _bf16(np.float32(1) / np.float32(448)).view(np.uint32) >> 16 == 0x3B12
+    assert s[0, 0] == np.float32(0.22265625)
+    codes = q.view(np.uint8)[0]
+    assert codes[0] == 0x7E and codes[1] == np.float32(45).astype(ml_dtypes.float8_e4m3fn).view(
+        np.uint8)  # 10 * 4.5 = 45, exact  # fmt: skip
+    _, s_default = fgq.quantize(x.astype(BF16), 128)
+    assert s_default[0, 0] == np.float32(100) / np.float32(448)
+
+
+def test_bfloat16_groups_match_a_step_by_step_model():
+    rng = np.random.default_rng(3)
+    values = _bf16(activations(rng, (64, 128), "float32") * 50)
+    for power in (False, True):
+        codes, scales, _ = reference.bfloat16_groups(values, _e4m3(), power, 1e-10)
+        for row in range(0, 64, 9):
+            v = values[row]
+            amax = max(np.abs(v).max(), _bf16(np.float32(1e-10)))
+            s = _bf16(amax * _bf16(np.float32(1) / np.float32(448)))
+            if power:
+                s = np.float32(2.0 ** np.ceil(_bf16(np.log2(s))))
+            t = _bf16(v * _bf16(np.float32(1) / s))
+            expected = np.clip(t, -448, 448).astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
+            assert scales[row] == s
+            np.testing.assert_array_equal(codes[row], expected)
+
+
+def _e4m3():
+    from fp8_group_quant._spec import output_format
+
+    return output_format("e4m3")
+
+
+# the GPU against the NumPy backend ----------------------------------------------------------------
+
+
+# both modes on each kernel path that takes them: one pass, and the masked persistent grid
+@pytest.mark.parametrize("backend", NUMPY_AND_GPU)
+@pytest.mark.parametrize("scale, layout", [("float32", "col"), ("ue8m0", "col"),
+                                           ("ue8m0", "packed_col")])  # fmt: skip
+@pytest.mark.parametrize("masked", [False, True])
+def test_modes_on_every_backend_match_the_numpy_backend(backend, scale, layout, masked):
+    rng = np.random.default_rng(11)
+    y = (activations(rng, (3, 5, 2 * 384), "float32", specials=True) * 12).astype(BF16)
+    counts = np.array([5, 0, 3], np.int32)
+    options = dict(scale=scale, layout=layout, activation="silu_mul", clamp_limit=7.0,
+                   arithmetic="bfloat16", masked_m=counts if masked else None)  # fmt: skip
+    q_ref, s_ref = fgq.quantize(y, 128, **options)
+    if masked:
+        options["masked_m"] = to_device(counts, backend)
+    q, s = fgq.quantize(to_device(y, backend), 128, **options)
+    got_q = to_host_bytes(q).reshape(3, 5, -1)
+    got_s = to_host_bytes(s).reshape(3, 5, -1)
+    want_q = to_host_bytes(q_ref).reshape(3, 5, -1)
+    want_s = to_host_bytes(s_ref).reshape(3, 5, -1)
+    rows = counts if masked else [5, 5, 5]
+    for e, n in enumerate(rows):
+        np.testing.assert_array_equal(got_q[e, :n], want_q[e, :n])
+        np.testing.assert_array_equal(got_s[e, :n], want_s[e, :n])
+
+
+# norm_rounding="twice" (vLLM's RMSNorm rounds x * r to x's dtype before the weight) ---------------
+
+
+def test_norm_rounding_twice_rounds_before_the_weight():
+    rng = np.random.default_rng(2)
+    x = (rng.standard_normal((4, 1024)) / 32).astype(BF16)
+    w = (1 + rng.standard_normal(1024) / 10).astype(BF16)
+    y, _ = activation.rms_norm(x, w, 1e-6, "bfloat16", round_twice=True)
+    # the steps of section 2b with the extra rounding, for each row
+    r = activation.rsqrt(
+        (activation.sum_of_squares(x.astype(np.float32), 2) / np.float32(1024)) + np.float32(1e-6)
+    )
+    expected = _bf16(_bf16(x.astype(np.float32) * r[:, None]) * w.astype(np.float32))
+    np.testing.assert_array_equal(y, expected)
+    once, _ = activation.rms_norm(x, w, 1e-6, "bfloat16")
+    assert (once != y).any()  # the two roundings differ somewhere
+    q, s = fgq.quantize(x, 128, norm=(w, 1e-6), norm_rounding="twice")
+    q_ref, s_ref = fgq.quantize(y.astype(BF16), 128)
+    np.testing.assert_array_equal(q.view(np.uint8), q_ref.view(np.uint8))
+    np.testing.assert_array_equal(s, s_ref)
+    with pytest.raises(ValueError, match="norm_rounding"):
+        fgq.quantize(x, 128, norm_rounding="twice")
+
+
+@pytest.mark.parametrize("backend", NUMPY_AND_GPU)
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_norm_rounding_twice_on_every_backend(backend, dtype):
+    rng = np.random.default_rng(9)
+    x = (rng.standard_normal((6, 2048)) / 16).astype(NP_TYPES[dtype])
+    w = (1 + rng.standard_normal(2048) / 10).astype(NP_TYPES[dtype])
+    q_ref, s_ref = fgq.quantize(x, 128, norm=(w, 1e-6), norm_rounding="twice")
+    q, s = fgq.quantize(to_device(x, backend), 128, norm=(to_device(w, backend), 1e-6),
+                        norm_rounding="twice")  # fmt: skip
+    np.testing.assert_array_equal(to_host_bytes(q), to_host_bytes(q_ref))
+    np.testing.assert_array_equal(to_host_bytes(s), to_host_bytes(s_ref))
