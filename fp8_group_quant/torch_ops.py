@@ -134,8 +134,8 @@ def _outputs_op(x, group_size, dtype, scale, layout, eps, pad_rows, activation, 
     """Uninitialised outputs of a call, its options checked; real and fake alike, so that the
     checks run outside dynamo's trace."""
     options = check_options(group_size, dtype, scale, layout, eps, pad_rows, activation,
-                            scale_rule, expected_m, eps_norm, clamp_limit, arithmetic,
-                            norm_rounding)  # fmt: skip
+                            scale_rule, expected_m, eps_norm, clamp_limit=clamp_limit,
+                            arithmetic=arithmetic, norm_rounding=norm_rounding)  # fmt: skip
     return _empty_outputs(x, options, tuple(x.shape))
 
 
