@@ -556,25 +556,27 @@ def poison_shared_memory(word: int = 0x7FC00001) -> None:
 @pytest.mark.gpu
 # blocks of one, two and three warps: fewer threads than a table has entries
 @pytest.mark.parametrize("threads", [32, 64, 96])
-# every input type: the exponential table (float16, float32) and the band table (bfloat16)
+# every input type: the exponential table (float16, float32) and the band tables (bfloat16)
 @pytest.mark.parametrize("input_dtype", ["float16", "float32", "bfloat16"])
-def test_silu_mul_in_blocks_of_few_threads(input_dtype, threads):
-    # FP8_GROUP_QUANT_ONE_PASS_THREADS may ask for blocks of 32 threads: the float16 and
-    # float32 SiLU's exponential table (64 entries in shared memory) and bfloat16's band table
-    # must still be filled whole; shared memory is poisoned first, so an entry left unwritten
-    # reads a NaN rather than a previous block's copy
-    rng = np.random.default_rng(threads)
+@pytest.mark.parametrize("activation", ["silu_mul", "gelu_tanh_mul"])
+def test_gated_activations_in_blocks_of_few_threads(input_dtype, threads, activation):
+    # the tuning table may give the one-pass grid blocks of 32 threads: the float16 and float32
+    # exponential table (64 entries in shared memory) and bfloat16's band table must still be
+    # filled whole; shared memory is poisoned first, so an entry left unwritten reads a NaN
+    # rather than a previous block's copy
+    rng = np.random.default_rng(threads + (100 if activation == "gelu_tanh_mul" else 0))
     x = gates_and_ups(rng, (96, 2 * 1024), input_dtype)
     # bfloat16's band table both ways: this small grid takes the bulk copy, and with
-    # TABLE_BY_THREADS_WAVES at 0 every thread's cp.async (as test_shared_tables_are_filled_...);
+    # table_by_threads_waves at 0 every thread's cp.async (as test_shared_tables_are_filled_...);
     # the float16 and float32 exponential table is filled one way
     for by_threads in (False, True) if input_dtype == "bfloat16" else (False,):
         table_waves = 0.0 if by_threads else 1e9
         with force_path(one_pass_threads=threads, table_by_threads_waves=table_waves):
             for scale, layout in (("ue8m0", "packed"), ("float32", "row")):
                 poison_shared_memory()
-                check_silu_mul(x, to_device(x, "cupy"), "cupy", 128, "e4m3", scale, layout)
-            launch = silu_mul_launch(to_device(x, "cupy"))
+                check_silu_mul(x, to_device(x, "cupy"), "cupy", 128, "e4m3", scale, layout,
+                               activation=activation)  # fmt: skip
+            launch = silu_mul_launch(to_device(x, "cupy"), activation=activation)
         assert launch.block == (threads, 1, 1)
         assert launch.params.table_by_threads == by_threads
 
@@ -843,29 +845,6 @@ def test_gelu_tanh_mul_every_16_bit_gate(input_dtype, table_copy):
                            activation="gelu_tanh_mul")  # fmt: skip
         launch = silu_mul_launch(to_device(x, "cupy"), activation="gelu_tanh_mul")
     assert launch.params.table_by_threads == (table_copy == "threads")
-
-
-@pytest.mark.gpu
-# one warp and three: fewer threads than a table has entries
-@pytest.mark.parametrize("threads", [32, 96])
-# the exponential table (float16, float32) and GELU's band table (bfloat16)
-@pytest.mark.parametrize("input_dtype", ["bfloat16", "float16", "float32"])
-def test_gelu_tanh_mul_in_blocks_of_few_threads(input_dtype, threads):
-    # GeGLU reads section 2a's exponential table from shared memory for float16 and float32,
-    # its band table for bfloat16 (copied both ways); blocks of fewer than 64 threads must fill
-    # them whole (shared memory poisoned first, as for SiLU)
-    rng = np.random.default_rng(100 + threads)
-    x = gates_and_ups(rng, (96, 2 * 1024), input_dtype)
-    for by_threads in (False, True) if input_dtype == "bfloat16" else (False,):
-        table_waves = 0.0 if by_threads else 1e9
-        with force_path(one_pass_threads=threads, table_by_threads_waves=table_waves):
-            for scale, layout in (("ue8m0", "packed"), ("float32", "row")):
-                poison_shared_memory()
-                check_silu_mul(x, to_device(x, "cupy"), "cupy", 128, "e4m3", scale, layout,
-                               activation="gelu_tanh_mul")  # fmt: skip
-            launch = silu_mul_launch(to_device(x, "cupy"), activation="gelu_tanh_mul")
-        assert launch.block == (threads, 1, 1)
-        assert launch.params.table_by_threads == by_threads
 
 
 @pytest.mark.gpu
