@@ -7,7 +7,7 @@ import dataclasses
 from typing import Any, TypeVar
 
 from . import _device, _jit, _plan, _run, _settings
-from ._arrays import device_signature
+from ._arrays import device_signature, kind_of
 from ._dequantize import as_float8, dequantize, scale_offsets, unpack_scales
 from ._device import PreparedQuantize
 from ._layout import PACKED, LayoutName
@@ -223,7 +223,7 @@ def prepare(
     if signature is None:
         raise TypeError(
             f"x: prepare needs a cupy array or torch CUDA tensor (it binds GPU buffers; it is "
-            f"GPU-only), got {_run.kind_of(x)}; call quantize for host arrays"
+            f"GPU-only), got {kind_of(x)}; call quantize for host arrays"
         )
     call = _call(group_size, dtype, scale, layout, eps, pad_rows, activation, scale_rule,
                  masked_m, expected_m, norm, residual, global_scale)  # fmt: skip
