@@ -83,8 +83,15 @@ def describe(array, name: str) -> ArrayInfo:
         hint = f": make it an array first, e.g. numpy.asarray({name}{dtype})"
     raise TypeError(
         f"{name}: expected a numpy array, a torch tensor (CPU or CUDA) or a cupy array, "
-        f"got {type(array).__module__}.{type(array).__name__}{hint}"
+        f"got {kind_of(array)}{hint}"
     )
+
+
+def kind_of(array) -> str:
+    """The library, type and (torch) device of ``array``, for messages."""
+    device = getattr(array, "device", None)
+    where = f" on device {device}" if type(array).__module__.startswith("torch") else ""
+    return f"{type(array).__module__}.{type(array).__name__}{where}"
 
 
 def is_torch_cpu(array) -> bool:
@@ -109,9 +116,12 @@ def torch_cpu_to_numpy(tensor, name: str) -> np.ndarray:
         name: getattr(ml_dtypes, name)
         for name in ("bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz")
     }
-    try:
-        np_dtype = np.dtype(special[dtype]) if dtype in special else _numpy_dtype(tensor)
-    except TypeError as error:
+    try:  # the others: the dtype torch's own .numpy() gives, from an empty tensor
+        if dtype in special:
+            np_dtype = np.dtype(special[dtype])
+        else:
+            np_dtype = torch.empty(0, dtype=tensor.dtype).numpy().dtype
+    except (TypeError, RuntimeError) as error:
         raise TypeError(
             f"{name}: expected a torch tensor of a dtype numpy can hold, got dtype {dtype}"
         ) from error
@@ -124,14 +134,6 @@ def torch_cpu_to_numpy(tensor, name: str) -> np.ndarray:
     strides = tuple(s * size for s in tensor.stride())
     view = np.lib.stride_tricks.as_strided(raw, tuple(tensor.shape), strides)
     return view.view(np_dtype)
-
-
-def _numpy_dtype(tensor) -> np.dtype:
-    """The numpy dtype torch's ``.numpy()`` gives a tensor's dtype; TypeError where none."""
-    try:
-        return _torch().empty(0, dtype=tensor.dtype).numpy().dtype
-    except (TypeError, RuntimeError) as error:
-        raise TypeError(str(error)) from error
 
 
 def numpy_to_torch_cpu(array: np.ndarray):

@@ -19,6 +19,7 @@ from ._arrays import (
     ArrayInfo,
     describe,
     is_torch_cpu,
+    kind_of,
     numpy_to_torch_cpu,
     to_cupy,
     torch_cpu_to_numpy,
@@ -260,8 +261,9 @@ def _same_host_library(q, scales) -> None:
     """A torch CPU ``q`` takes torch CPU ``scales``, and the other way round."""
     for name, array, other in (("q", q, "scales"), ("scales", scales, "q")):
         if not is_torch_cpu(array):
-            kind = f"{type(array).__module__}.{type(array).__name__}"
-            raise TypeError(f"{name}: expected a torch CPU tensor like {other}, got {kind}")
+            raise TypeError(
+                f"{name}: expected a torch CPU tensor like {other}, got {kind_of(array)}"
+            )
 
 
 def _float_scales(scales, s_info: ArrayInfo, q_info: ArrayInfo, group_size: int, groups: int):

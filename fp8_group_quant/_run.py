@@ -20,6 +20,7 @@ from ._arrays import (
     foreign_library,
     from_cupy,
     is_torch_cpu,
+    kind_of,
     numpy_to_torch_cpu,
     to_cupy,
     torch_cpu_to_numpy,
@@ -217,13 +218,6 @@ def quantize_weight(w, options: WeightOptions, out, scale_out):
 
 def _named(arrays: dict) -> list:
     return [(a, _name(n)) for n, a in arrays.items()]
-
-
-def kind_of(array) -> str:
-    """The library, type and (torch) device of ``array``, for messages."""
-    device = getattr(array, "device", None)
-    where = f" on device {device}" if type(array).__module__.startswith("torch") else ""
-    return f"{type(array).__module__}.{type(array).__name__}{where}"
 
 
 def global_scale_arguments(global_scale) -> tuple[dict, float | None]:

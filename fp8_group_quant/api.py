@@ -8,7 +8,7 @@ import sys
 from typing import Any, TypeVar
 
 from . import _device, _jit, _plan, _run, _settings
-from ._arrays import device_signature, is_dynamo_compiling
+from ._arrays import device_signature, is_dynamo_compiling, kind_of
 from ._dequantize import as_float8, dequantize, dequantize_weight, scale_offsets, unpack_scales
 from ._device import PreparedQuantize
 from ._layout import PACKED, WEIGHT_BLOCK, LayoutName, WeightLayoutName
@@ -330,7 +330,7 @@ def prepare(
     if signature is None:
         raise TypeError(
             f"x: prepare needs a cupy array or torch CUDA tensor (it binds GPU buffers; it is "
-            f"GPU-only), got {_run.kind_of(x)}; call quantize for host arrays"
+            f"GPU-only), got {kind_of(x)}; call quantize for host arrays"
         )
     call = _call(group_size, dtype, scale, layout, eps, pad_rows, activation, scale_rule,
                  masked_m, expected_m, norm, residual, global_scale)  # fmt: skip

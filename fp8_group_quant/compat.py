@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 import sys
 
+from ._arrays import kind_of
 from ._layout import COL, COL_TMA, PACKED, PACKED_COL, ROW, Geometry, LayoutName, scale_layout
 from ._spec import ScaleName
 from .api import quantize, quantize_weight
@@ -350,8 +351,7 @@ def _rows_2d(x):
     """``x`` as ``[rows, K]``, every leading dimension flattened (a 1-D x is one row)."""
     if not hasattr(x, "reshape") or not getattr(x, "shape", ()):
         raise TypeError(
-            f"input: expected an array [..., K] of numpy, torch or cupy, got "
-            f"{type(x).__module__}.{type(x).__name__}"
+            f"input: expected an array [..., K] of numpy, torch or cupy, got {kind_of(x)}"
         )
     return x.reshape(-1, x.shape[-1])
 
