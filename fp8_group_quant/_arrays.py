@@ -94,6 +94,22 @@ def kind_of(array) -> str:
     return f"{type(array).__module__}.{type(array).__name__}{where}"
 
 
+def check_companion(
+    info: ArrayInfo, other: ArrayInfo, name: str, leader: str = "x", what: str = "expected an array"
+) -> None:
+    """``other``, the argument ``name``, must be of the library of ``info`` (the argument
+    ``leader``; else a TypeError) and on its device (else a ValueError)."""
+    if other.kind != info.kind:
+        raise TypeError(
+            f"{name}: {what} of {leader}'s library ({info.kind}), got {kind_of(other.obj)}"
+        )
+    if other.device != info.device:
+        raise ValueError(
+            f"{name}: {what} on {leader}'s device ({info.kind} device {info.device}), got "
+            f"device {other.device}"
+        )
+
+
 def is_torch_cpu(array) -> bool:
     torch = _torch()
     return torch is not None and isinstance(array, torch.Tensor) and array.device.type == "cpu"

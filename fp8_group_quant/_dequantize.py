@@ -17,6 +17,7 @@ from ._arrays import (
     NUMPY,
     TORCH,
     ArrayInfo,
+    check_companion,
     describe,
     is_torch_cpu,
     kind_of,
@@ -185,13 +186,7 @@ def dequantize(q, scales, group_size: int | None = None, dtype=None, global_scal
             torch_cpu_to_numpy(q, "q"), torch_cpu_to_numpy(scales, "scales"), group_size, dtype
         )
         return numpy_to_torch_cpu(np.ascontiguousarray(values))
-    q_info = describe(q, "q")
-    s_info = describe(scales, "scales")
-    if s_info.kind != q_info.kind or s_info.device != q_info.device:
-        raise TypeError(
-            f"scales: expected an array of q's library and device ({q_info.kind}, device "
-            f"{q_info.device}), got {s_info.kind} on device {s_info.device}"
-        )
+    q_info, s_info = _described_pair(q, scales)
     fmt_name = _format_of(q_info, dtype)
     group_size = _group_size(q_info, s_info, group_size)
     k = q_info.shape[-1]
@@ -239,7 +234,7 @@ def dequantize_weight(q, scales, block=(128, 128), dtype=None):
         values = dequantize_weight(torch_cpu_to_numpy(q, "q"),
                                    torch_cpu_to_numpy(scales, "scales"), block, dtype)  # fmt: skip
         return numpy_to_torch_cpu(np.ascontiguousarray(values))
-    q_info, s_info = describe(q, "q"), describe(scales, "scales")
+    q_info, s_info = _described_pair(q, scales)
     if len(q_info.shape) not in (2, 3):
         raise ValueError(f"q: expected [N, K] or [E, N, K] codes, got shape {q_info.shape}")
     n, k = q_info.shape[-2:]
@@ -255,6 +250,13 @@ def dequantize_weight(q, scales, block=(128, 128), dtype=None):
         raise ValueError(f"scales: expected {n} rows of {kb} blocks, got shape {s_info.shape}")
     return _decoded(q, q_info, _format_of(q_info, dtype)) * _spread(rows, q_info, WEIGHT_BLOCK,
                                                                     k, -1)  # fmt: skip
+
+
+def _described_pair(q, scales) -> tuple[ArrayInfo, ArrayInfo]:
+    """The descriptions of codes and scales, which must share a library and a device."""
+    q_info, s_info = describe(q, "q"), describe(scales, "scales")
+    check_companion(q_info, s_info, "scales", leader="q")
+    return q_info, s_info
 
 
 def _same_host_library(q, scales) -> None:
@@ -417,7 +419,8 @@ E2M1_VALUES = np.array(
 def dequantize_nvfp4(q, scales, global_scale):
     """Float32 ``[..., K]`` of NVFP4 codes ``q`` ``[..., K/2]`` and blocked e4m3 ``scales``:
     ``e2m1(code) * RN(S / global_scale)``, the ``d`` that quantize divided by."""
-    if is_torch_cpu(q):
+    if is_torch_cpu(q) or is_torch_cpu(scales):
+        _same_host_library(q, scales)
         g = (
             torch_cpu_to_numpy(global_scale, "global_scale")
             if is_torch_cpu(global_scale)
@@ -426,7 +429,7 @@ def dequantize_nvfp4(q, scales, global_scale):
         q_view, s_view = torch_cpu_to_numpy(q, "q"), torch_cpu_to_numpy(scales, "scales")
         values = dequantize_nvfp4(q_view, s_view, g)
         return numpy_to_torch_cpu(np.ascontiguousarray(values))
-    q_info, s_info = describe(q, "q"), describe(scales, "scales")
+    q_info, s_info = _described_pair(q, scales)
     if s_info.dtype != "uint8":
         raise TypeError(f"scales: NVFP4's e4m3 scale bytes are uint8, got {s_info.dtype}")
     shape = _fp4_shape(q_info, NVFP4_GROUP)
@@ -490,10 +493,11 @@ def _e2m1_values(xp, q, shape: tuple, group_size: int):
 def dequantize_mxfp4(q, scales):
     """Float32 ``[..., K]`` of MXFP4 codes ``q`` ``[..., K/2]`` and UE8M0 ``scales``: float32
     ``[..., K/32]`` (the row layout) or the blocked layout's bytes; ``e2m1(code) * 2^(e-127)``."""
-    if is_torch_cpu(q) and is_torch_cpu(scales):
+    if is_torch_cpu(q) or is_torch_cpu(scales):
+        _same_host_library(q, scales)
         values = dequantize_mxfp4(torch_cpu_to_numpy(q, "q"), torch_cpu_to_numpy(scales, "scales"))
         return numpy_to_torch_cpu(np.ascontiguousarray(values))
-    q_info, s_info = describe(q, "q"), describe(scales, "scales")
+    q_info, s_info = _described_pair(q, scales)
     if q_info.kind == TORCH:
         import torch
 

@@ -18,7 +18,7 @@ from functools import cached_property
 import numpy as np
 
 from ._abi import LANE_BYTES, MAX_NORM_LANES
-from ._arrays import NUMPY, ArrayInfo
+from ._arrays import NUMPY, ArrayInfo, check_companion
 from ._layout import (
     BLOCKED,
     WEIGHT_BLOCK,
@@ -466,19 +466,11 @@ def _check_device_limits(request: Request, info: ArrayInfo) -> None:
         )
 
 
-def _same_device(info: ArrayInfo, other: ArrayInfo, name: str, what="expected an array") -> None:
-    if other.kind != info.kind or other.device != info.device:
-        raise ValueError(
-            f"{name}: {what} of x's library on x's device ({info.kind}, device {info.device}), "
-            f"got {other.kind} on device {other.device}"
-        )
-
-
 def _check_norm(info: ArrayInfo, weight: ArrayInfo | None, residual: ArrayInfo | None) -> dict:
     """The Request fields of a valid fused RMSNorm on input ``info``."""
     assert weight is not None, "the entry points pass the weight with eps_norm"
     k = info.shape[-1]
-    _same_device(info, weight, "norm", "the weight must be an array")
+    check_companion(info, weight, "norm", what="the weight must be an array")
     if weight.dtype != info.dtype or tuple(weight.shape) != (k,):
         raise ValueError(
             f"norm: the weight must be a {info.dtype} array of shape ({k},) like x's rows, got "
@@ -505,7 +497,7 @@ def _check_residual(info: ArrayInfo, residual: ArrayInfo) -> dict:
     """The Request fields of a valid residual of input ``info`` (the fused add-RMSNorm)."""
     k = info.shape[-1]
     device = info.kind != NUMPY
-    _same_device(info, residual, "residual")
+    check_companion(info, residual, "residual")
     if residual.dtype != info.dtype or tuple(residual.shape) != tuple(info.shape):
         raise ValueError(
             f"residual: expected a {info.dtype} array of x's shape {tuple(info.shape)}, got "
@@ -560,7 +552,7 @@ def _check_masked(info: ArrayInfo, options: Options, masked: ArrayInfo | None) -
     if len(info.shape) != 3:
         raise ValueError(f"x: masked_m needs x of shape [E, T, K], got shape {tuple(info.shape)}")
     experts, tokens = info.shape[0], info.shape[1]
-    _same_device(info, masked, "masked_m")
+    check_companion(info, masked, "masked_m")
     if masked.dtype not in ("int32", "int64"):
         raise TypeError(f"masked_m: expected int32 or int64 counts, got {masked.dtype}")
     if tuple(masked.shape) != (experts,):

@@ -5,6 +5,7 @@ item 1): on the NumPy backend, torch CPU tensors and the GPU alike."""
 from __future__ import annotations
 
 import ctypes
+from functools import partial
 
 import numpy as np
 import pytest
@@ -79,6 +80,35 @@ def test_uint8_codes_need_their_format(backend):
         fgq.dequantize(codes, scales)
     got = fgq.dequantize(codes, scales, dtype="e5m2")
     np.testing.assert_array_equal(to_host(got), fgq.dequantize(q, s))
+
+
+PAIRS = [(a, b) for a in ("numpy", "torch_cpu", "cupy", "torch")
+         for b in ("numpy", "torch_cpu", "cupy", "torch") if a != b]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "q_lib, s_lib",
+    [
+        pytest.param(*pair, marks=pytest.mark.gpu) if {"cupy", "torch"} & set(pair) else pair
+        for pair in PAIRS
+    ],  # fmt: skip
+)
+@pytest.mark.parametrize("entry", ["dequantize", "dequantize_weight", "mxfp4"])
+def test_codes_and_scales_of_two_libraries_are_refused(entry, q_lib, s_lib):
+    # each dequantize path checks the pair before it reads either: a TypeError naming the
+    # argument of the other library, never the libraries' own errors about mixed operands
+    x = activations(np.random.default_rng(6), (128, 256), "bfloat16")
+    if entry == "dequantize":
+        (q, s), call = fgq.quantize(x, 128), partial(fgq.dequantize, dtype="e4m3")
+    elif entry == "dequantize_weight":
+        (q, s), call = fgq.quantize_weight(x), partial(fgq.dequantize_weight, dtype="e4m3")
+    else:
+        q, s = fgq.quantize(x, 32, dtype="e2m1", scale="ue8m0")
+        call = partial(fgq.dequantize, group_size=32, dtype="e2m1")
+    q = to_device(np.asarray(q).view(np.uint8), q_lib)
+    s = to_device(np.asarray(s), s_lib)
+    with pytest.raises(TypeError, match="(q|scales): expected a"):
+        call(q, s)
 
 
 @pytest.mark.parametrize("layout", ["row", "col", "col_tma", "packed", "packed_row", "blocked"])

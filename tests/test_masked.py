@@ -329,7 +329,7 @@ def test_masked_m_must_live_with_x():
     import torch
 
     x = to_device(activations(np.random.default_rng(10), (2, 4, 256), "bfloat16"), "torch")
-    with pytest.raises(ValueError, match="masked_m: expected an array of x's library"):
+    with pytest.raises(TypeError, match="masked_m: expected an array of x's library"):
         fgq.quantize(x, 128, masked_m=cupy.asarray(np.array([1, 2], np.int32)))
     with pytest.raises((ValueError, TypeError), match="masked_m"):
         fgq.quantize(x, 128, masked_m=torch.tensor([1, 2], dtype=torch.int32))  # on the CPU
