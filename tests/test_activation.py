@@ -335,8 +335,8 @@ def test_the_vectorised_silu_follows_the_spec_text():
 # the fused kernel on the GPU against the NumPy backend --------------------------------------------
 
 
-def check_silu_mul(x_host, x_device, lib, group_size, dtype, scale, layout, pad_rows=False,
-                   activation="silu_mul"):  # fmt: skip
+def check_gated(x_host, x_device, lib, group_size, dtype, scale, layout, pad_rows=False,
+                activation="silu_mul"):  # fmt: skip
     """The fused kernel into poisoned outputs against the NumPy backend's fused path, every
     storage byte; and against quantizing the NumPy gated values (SiLU-mul, or the
     ``activation`` given) on their own."""
@@ -394,20 +394,20 @@ def test_silu_mul_every_combination(input_dtype, group_size, dtype, scale, layou
     index = COMBINATIONS.index((input_dtype, group_size, dtype, scale, layout))
     lib = ("torch", "cupy")[index % 2]
     rng = np.random.default_rng(1000 + index)
-    check_silu_mul_shapes(rng, input_dtype, lib, group_size, dtype, scale, layout)
+    check_gated_shapes(rng, input_dtype, lib, group_size, dtype, scale, layout)
 
 
-def check_silu_mul_shapes(rng, input_dtype, lib, group_size, dtype, scale, layout,
-                          activation="silu_mul"):  # fmt: skip
-    """check_silu_mul on a few rows of an odd group count, batched rows with padded q rows,
+def check_gated_shapes(rng, input_dtype, lib, group_size, dtype, scale, layout,
+                       activation="silu_mul"):  # fmt: skip
+    """check_gated on a few rows of an odd group count, batched rows with padded q rows,
     and one token of N = 7168 inside a wider buffer."""
     args = (lib, group_size, dtype, scale, layout)
     x = gates_and_ups(rng, (5, 3 * group_size), input_dtype)  # odd group count, 5 rows
-    check_silu_mul(x, to_device(x, lib), *args, activation=activation)
+    check_gated(x, to_device(x, lib), *args, activation=activation)
     x = gates_and_ups(rng, (2, 3, 7168 // 2), input_dtype)  # batched, padded q rows
-    check_silu_mul(x, to_device(x, lib), *args, pad_rows=True, activation=activation)
+    check_gated(x, to_device(x, lib), *args, pad_rows=True, activation=activation)
     x = gates_and_ups(rng, (1, 7168), input_dtype)  # one token, N = 7168
-    check_silu_mul(x, wider_rows(x, 128, lib, 64), *args, activation=activation)
+    check_gated(x, wider_rows(x, 128, lib, 64), *args, activation=activation)
 
 
 SIX_BLOCK_COMBINATIONS = [c for c in COMBINATIONS if c[0] == "bfloat16" and c[3] == "ue8m0"]
@@ -424,9 +424,9 @@ def test_silu_mul_on_six_blocks(input_dtype, group_size, dtype, scale, layout):
     lib = ("torch", "cupy")[index % 2]
     rng = np.random.default_rng(5000 + index)
     with force_path(silu_six_blocks_waves=0.0):
-        check_silu_mul_shapes(rng, input_dtype, lib, group_size, dtype, scale, layout)
+        check_gated_shapes(rng, input_dtype, lib, group_size, dtype, scale, layout)
         x = gates_and_ups(rng, (300, 2 * 1024), input_dtype)  # many blocks
-        check_silu_mul(x, to_device(x, lib), lib, group_size, dtype, scale, layout)
+        check_gated(x, to_device(x, lib), lib, group_size, dtype, scale, layout)
         launch = silu_mul_launch(to_device(x, "cupy"), group_size, dtype, scale, layout)
     six = layout != "blocked"
     assert launch.handle == silu_kernel(group_size, dtype, scale, layout, six)
@@ -472,13 +472,13 @@ def test_silu_mul_on_the_persistent_grid(
     args = (lib, group_size, dtype, scale, layout)
     with force_path(persistent_fused_waves=0.0):
         x = gates_and_ups(rng, (3, 128, 5 * group_size), input_dtype)  # no padding rows
-        check_silu_mul(x, to_device(x, lib), *args)
+        check_gated(x, to_device(x, lib), *args)
         x = gates_and_ups(rng, (256, 2 * group_size), input_dtype)
-        check_silu_mul(x, wider_rows(x, 128, lib, 64), *args)  # rows inside a wider buffer
+        check_gated(x, wider_rows(x, 128, lib, 64), *args)  # rows inside a wider buffer
         assert persistent and all(persistent)
         persistent.clear()
         x = gates_and_ups(rng, (129, 2 * group_size), input_dtype)
-        check_silu_mul(x, to_device(x, lib), *args)
+        check_gated(x, to_device(x, lib), *args)
     padded = Geometry((129, 2 * group_size), group_size, layout, False).grid_rows > 129
     assert (not persistent) if padded else all(persistent) and persistent  # padding: one pass
 
@@ -503,7 +503,7 @@ def test_silu_mul_persistent_grid_walks_several_steps(monkeypatch, rows):
     x = gates_and_ups(np.random.default_rng(rows), (rows, 2 * 2048), "bfloat16")
     with force_path(persistent_fused_waves=0.0, masked_blocks_per_sm=1):
         for lib, scale, layout in (("cupy", "ue8m0", "packed"), ("torch", "float32", "row")):
-            check_silu_mul(x, to_device(x, lib), lib, 128, "e4m3", scale, layout)
+            check_gated(x, to_device(x, lib), lib, 128, "e4m3", scale, layout)
     assert walked and all(walked)
 
 
@@ -526,7 +526,7 @@ def test_silu_mul_every_16_bit_gate(input_dtype, table_copy, blocks):
     six_waves = 0.0 if blocks == 6 else math.inf
     with force_path(table_by_threads_waves=table_waves, silu_six_blocks_waves=six_waves):
         for scale, layout in (("float32", "row"), ("ue8m0", "packed")):
-            check_silu_mul(x, to_device(x, "cupy"), "cupy", 128, "e4m3", scale, layout)
+            check_gated(x, to_device(x, "cupy"), "cupy", 128, "e4m3", scale, layout)
         launch = silu_mul_launch(to_device(x, "cupy"))
     assert launch.params.table_by_threads == (table_copy == "threads")
     if input_dtype == "bfloat16":
@@ -574,7 +574,7 @@ def test_gated_activations_in_blocks_of_few_threads(input_dtype, threads, activa
         with force_path(one_pass_threads=threads, table_by_threads_waves=table_waves):
             for scale, layout in (("ue8m0", "packed"), ("float32", "row")):
                 poison_shared_memory()
-                check_silu_mul(x, to_device(x, "cupy"), "cupy", 128, "e4m3", scale, layout,
+                check_gated(x, to_device(x, "cupy"), "cupy", 128, "e4m3", scale, layout,
                                activation=activation)  # fmt: skip
             launch = silu_mul_launch(to_device(x, "cupy"), activation=activation)
         assert launch.block == (threads, 1, 1)
@@ -691,7 +691,7 @@ def test_silu_mul_float32_bit_patterns():
     rng = np.random.default_rng(6)
     bits = rng.integers(0, 2**32, (512, 1024), dtype=np.uint64).astype(np.uint32)
     x = bits.view(np.float32)
-    check_silu_mul(x, to_device(x, "torch"), "torch", 64, "e5m2", "float32", "col_tma")
+    check_gated(x, to_device(x, "torch"), "torch", 64, "e5m2", "float32", "col_tma")
 
 
 @pytest.mark.gpu
@@ -818,10 +818,10 @@ def test_gelu_tanh_mul_every_combination(input_dtype, group_size, dtype, scale, 
     lib = ("cupy", "torch")[index % 2]
     rng = np.random.default_rng(5000 + index)
     args = (lib, group_size, dtype, scale, layout)
-    check_silu_mul_shapes(rng, input_dtype, *args, activation="gelu_tanh_mul")
+    check_gated_shapes(rng, input_dtype, *args, activation="gelu_tanh_mul")
     with force_path(persistent_fused_waves=0.0):  # the persistent grid, every row real
         x = gates_and_ups(rng, (3, 64, 2 * group_size), input_dtype)
-        check_silu_mul(x, to_device(x, lib), *args, activation="gelu_tanh_mul")
+        check_gated(x, to_device(x, lib), *args, activation="gelu_tanh_mul")
 
 
 @pytest.mark.gpu
@@ -841,7 +841,7 @@ def test_gelu_tanh_mul_every_16_bit_gate(input_dtype, table_copy):
     table_waves = 0.0 if table_copy == "threads" else math.inf
     with force_path(table_by_threads_waves=table_waves):
         for lib, scale, layout in (("cupy", "float32", "row"), ("torch", "ue8m0", "packed")):
-            check_silu_mul(x, to_device(x, lib), lib, 128, "e4m3", scale, layout,
+            check_gated(x, to_device(x, lib), lib, 128, "e4m3", scale, layout,
                            activation="gelu_tanh_mul")  # fmt: skip
         launch = silu_mul_launch(to_device(x, "cupy"), activation="gelu_tanh_mul")
     assert launch.params.table_by_threads == (table_copy == "threads")

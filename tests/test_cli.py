@@ -144,7 +144,7 @@ def test_bench_fused_times_the_paths_asked_in_its_own_order(monkeypatch, capsys,
         calls.append(key)
         return {"path": key[0]}
 
-    monkeypatch.setattr(fused, "_silu_row", lambda t, roof, bw, m, n, act: record(act, m))
+    monkeypatch.setattr(fused, "_gated_row", lambda t, roof, bw, m, n, act: record(act, m))
     monkeypatch.setattr(fused, "_norm_row", lambda t, roofs, bw, m, n, residual: record(
         "add_rms_norm" if residual else "rms_norm", m))  # fmt: skip
     monkeypatch.setattr(fused, "_masked_row", lambda t: record("masked"))
