@@ -313,7 +313,7 @@ def test_vllm_rms_norm_per_block_quant(shape, kwargs, layout, scale_shape):
     q, s = rms_norm_per_block_quant(x, w, 1e-6, "e4m3", [1, 128], residual=residual, **kwargs)
     assert q.shape == shape and s.shape == scale_shape
     q_ref, s_ref = fgq.quantize(x.reshape(scale_shape[:-1] + (512,)), 128, layout=layout,
-                                norm=(w, 1e-6), norm_rounding="twice",  # vLLM's rounding
+                                norm=(w, 1e-6), norm_rounding="twice_unrounded_sum",  # vLLM's
                                 residual=expected_residual.reshape(
                                     scale_shape[:-1] + (512,)))  # fmt: skip
     np.testing.assert_array_equal(q.view(np.uint8).reshape(-1), q_ref.view(np.uint8).reshape(-1))
