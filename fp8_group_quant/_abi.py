@@ -20,6 +20,8 @@ MASKED_THREADS = 128  # threads of a persistent (masked) block
 MASKED_UNROLL = 3  # persistent kernel: slots a thread loads together, plain input
 MASKED_UNROLL_SILU = 2  # the same with SiLU-mul (gate and up: 64 bytes a slot)
 MAX_NORM_LANES = 1024  # an RMSNorm row: at most 32 warps of 32 lanes (K <= 16384 for 16-bit input)
+# norm_rounding's values (docs/spec.md, section 2b); Params.norm_rounding is the index
+NORM_ROUNDINGS = ("once", "twice", "twice_unrounded_sum")
 
 CONSTANTS = {
     "kLaneWords": LANE_WORDS,
@@ -29,6 +31,7 @@ CONSTANTS = {
     "kMaskedUnroll": MASKED_UNROLL,
     "kMaskedUnrollSilu": MASKED_UNROLL_SILU,
     "kMaxNormLanes": MAX_NORM_LANES,
+    "kNormTwiceUnroundedSum": NORM_ROUNDINGS.index("twice_unrounded_sum"),
 }
 
 _C_TYPES = {  # the C spelling of each field type, and its ctypes mirror
@@ -89,7 +92,7 @@ PARAMS = (
     ("i64", "r_batch_stride", "add-RMSNorm: residual elements between batches"),
     ("i64", "r_row_stride", "add-RMSNorm: residual elements between rows"),
     ("float", "eps_norm", "RMSNorm: added to the mean square"),
-    ("u32", "norm_round_twice", "norm_rounding='twice': x * r rounded to x's type first"),
+    ("u32", "norm_rounding", "RMSNorm: NORM_ROUNDINGS' index; > 0: x * r rounded to x's type"),
     ("u32", "global_mode", "NVFP4: global_scale (0), *global_ptr (1), from amax (2)"),
     ("float", "global_scale", "NVFP4: the global scale, in mode 0"),
     ("ptr", "global_ptr", "NVFP4: see global_mode (nvfp4_amax writes amax there)"),

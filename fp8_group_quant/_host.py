@@ -62,7 +62,7 @@ def run(request: Request, x: np.ndarray, x_info: ArrayInfo, out, scale_out, oper
     values = x
     if request.norm:
         values, new = activation.rms_norm(x, operands["weight"], request.eps_norm, x_info.dtype,
-                                          residual, request.norm_rounding == "twice")  # fmt: skip
+                                          residual, request.norm_rounding)  # fmt: skip
         if residual is not None and new is not None:
             residual[...] = new.astype(residual.dtype)
     elif request.mode.name is not None:  # a gated activation: gate then up

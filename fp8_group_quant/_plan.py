@@ -20,6 +20,7 @@ from ._abi import (
     MAX_EXPERTS,
     MAX_NORM_LANES,
     MAX_THREADS,
+    NORM_ROUNDINGS,
     WARP,
     params_type,
 )
@@ -340,10 +341,16 @@ def norm_blocks(
     return max(1, rows if waves <= 0 else min(rows, int(waves * resident)))
 
 
-def norm_lanes(rows: int, per_sm: int, sms: int, residual: bool, tuning: Tuning) -> int:
+def norm_lanes(
+    rows: int, per_sm: int, sms: int, residual: bool, tuning: Tuning, unrounded_sum: bool = False
+) -> int:
     """32-byte lanes a thread of the RMSNorm kernel: two past one wave of the one-lane grid
     (fewer instructions a value, four 224-thread blocks an SM), one below (twice the warps on
-    each row's chain), and one with a residual in the window where its walking grid wins."""
+    each row's chain), and one with a residual in the window where its walking grid wins.
+    Always one for a residual's unrounded float32 sum (norm_rounding="twice_unrounded_sum"),
+    whatever the tuning: only the one-lane kernel has that path (kernels/norm.cuh)."""
+    if residual and unrounded_sum:
+        return 1
     if tuning.norm_lanes is not None:
         return tuning.norm_lanes
     wave = per_sm * sms
@@ -396,7 +403,8 @@ def _prepare_norm(request, key: KernelKey, device: int, tuning: Tuning) -> Launc
         return (threads, *_loaded(expression, device, threads, shared))
 
     one_lane = loaded(1)
-    per_thread = norm_lanes(rows, one_lane[2], one_lane[3], request.residual, tuning)
+    unrounded_sum = request.norm_rounding == "twice_unrounded_sum"
+    per_thread = norm_lanes(rows, *one_lane[2:], request.residual, tuning, unrounded_sum)
     threads, handle, per_sm, sms = one_lane if per_thread == 1 else loaded(per_thread)
     blocks = norm_blocks(rows, request.residual, per_sm, sms, per_thread, tuning)
     shared = 0
@@ -491,7 +499,7 @@ def make_params(request, tuning: Tuning, **pointers):
         fmax=fmt.fmax,
         inverse_fmax=fmt.inverse_fmax,
         bf16_arithmetic=1 if request.arithmetic == "bfloat16" else 0,
-        norm_round_twice=1 if request.norm_rounding == "twice" else 0,
+        norm_rounding=NORM_ROUNDINGS.index(request.norm_rounding),
         clamp_limit=_clamp_limit(request),
         ue8m0_floor=UE8M0_FLOOR,
         nonfinite_codes=fmt.nonfinite_word,

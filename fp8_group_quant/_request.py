@@ -17,7 +17,7 @@ from functools import cached_property
 
 import numpy as np
 
-from ._abi import LANE_BYTES, MAX_NORM_LANES
+from ._abi import LANE_BYTES, MAX_NORM_LANES, NORM_ROUNDINGS
 from ._arrays import NUMPY, ArrayInfo, check_companion
 from ._layout import (
     BLOCKED,
@@ -79,7 +79,7 @@ class Options:
     orientation: str = ROW_WISE  # "col": x transposed, groups along tokens; "both": both
     clamp_limit: float | None = None  # gated activations: the gate and up clamp (float32 value)
     arithmetic: str = "float32"  # "bfloat16": vLLM's masked SiLU kernel's scale steps
-    norm_rounding: str = "once"  # "twice": vLLM's RMSNorm rounds x * r before the weight
+    norm_rounding: str = "once"  # NORM_ROUNDINGS: vLLM's RMSNorm arithmetic, section 2b
 
     @property
     def norm(self) -> bool:
@@ -103,6 +103,7 @@ def check_options(
     arithmetic="float32", norm_rounding="once",
 ) -> Options:  # fmt: skip
     """The ``Options`` of a call's arguments, each checked (TypeError or ValueError naming it)."""
+    norm_rounding = _check_norm_rounding(norm_rounding, eps_norm)
     if not isinstance(orientation, str) or orientation not in ORIENTATIONS:
         raise ValueError(
             f"orientation: expected one of {', '.join(map(repr, ORIENTATIONS))}, got "
@@ -132,7 +133,7 @@ def check_options(
         orientation=orientation,
         clamp_limit=_check_clamp_limit(clamp_limit, mode),
         arithmetic=_check_arithmetic(arithmetic, fmt, scale_rule),
-        norm_rounding=_check_norm_rounding(norm_rounding, eps_norm),
+        norm_rounding=norm_rounding,
     )  # fmt: skip
     _check_orientation(options)
     return options
@@ -159,10 +160,13 @@ def _check_orientation(options: Options) -> None:
 
 
 def _check_norm_rounding(norm_rounding, eps_norm) -> str:
-    """norm_rounding: "once" (section 2b) or "twice" (vLLM's), the latter with norm only."""
-    if not isinstance(norm_rounding, str) or norm_rounding not in ("once", "twice"):
-        raise ValueError(f"norm_rounding: expected 'once' or 'twice', got {norm_rounding!r}")
-    if norm_rounding == "twice" and eps_norm is None:
+    """norm_rounding: one of NORM_ROUNDINGS (section 2b); other than "once" with norm only."""
+    if not isinstance(norm_rounding, str) or norm_rounding not in NORM_ROUNDINGS:
+        raise ValueError(
+            f"norm_rounding: expected one of {', '.join(map(repr, NORM_ROUNDINGS))}, got "
+            f"{norm_rounding!r}"
+        )
+    if norm_rounding != "once" and eps_norm is None:
         raise ValueError("norm_rounding: applies to the fused RMSNorm; pass norm=(weight, eps)")
     return norm_rounding
 

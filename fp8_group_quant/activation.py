@@ -344,7 +344,10 @@ def _halves_signs(words: np.ndarray) -> np.ndarray:
 # totals are folded in half over 32 slots; missing lanes and warps count as +0, which changes no
 # sum of squares. Then mean = total / K, d = mean + eps_norm, r = 1 / sqrt(d) (sqrt and divide
 # each correctly rounded: r is within 1 ulp of the exact reciprocal square root), and
-# y = round(RN(x * r) * weight). NaN results are the canonical +NaN.
+# y = round(RN(x * r) * weight). NaN results are the canonical +NaN. The other norm_roundings
+# are vLLM's arithmetic: "twice" rounds RN(x * r) to the input dtype before the weight, and
+# "twice_unrounded_sum" also normalises the float32 sum x + residual unrounded (the sum written
+# back is still rounded).
 
 
 def _fold_in_half(a: np.ndarray, width: int) -> np.ndarray:
@@ -386,24 +389,25 @@ def rms_norm(
     eps_norm: float,
     input_dtype: str,
     residual: np.ndarray | None = None,
-    round_twice: bool = False,
+    rounding: str = "once",
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """(y as float32 values of ``input_dtype``, the new residual or None) for ``x`` [..., K];
-    ``round_twice``: ``x * r`` rounded to the input dtype before the weight, as vLLM does."""
+    ``rounding``: a ``norm_rounding`` value (docs/spec.md, section 2b)."""
     k = x.shape[-1]
     values = np.asarray(x).astype(F32).reshape(-1, k)
     new_residual = None
     if residual is not None:
         with np.errstate(over="ignore", invalid="ignore"):
-            added = values + np.asarray(residual).astype(F32).reshape(-1, k)
-        values = _canonical_nan(round_to(added.astype(F32), input_dtype))
-        new_residual = values.reshape(x.shape)
+            added = (values + np.asarray(residual).astype(F32).reshape(-1, k)).astype(F32)
+        rounded = _canonical_nan(round_to(added, input_dtype))
+        new_residual = rounded.reshape(x.shape)
+        values = added if rounding == "twice_unrounded_sum" else rounded
     itemsize = INPUT_TYPES[input_dtype].itemsize
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         mean = (sum_of_squares(values, itemsize) / F32(k)).astype(F32)
         r = rsqrt((mean + F32(eps_norm)).astype(F32))
         normalized = (values * r[:, None]).astype(F32)
-        if round_twice:
+        if rounding != "once":
             normalized = round_to(normalized, input_dtype)
         y = (normalized * np.asarray(weight).astype(F32)).astype(F32)
     y = _canonical_nan(round_to(_canonical_nan(y), input_dtype))

@@ -169,9 +169,12 @@ def quantize(
         ``"float32"`` (default): section 3. ``"bfloat16"``: bfloat16 input only, the group
         maximum, scale, reciprocal and scaled values rounded to bfloat16 as vLLM's masked
         SiLU kernel does (section 3a); for drop-ins that must match it bit for bit.
-    norm_rounding : {"once", "twice"}
+    norm_rounding : {"once", "twice", "twice_unrounded_sum"}
         With ``norm``: ``"once"`` (default) rounds ``x * r * weight`` once (section 2b);
-        ``"twice"`` rounds ``x * r`` to x's dtype before the weight, as vLLM's RMSNorm does.
+        ``"twice"`` rounds ``x * r`` to x's dtype before the weight, as vLLM's RMSNorm does;
+        ``"twice_unrounded_sum"`` is ``"twice"`` that, with ``residual``, normalises the
+        float32 sum ``x + residual`` unrounded, as vLLM's add-RMSNorm does (the sum written
+        back to ``residual`` is rounded to x's dtype in every mode).
 
     Returns
     -------

@@ -310,8 +310,9 @@ def rms_norm_per_block_quant(
     ``[rows, K/G]`` row-major, with ``is_scale_transposed`` column-major ``(1, rows)`` (rows =
     every leading dimension flattened), or with ``tma_alignment=4`` TMA-aligned and per batch
     for 3-D input. ``residual`` is updated in place to ``input + residual``. Values follow
-    ``docs/spec.md`` section 2b with ``norm_rounding="twice"``: ``x * r`` rounded to the input
-    dtype before the weight multiply, as vLLM's RMSNorm does.
+    ``docs/spec.md`` section 2b with ``norm_rounding="twice_unrounded_sum"``, vLLM's
+    arithmetic: ``x * r`` rounded to the input dtype before the weight multiply, and with a
+    residual the float32 sum ``input + residual`` normalised unrounded (written back rounded).
     Runs on every backend (CUDA tensors through the fused kernel); ``scale_ub`` is not
     implemented.
     """
@@ -331,7 +332,8 @@ def rms_norm_per_block_quant(
     x = input.reshape(-1, shape[-1]) if flatten else input
     r = residual.reshape(-1, shape[-1]) if flatten and residual is not None else residual
     q, scales = quantize(x, group_size[1], dtype=quant_dtype, layout=layout,
-                         norm=(weight, epsilon), residual=r, norm_rounding="twice")  # fmt: skip
+                         norm=(weight, epsilon), residual=r,
+                         norm_rounding="twice_unrounded_sum")  # fmt: skip
     if r is not None and r is not residual:  # a reshape may have copied: write the sum back
         if hasattr(residual, "copy_"):
             residual.copy_(r.reshape(shape))

@@ -443,11 +443,16 @@ def _fold_in_half(values: list[float], width: int) -> float:
     return values[0]
 
 
-def rms_norm_row(x, weight, eps_norm: float, input_dtype: str, residual=None):
+def rms_norm_row(x, weight, eps_norm: float, input_dtype: str, residual=None, rounding="once"):
     """Section 2b for one row of Python floats (values of ``input_dtype``): the values that are
-    quantized, and with ``residual`` the sum written back (else None)."""
+    quantized, and with ``residual`` the sum written back (else None). ``rounding`` is a
+    ``norm_rounding`` value: "twice" rounds RN(x * r) to the input dtype before the weight;
+    "twice_unrounded_sum" does too, and normalises the float32 sums unrounded."""
+    written = None
     if residual is not None:
-        x = [round_to_input(f32(a + b), input_dtype) for a, b in zip(x, residual)]
+        sums = [f32(a + b) for a, b in zip(x, residual)]
+        written = [round_to_input(v, input_dtype) for v in sums]
+        x = sums if rounding == "twice_unrounded_sum" else written
     per_lane = 32 // _INPUT_BYTES[input_dtype]
     lanes = [
         _fold_in_half([f32(v * v) for v in x[i : i + per_lane]], per_lane)
@@ -457,8 +462,13 @@ def rms_norm_row(x, weight, eps_norm: float, input_dtype: str, residual=None):
     mean = f32(_fold_in_half(warps, 32) / len(x))
     d = f32(mean + f32(eps_norm))
     r = f32(1.0 / f32(math.sqrt(d))) if not math.isnan(d) else math.nan
-    y = [round_to_input(f32(f32(v * r) * w), input_dtype) for v, w in zip(x, weight)]
-    return y, (x if residual is not None else None)
+    y = []
+    for v, w in zip(x, weight):
+        normalized = f32(v * r)
+        if rounding != "once":
+            normalized = round_to_input(normalized, input_dtype)
+        y.append(round_to_input(f32(normalized * w), input_dtype))
+    return y, written
 
 
 # section 6: the blocked layout, one scale at a time ----------------------------------------------

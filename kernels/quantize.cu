@@ -377,16 +377,24 @@ __global__ void __maxnreg__((norm_registers<kIn, kLayout, kPer>()))
     quantize_norm(const __grid_constant__ Params p) {
   static_assert(kPer == 1 || kPer == 2, "lanes a thread");
   static_assert(!kStash || Input<kIn>::kBytes == 2, "the stash holds unpacked 16-bit values");
+  // norm_rounding="twice_unrounded_sum" with a residual: 16-bit input (float32 input's sum is
+  // already the float32 sum) and one lane a thread (norm_rows; _plan.norm_lanes gives it one)
+  constexpr bool kUnroundedPath = Input<kIn>::kBytes == 2 && kPer == 1;
   __shared__ float warp_sums[2][32];
   __shared__ float row_r[2];
   extern __shared__ float4 norm_stash[];  // kStash: the weight as float32
   if (blockIdx.x >= p.batches * p.rows) return;  // whole blocks, before any barrier
   if constexpr (kStash) {
-    norm_rows<kIn, kGroup, kOut, kScale, kLayout, kPer, false, true>(p, warp_sums, row_r, norm_stash);
+    norm_rows<kIn, kGroup, kOut, kScale, kLayout, kPer, kNoResidual, true>(p, warp_sums, row_r, norm_stash);
   } else if (p.residual != nullptr) {
-    norm_rows<kIn, kGroup, kOut, kScale, kLayout, kPer, true, false>(p, warp_sums, row_r, norm_stash);
+    if (kUnroundedPath && p.norm_rounding == kNormTwiceUnroundedSum) {
+      constexpr int kSum = kUnroundedPath ? kUnroundedSum : kRoundedSum;  // compiled only there
+      norm_rows<kIn, kGroup, kOut, kScale, kLayout, kPer, kSum, false>(p, warp_sums, row_r, norm_stash);
+    } else {
+      norm_rows<kIn, kGroup, kOut, kScale, kLayout, kPer, kRoundedSum, false>(p, warp_sums, row_r, norm_stash);
+    }
   } else {
-    norm_rows<kIn, kGroup, kOut, kScale, kLayout, kPer, false, false>(p, warp_sums, row_r, norm_stash);
+    norm_rows<kIn, kGroup, kOut, kScale, kLayout, kPer, kNoResidual, false>(p, warp_sums, row_r, norm_stash);
   }
 }
 

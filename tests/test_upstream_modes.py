@@ -182,7 +182,7 @@ def test_norm_rounding_twice_rounds_before_the_weight():
     rng = np.random.default_rng(2)
     x = (rng.standard_normal((4, 1024)) / 32).astype(BF16)
     w = (1 + rng.standard_normal(1024) / 10).astype(BF16)
-    y, _ = activation.rms_norm(x, w, 1e-6, "bfloat16", round_twice=True)
+    y, _ = activation.rms_norm(x, w, 1e-6, "bfloat16", rounding="twice")
     # the steps of section 2b with the extra rounding, for each row
     r = activation.rsqrt(
         (activation.sum_of_squares(x.astype(np.float32), 2) / np.float32(1024)) + np.float32(1e-6)
