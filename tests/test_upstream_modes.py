@@ -308,16 +308,19 @@ def test_unfloored_on_every_backend_matches_the_numpy_backend(backend, dtype, la
     x[13, 32:64] = np.inf
     with np.errstate(over="ignore"):  # the specials' largest values are Inf in float16
         x = x.astype(NP_TYPES[dtype])
-    q_ref, s_ref = fgq.quantize(x, 32, scale="ue8m0", layout=layout, arithmetic="unfloored")
-    for view in (x, x[:, 32:]) if backend != "numpy" else (x,):  # aligned, and not 16-byte
+    options = dict(scale="ue8m0", layout=layout, arithmetic="unfloored")
+    given = to_device(x, backend)
+    ahead = np.concatenate([x.reshape(-1)[:1], x.reshape(-1)])  # x one element further on
+    unaligned = to_device(ahead, backend)[1:].reshape(x.shape)
+    # contiguous rows, rows K apart in a wider one, a base off 16 bytes: each kernel path
+    for array, values in ((given, x), (given[:, 32:], x[:, 32:]), (unaligned, x)):
         with force_path(**PLAIN_PATHS[path]):
-            q, s = fgq.quantize(to_device(view, backend), 32, scale="ue8m0", layout=layout,
-                                arithmetic="unfloored")  # fmt: skip
-        want_q, want_s = fgq.quantize(np.ascontiguousarray(view), 32, scale="ue8m0",
-                                      layout=layout, arithmetic="unfloored")  # fmt: skip
+            q, s = fgq.quantize(array, 32, **options)
+        want_q, want_s = fgq.quantize(np.ascontiguousarray(values), 32, **options)
         np.testing.assert_array_equal(to_host_bytes(q), to_host_bytes(want_q))
         np.testing.assert_array_equal(to_host_bytes(s), to_host_bytes(want_s))
-    assert (to_host_bytes(s_ref) == 0).any()  # zero scales were met
+    bytes_ = _unfloored(x.astype(np.float32).reshape(-1, 32))[1]
+    assert (bytes_ == 0).any() and (bytes_ == 254).any()  # zero and infinite groups were met
 
 
 # arithmetic="reciprocal" (vLLM's and FlashInfer's NVFP4 and MXFP4, section 4a) ------------------
