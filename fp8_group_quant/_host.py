@@ -102,8 +102,8 @@ def _check_residual(residual: np.ndarray, x_info: ArrayInfo, weight, given) -> N
 
 
 def _fp4(request: Request, x, q_info: ArrayInfo, s_info: ArrayInfo, global_scale) -> tuple:
-    """NVFP4 or MXFP4 into the outputs described by ``q_info`` and ``s_info``; NVFP4's
-    computed global scale, if asked for, as a tuple."""
+    """NVFP4 or MXFP4 into the outputs described by ``q_info`` and ``s_info``, by the call's
+    arithmetic; NVFP4's computed global scale, if asked for, as a tuple."""
     computed = request.nvfp4 and request.global_mode == NVFP4_COMPUTED
     g = reference.nvfp4_global_scale(x) if computed else np.float32(request.global_value)
     geometry = request.output
@@ -113,7 +113,9 @@ def _fp4(request: Request, x, q_info: ArrayInfo, s_info: ArrayInfo, global_scale
         return (np.array([g], np.float32),) if computed else ()
     values = np.asarray(x).astype(np.float32)
     groups = values.reshape(geometry.batches, geometry.rows, geometry.groups, -1)
-    if request.nvfp4:
+    if request.arithmetic == "reciprocal":
+        codes, exponents = reference.fp4_reciprocal_groups(groups, g, not request.nvfp4)
+    elif request.nvfp4:
         codes, exponents = reference.nvfp4_groups(groups, g)
     else:
         codes, exponents = reference.mxfp4_groups(groups, request.eps, request.scale_rule)

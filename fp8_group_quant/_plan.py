@@ -83,6 +83,9 @@ class KernelKey:
     blocks_per_sm: int = 0  # quantize_groups' kBlocks: 256-thread blocks it fits an SM, 0: its rule
     flat: bool = False  # one pass, plain input, contiguous rows: slot s at x + s * G (flat_slots)
     fp4: str | None = None  # a key of _spec.FP4_FORMATS (only input_dtype and layout_trait matter)
+    # an upstream's arithmetic compiled in (instantiations of their own, so that the others'
+    # code stays as it was): "unfloored" (plain quantize_groups) or "reciprocal" (quantize_fp4)
+    arithmetic: str | None = None
 
     @property
     def lanes_per_group(self) -> int:
@@ -93,8 +96,9 @@ class KernelKey:
         """The template instantiation in kernels/quantize.cu, as NVRTC names it."""
         source = INPUT_TYPES[self.input_dtype].kernel_trait
         if self.fp4 is not None:
+            reciprocal = (True,) if self.arithmetic == RECIPROCAL else ()
             return _template("quantize_fp4", source, FP4_FORMATS[self.fp4].kernel_trait,
-                             self.layout_trait)  # fmt: skip
+                             self.layout_trait, *reciprocal)  # fmt: skip
         common = (source, self.group_size, OUTPUT_FORMATS[self.output].kernel_trait,
                   SCALE_FORMATS[self.scale].kernel_trait, self.layout_trait)  # fmt: skip
         mode = INPUT_MODES[self.activation].kernel_trait
@@ -102,13 +106,18 @@ class KernelKey:
             return _template("quantize_norm", *common, self.norm_lanes, self.norm_stash)
         if self.masked:
             return _template("quantize_masked", *common, mode)
-        extra = (self.blocks_per_sm, True)[: 2 if self.flat else 1 if self.blocks_per_sm else 0]
-        return _template("quantize_groups", *common, self.vec16, self.one_pass, mode, *extra)
+        # the defaulted trailing arguments kBlocks, kFlat, kUnfloored, up to the last one set
+        extra = (self.blocks_per_sm, self.flat, self.arithmetic == UNFLOORED)
+        used = max((i + 1 for i, value in enumerate(extra) if value), default=0)
+        return _template("quantize_groups", *common, self.vec16, self.one_pass, mode, *extra[:used])
 
 
 def _template(kernel: str, *arguments) -> str:
     spelled = [str(a).lower() if isinstance(a, bool) else str(a) for a in arguments]
     return f"fgq::{kernel}<{', '.join(spelled)}>"
+
+
+RECIPROCAL, UNFLOORED = "reciprocal", "unfloored"  # the arithmetics with instantiations
 
 
 def nvfp4_amax_name(input_dtype: str) -> str:
@@ -142,6 +151,7 @@ def all_kernel_keys() -> list[KernelKey]:
         for one_pass in ((True, False) if activation is None and not masked else (True,))
     ]
     six = [dataclasses.replace(k, blocks_per_sm=SILU_SIX_BLOCKS) for k in keys if has_six_blocks(k)]
+    keys += [dataclasses.replace(k, arithmetic=UNFLOORED) for k in keys if takes_unfloored(k)]
     flat = [dataclasses.replace(k, flat=True) for k in keys if has_flat(k)]
     return (
         keys
@@ -174,6 +184,23 @@ def has_six_blocks(key: KernelKey) -> bool:
     )
 
 
+def takes_unfloored(key: KernelKey) -> bool:
+    """Whether ``key`` has an instantiation of arithmetic="unfloored": plain input in MXFP8's
+    groups (32 values, e4m3, UE8M0) in the layouts the MXFP8 drop-in writes (blocked, and
+    float words for its row-major bytes)."""
+    return (
+        key.group_size == 32
+        and key.output == "e4m3"
+        and key.scale == "ue8m0"
+        and key.layout_trait in ("fgq::kBlockedExponents", "fgq::kFloatWords")
+        and key.activation is None
+        and not key.masked
+        and not key.norm
+        and key.blocks_per_sm == 0
+        and key.arithmetic is None
+    )
+
+
 def has_flat(key: KernelKey) -> bool:
     """Whether ``key`` has the instantiation whose load is linear in the group slot (flat_slots):
     the one-pass kernels of plain, 16-byte aligned input."""
@@ -193,16 +220,24 @@ def all_name_expressions() -> list[str]:
     input type and layout) and NVFP4's amax kernel."""
     names = [key.name_expression for key in all_kernel_keys()]
     for input_dtype in INPUT_TYPES:
-        names += [fp4_key(input_dtype, fp4, SCALE_LAYOUTS[layout]).name_expression
+        names += [fp4_key(input_dtype, fp4, SCALE_LAYOUTS[layout], arithmetic).name_expression
+                  for arithmetic in (None, RECIPROCAL)
                   for fp4 in FP4_FORMATS.values() for layout in fp4.layouts]  # fmt: skip
         names.append(nvfp4_amax_name(input_dtype))
     return names + tile_name_expressions()
 
 
-def fp4_key(input_dtype: str, fp4, layout) -> KernelKey:
-    """The quantize_fp4 instantiation of an FP4 format (a _spec.Fp4Format) and a ScaleLayout."""
+def fp4_key(input_dtype: str, fp4, layout, arithmetic: str | None = None) -> KernelKey:
+    """The quantize_fp4 instantiation of an FP4 format (a _spec.Fp4Format) and a ScaleLayout;
+    ``arithmetic`` "reciprocal" or None."""
     return KernelKey(input_dtype, fp4.group_size, "e4m3", "ue8m0", layout.kernel_trait, True,
-                     fp4=fp4.name.lower())  # fmt: skip
+                     fp4=fp4.name.lower(), arithmetic=arithmetic)  # fmt: skip
+
+
+def compiled_arithmetic(arithmetic: str) -> str | None:
+    """The KernelKey.arithmetic of a call's ``arithmetic``: the ones with instantiations of
+    their own; None for the others (float32, and bfloat16's runtime mode)."""
+    return arithmetic if arithmetic in (RECIPROCAL, UNFLOORED) else None
 
 
 # the default kernel as a contiguous input takes it (flat), and its other two paths: one pass
@@ -514,10 +549,11 @@ def make_params(request, tuning: Tuning, **pointers):
 
 
 def _scale_eps(request) -> float:
-    """eps as the kernel applies it: arithmetic='bfloat16' floors amax in bfloat16."""
+    """eps as the kernel applies it: arithmetic='bfloat16' floors amax in bfloat16,
+    'unfloored' not at all."""
     if request.arithmetic == "bfloat16":
         return float(np.float32(request.eps).astype(INPUT_TYPES["bfloat16"].numpy_dtype))
-    return request.eps
+    return 0.0 if request.arithmetic == "unfloored" else request.eps
 
 
 def _clamp_limit(request) -> float:
@@ -634,11 +670,12 @@ def _prepare_fp4(request, device: int, tuning: Tuning) -> list[Launch]:
 
 def warmup_keys(input_dtype: str, options) -> list[KernelKey]:
     """The instantiations a call of ``options`` on aligned ``input_dtype`` input may take."""
+    arithmetic = compiled_arithmetic(options.arithmetic)
     if options.fp4 is not None:
-        return [fp4_key(input_dtype, options.fp4, options.layout)]
+        return [fp4_key(input_dtype, options.fp4, options.layout, arithmetic)]
     fmt, scale, layout = options.fmt, options.scale, options.layout
     key = KernelKey(input_dtype, options.group_size, fmt.name, scale.name, layout.kernel_trait,
-                    vec16=True, activation=options.mode.name)  # fmt: skip
+                    vec16=True, activation=options.mode.name, arithmetic=arithmetic)  # fmt: skip
     if options.mode.name is not None:  # the fused modes have the one-pass kernel only
         return [dataclasses.replace(key, one_pass=True)]
     # every path: one pass for contiguous rows (the load linear in the slot, where the layout

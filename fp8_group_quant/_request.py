@@ -32,7 +32,15 @@ from ._layout import (
     scale_layout,
     transposed_geometry,
 )
-from ._plan import KernelKey, fp4_key, grid_limits_error, max_experts
+from ._plan import (
+    RECIPROCAL,
+    UNFLOORED,
+    KernelKey,
+    compiled_arithmetic,
+    fp4_key,
+    grid_limits_error,
+    max_experts,
+)
 from ._spec import (
     DEFAULT_EPS,
     E2M1,
@@ -78,7 +86,7 @@ class Options:
     fp4: Fp4Format | None = None  # dtype="e2m1": NVFP4 or MXFP4
     orientation: str = ROW_WISE  # "col": x transposed, groups along tokens; "both": both
     clamp_limit: float | None = None  # gated activations: the gate and up clamp (float32 value)
-    arithmetic: str = "float32"  # "bfloat16": vLLM's masked SiLU kernel's scale steps
+    arithmetic: str = "float32"  # an upstream kernel's steps: a key of ARITHMETIC_CODES
     norm_rounding: str = "once"  # NORM_ROUNDINGS: vLLM's RMSNorm arithmetic, section 2b
 
     @property
@@ -89,6 +97,12 @@ class Options:
     def nvfp4(self) -> bool:
         """An FP4 format with a global scale: NVFP4's amax pass, scratch and third output."""
         return self.fp4 is not None and self.fp4.global_scale
+
+    @property
+    def takes_global(self) -> bool:
+        """A global scale is read: NVFP4's, or MXFP4's with arithmetic='reciprocal' (1 where
+        none is given)."""
+        return self.nvfp4 or (self.fp4 is not None and self.arithmetic == RECIPROCAL)
 
 
 def is_fp4(dtype, scale) -> bool:
@@ -112,11 +126,10 @@ def check_options(
     if is_fp4(dtype, scale):
         if orientation != ROW_WISE:
             raise ValueError(f"orientation: {orientation!r} is not supported with dtype='e2m1'")
-        if clamp_limit is not None or arithmetic != "float32":
-            name = "clamp_limit" if clamp_limit is not None else "arithmetic"
-            raise ValueError(f"{name}: not supported with dtype='e2m1'")
+        if clamp_limit is not None:
+            raise ValueError("clamp_limit: not supported with dtype='e2m1'")
         return _fp4_options(group_size, dtype, scale, layout, eps, pad_rows, activation,
-                            scale_rule, expected_m, eps_norm)  # fmt: skip
+                            scale_rule, expected_m, eps_norm, arithmetic)  # fmt: skip
     group_size = check_group_size(group_size)
     fmt, scale, layout = output_format(dtype), scale_format(scale), scale_layout(layout)
     error = combination_error(fmt, scale, layout)
@@ -132,7 +145,8 @@ def check_options(
         check_scale_rule(scale_rule, fmt, scale), _check_expected_m(expected_m), eps_norm,
         orientation=orientation,
         clamp_limit=_check_clamp_limit(clamp_limit, mode),
-        arithmetic=_check_arithmetic(arithmetic, fmt, scale_rule),
+        arithmetic=_check_arithmetic(arithmetic, fmt, scale, scale_rule, group_size, eps,
+                                     orientation, mode.name is not None or eps_norm is not None),
         norm_rounding=norm_rounding,
     )  # fmt: skip
     _check_orientation(options)
@@ -190,23 +204,46 @@ def _check_clamp_limit(clamp_limit, mode: InputMode) -> float | None:
     return value
 
 
-ARITHMETICS = ("float32", "bfloat16")  # docs/spec.md, section 3 and 3a
+# docs/spec.md, sections 3, 3a, 3b and 4a; the last two are instantiations of their own
+ARITHMETICS = ("float32", "bfloat16", RECIPROCAL, UNFLOORED)
+MX_GROUP = 32  # values an MX scale covers (OCP MX v1.0): arithmetic="unfloored"'s groups
 
 
-def _check_arithmetic(arithmetic, fmt: OutputFormat, scale_rule) -> str:
-    """arithmetic: "float32" (section 3) or "bfloat16" (section 3a: FP8 formats, "rceil")."""
+def _arithmetic_name(arithmetic) -> str:
     if not isinstance(arithmetic, str) or arithmetic not in ARITHMETICS:
         raise ValueError(f"arithmetic: expected one of {ARITHMETICS}, got {arithmetic!r}")
+    return arithmetic
+
+
+def _check_arithmetic(arithmetic, fmt: OutputFormat, scale: ScaleFormat, scale_rule,
+                      group_size: int, eps, orientation, fused: bool) -> str:  # fmt: skip
+    """arithmetic for the FP8 formats: "float32" (section 3), "bfloat16" (section 3a: FP8
+    formats, "rceil") or "unfloored" (section 3b: MXFP8, e4m3 with UE8M0 scales of 32 values
+    by "rceil", the default eps, row-wise, plain input); "reciprocal" is FP4's."""
+    arithmetic = _arithmetic_name(arithmetic)
     if arithmetic == "bfloat16" and (not fmt.is_float8 or scale_rule != "rceil"):
         raise ValueError(
             f"arithmetic='bfloat16': takes an FP8 dtype and scale_rule='rceil', got "
             f"dtype={fmt.name!r}, scale_rule={scale_rule!r}"
         )
+    if arithmetic == RECIPROCAL:
+        raise ValueError("arithmetic='reciprocal': is FP4's (dtype='e2m1'), got dtype="
+                         f"{fmt.name!r}")  # fmt: skip
+    unfloored = (fmt.name, scale.name, scale_rule, group_size, eps, orientation, fused)
+    if arithmetic == UNFLOORED and unfloored != ("e4m3", "ue8m0", "rceil", MX_GROUP,
+                                                 DEFAULT_EPS, ROW_WISE, False):  # fmt: skip
+        raise ValueError(
+            "arithmetic='unfloored': takes MXFP8 of plain input (dtype='e4m3', scale='ue8m0', "
+            "scale_rule='rceil', group_size=32, the default eps, orientation='row', no "
+            f"activation or norm), got dtype={fmt.name!r}, scale={scale.name!r}, "
+            f"scale_rule={scale_rule!r}, group_size={group_size}, eps={eps!r}, "
+            f"orientation={orientation!r}, fused={fused}"
+        )
     return arithmetic
 
 
 def _fp4_options(group_size, dtype, scale, layout, eps, pad_rows, activation, scale_rule,
-                 expected_m, eps_norm) -> Options:  # fmt: skip
+                 expected_m, eps_norm, arithmetic="float32") -> Options:  # fmt: skip
     if dtype != E2M1:
         raise ValueError(
             f"scale='e4m3' holds NVFP4's block scales; it needs dtype='e2m1', got {dtype!r}"
@@ -233,9 +270,25 @@ def _fp4_options(group_size, dtype, scale, layout, eps, pad_rows, activation, sc
             raise ValueError(f"{name}: not supported with dtype='e2m1' ({fp4.name}); got {value!r}")
     if "scale_rule" in fp4.options:
         scale_rule = check_scale_rule(scale_rule, fp4, scale_format(fp4.scale))
+    arithmetic = _check_fp4_arithmetic(arithmetic, fp4, eps, scale_rule)
     eps = check_eps(eps) if "eps" in fp4.options else DEFAULT_EPS
     return Options(fp4.group_size, None, None, scale_layout(layout), eps, False, input_mode(None),
-                   scale_rule, fp4=fp4)  # fmt: skip
+                   scale_rule, fp4=fp4, arithmetic=arithmetic)  # fmt: skip
+
+
+def _check_fp4_arithmetic(arithmetic, fp4: Fp4Format, eps, scale_rule) -> str:
+    """FP4's arithmetic: "float32" (sections 4a, 4b) or "reciprocal" (section 4a's upstream
+    steps), which has no eps and no scale rule of its own (MXFP4 takes the defaults)."""
+    arithmetic = _arithmetic_name(arithmetic)
+    if arithmetic not in ("float32", RECIPROCAL):
+        raise ValueError(f"arithmetic: {fp4.name} takes 'float32' or 'reciprocal', got "
+                         f"{arithmetic!r}")  # fmt: skip
+    if arithmetic == RECIPROCAL and (eps != DEFAULT_EPS or scale_rule != "rceil"):
+        raise ValueError(
+            f"arithmetic='reciprocal': floors nothing and rounds the scale up; pass the default "
+            f"eps and scale_rule, got eps={eps!r}, scale_rule={scale_rule!r}"
+        )
+    return arithmetic
 
 
 def _check_eps_norm(eps_norm) -> float:
@@ -296,6 +349,7 @@ class Request:
     norm = property(lambda self: self.options.norm)
     eps_norm = property(lambda self: self.options.eps_norm or 0.0)
     nvfp4 = property(lambda self: self.options.nvfp4)
+    takes_global = property(lambda self: self.options.takes_global)
     fp4 = property(lambda self: self.options.fp4)
     clamp_limit = property(lambda self: self.options.clamp_limit)
     arithmetic = property(lambda self: self.options.arithmetic)
@@ -315,13 +369,14 @@ class Request:
         return transposed_geometry(m, k, self.group_size, self.layout)
 
     def kernel_key(self) -> KernelKey:
+        arithmetic = compiled_arithmetic(self.arithmetic)
         if self.fp4 is not None:
-            return fp4_key(self.input_dtype, self.fp4, self.layout)
+            return fp4_key(self.input_dtype, self.fp4, self.layout, arithmetic)
         assert self.fmt is not None and self.scale is not None
         return KernelKey(
             self.input_dtype, self.group_size, self.fmt.name, self.scale.name,
             self.layout.kernel_trait, self.x_aligned, activation=self.mode.name,
-            masked=self.masked is not None, norm=self.norm,
+            masked=self.masked is not None, norm=self.norm, arithmetic=arithmetic,
         )  # fmt: skip
 
     @property
@@ -402,8 +457,8 @@ def make_request(info: ArrayInfo, options: Options, operands: Operands = Operand
         fields.update(_check_norm(info, operands.weight, operands.residual))
     elif operands.weight is not None or operands.residual is not None:
         raise ValueError("residual: the fused add needs norm=(weight, eps_norm) too")
-    if options.nvfp4:
-        fields.update(_check_global(info, operands))
+    if options.takes_global:
+        fields.update(_check_global(info, operands, options.nvfp4))
     request = Request(options, info.dtype, shape, batch_stride, row_stride, aligned, **fields)
     if info.kind != NUMPY and 0 not in shape:
         _check_device_limits(request, info)
@@ -553,6 +608,8 @@ def _check_masked(info: ArrayInfo, options: Options, masked: ArrayInfo | None) -
         return None
     if options.norm:
         raise ValueError("norm: cannot be combined with masked_m")
+    if options.arithmetic == UNFLOORED:
+        raise ValueError("masked_m: arithmetic='unfloored' quantizes plain input only")
     if len(info.shape) != 3:
         raise ValueError(f"x: masked_m needs x of shape [E, T, K], got shape {tuple(info.shape)}")
     experts, tokens = info.shape[0], info.shape[1]
@@ -593,13 +650,14 @@ def host_global_value(global_scale) -> np.float32:
     return value
 
 
-def _check_global(info: ArrayInfo, operands: Operands) -> dict:
-    """NVFP4's global scale: a number, an array on x's device, or None (computed)."""
+def _check_global(info: ArrayInfo, operands: Operands, computed: bool) -> dict:
+    """The global scale: a number, an array on x's device, or None (NVFP4: computed; MXFP4
+    with arithmetic='reciprocal': 1)."""
     if operands.global_value is not None:
         return {"global_value": float(host_global_value(operands.global_value))}
     array = operands.global_scale
     if array is None:
-        return {"global_mode": NVFP4_COMPUTED}
+        return {"global_mode": NVFP4_COMPUTED} if computed else {"global_value": 1.0}
     if info.kind == NUMPY:
         return {"global_value": float(host_global_value(array.obj))}
     if array.kind != info.kind or array.device != info.device:

@@ -104,7 +104,7 @@ def _name(operand: str) -> str:
 def _operand_key(request: Request, described: dict) -> tuple:
     """What of the call's other arrays the plan depends on (their pointers are per call);
     nothing for a plain call, whose key the entry point's cache lookup also builds."""
-    if request.masked is None and not request.norm and not request.nvfp4:
+    if request.masked is None and not request.norm and not request.takes_global:
         return ()
     masked = described.get("masked_m")
     return (masked.dtype if masked is not None else None, request.residual,
@@ -120,7 +120,7 @@ def extra_pointers(request: Request, described: dict) -> tuple:
         residual = described.get("residual")
         return (("weight", described["weight"].ptr),
                 ("residual", residual.ptr if residual is not None else 0))  # fmt: skip
-    if request.nvfp4 and request.global_mode == NVFP4_ON_DEVICE:
+    if request.takes_global and request.global_mode == NVFP4_ON_DEVICE:
         return (("global_ptr", described["global_scale"].ptr),)
     return ()
 

@@ -150,7 +150,8 @@ def quantize(
         ``v / (s / global)`` (``docs/spec.md``, section 4a). A device array stays on the device
         (never read on the host; it must hold a positive finite value). None computes
         ``448 * 6 / amax(x)`` on the device (one extra pass over ``x``) and returns it as a
-        third output, a one-element float32 array. No other option applies to NVFP4.
+        third output, a one-element float32 array. No other option applies to NVFP4 but
+        ``arithmetic``. MXFP4 takes one with ``arithmetic="reciprocal"`` only (None: 1).
     orientation : {"row", "col", "both"}
         ``"row"``: groups of channels (everything above). ``"col"``: ``x [M, K]`` quantized
         transposed, for the weight-gradient GEMM: ``qt [K, M]`` with each value in its group
@@ -165,10 +166,17 @@ def quantize(
         With a gated ``activation``: the clamped SwiGLU of gpt-oss-style models, the gate
         clamped from above and the up value on both sides at ``clamp_limit`` (rounded to x's
         dtype) before the activation (``docs/spec.md``, section 2a).
-    arithmetic : {"float32", "bfloat16"}
-        ``"float32"`` (default): section 3. ``"bfloat16"``: bfloat16 input only, the group
-        maximum, scale, reciprocal and scaled values rounded to bfloat16 as vLLM's masked
-        SiLU kernel does (section 3a); for drop-ins that must match it bit for bit.
+    arithmetic : {"float32", "bfloat16", "unfloored", "reciprocal"}
+        ``"float32"`` (default): sections 3, 4a and 4b. The others are upstream kernels'
+        steps, for drop-ins that must match them bit for bit. ``"bfloat16"``: bfloat16 input
+        only, the group maximum, scale, reciprocal and scaled values rounded to bfloat16 as
+        vLLM's masked SiLU kernel does (section 3a). ``"unfloored"``: MXFP8 (e4m3, UE8M0,
+        ``group_size=32``) as FlashInfer's ``mxfp8_quantize`` computes it: no floor under
+        the scale (a zero group has byte 0 and zero codes), infinities in the maximum
+        (section 3b). ``"reciprocal"``: NVFP4 and MXFP4 as vLLM's ``scaled_fp4_quant`` and
+        FlashInfer's ``fp4_quantize`` compute them, multiplying by ``RN(1/6)`` and by
+        reciprocals where section 4a divides; MXFP4 then takes ``global_scale`` too
+        (default 1) (section 4a).
     norm_rounding : {"once", "twice", "twice_unrounded_sum"}
         With ``norm``: ``"once"`` (default) rounds ``x * r * weight`` once (section 2b);
         ``"twice"`` rounds ``x * r`` to x's dtype before the weight, as vLLM's RMSNorm does;
@@ -235,8 +243,11 @@ def _call(group_size, dtype, scale, layout, eps, pad_rows, activation, scale_rul
     if expected_m is not None or eps_norm is not None or modes != (None, "float32", "once"):
         raw += (expected_m, eps_norm, *modes)
     arrays, global_value = _run.global_scale_arguments(global_scale)
-    if global_scale is not None and not options.nvfp4:
-        raise ValueError("global_scale: only NVFP4 (dtype='e2m1', scale='e4m3') takes one")
+    if global_scale is not None and not options.takes_global:
+        raise ValueError(
+            "global_scale: only NVFP4 (dtype='e2m1', scale='e4m3') takes one, and MXFP4 with "
+            "arithmetic='reciprocal'"
+        )
     given = {"masked_m": masked_m, "weight": weight, "residual": residual, **arrays}
     arrays = {name: array for name, array in given.items() if array is not None}
     return _run.Call(options, raw, arrays, global_value)

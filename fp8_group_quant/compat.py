@@ -372,34 +372,69 @@ def _scale_bytes_view(scales, float8: str):
     return scales  # cupy has no float8 dtype: the bytes
 
 
-def _linear_scales(blocked, rows: int, groups: int, group_size: int):
-    """The scale bytes of the blocked storage as a row-major ``[rows, groups]`` uint8 array."""
+def _in_library_of(array, values):
+    """NumPy ``values`` (an index array) as an array of ``array``'s library and device."""
     import numpy as np
 
-    geometry = Geometry((rows, groups * group_size), group_size, scale_layout("blocked"), False)
-    offsets = geometry.scale_byte_offsets().reshape(rows, groups)
-    library = _library(blocked)
-    flat = blocked.reshape(-1)
+    library = _library(array)
     if library == "torch":
         import torch
 
-        return flat[torch.from_numpy(offsets).to(flat.device)]
+        return torch.from_numpy(np.ascontiguousarray(values)).to(array.device)
     if library == "cupy":
         import cupy
 
-        return flat[cupy.asarray(offsets)]
-    return flat[np.asarray(offsets)]
+        return cupy.asarray(values)
+    return np.asarray(values)
+
+
+def _linear_scales(blocked, rows: int, groups: int, group_size: int):
+    """The scale bytes of the blocked storage as a row-major ``[rows, groups]`` uint8 array."""
+    geometry = Geometry((rows, groups * group_size), group_size, scale_layout("blocked"), False)
+    offsets = geometry.scale_byte_offsets().reshape(rows, groups)
+    flat = blocked.reshape(-1)
+    return flat[_in_library_of(flat, offsets)]
+
+
+def _tiles_8x4(linear):
+    """FlashInfer's 8x4 layout of row-major scale bytes ``[rows, groups]``: flat uint8 of
+    ``align(rows, 8) * align(groups, 4)`` bytes, scale ``(r, c)`` at ``(r // 8) * 8 *
+    align(groups, 4) + (c // 4) * 32 + (r % 8) * 4 + c % 4``, padding zero."""
+    import numpy as np
+
+    rows, groups = linear.shape
+    cols = -(-groups // 4) * 4
+    r, c = np.arange(rows)[:, None], np.arange(groups)[None, :]
+    offsets = (r // 8) * (8 * cols) + (c // 4) * 32 + (r % 8) * 4 + c % 4
+    out = _zeros_like(linear, (-(-rows // 8) * 8 * cols,))
+    out[_in_library_of(out, offsets.reshape(-1))] = linear.reshape(-1)
+    return out
+
+
+def _zeros_like(array, shape: tuple):
+    """Zeros of ``shape`` in ``array``'s library, dtype and device."""
+    if _library(array) == "torch":
+        return array.new_zeros(shape)
+    return sys.modules[_library(array)].zeros(shape, array.dtype)
 
 
 def _check_layout_name(value, name: str) -> str:
-    """FlashInfer's SfLayout (an enum or its name): 'layout_128x4' or 'layout_linear'."""
+    """FlashInfer's SfLayout (an enum or its name): 'layout_128x4', 'layout_8x4' or
+    'layout_linear'."""
     text = getattr(value, "name", value)
-    if text in ("layout_128x4", "layout_linear"):
+    if text in ("layout_128x4", "layout_8x4", "layout_linear"):
         return text
-    raise NotImplementedError(
-        f"{name}: {value!r}: the 128x4 (blocked) and linear layouts are implemented; the 8x4 "
-        "layout is not"
+    raise ValueError(
+        f"{name}: expected an SfLayout or its name (layout_128x4, layout_8x4, layout_linear), "
+        f"got {value!r}"
     )
+
+
+def _pad_columns(x, columns: int):
+    """``x [..., K]`` with zero columns appended up to ``columns`` (a copy)."""
+    padded = _zeros_like(x, (*x.shape[:-1], columns))
+    padded[..., : x.shape[-1]] = x
+    return padded
 
 
 def mxfp8_quantize(
@@ -412,32 +447,37 @@ def mxfp8_quantize(
 ):
     """FlashInfer's ``mxfp8_quantize`` (flashinfer/quantization/fp8_quantization.py): MXFP8.
 
-    Returns ``(x_q, sf)``: ``x_q`` float8_e4m3fn shaped like ``input``; ``sf`` a flat uint8
-    array of UE8M0 bytes, the 128x4 blocked tiles of ``align(M, 128) * align(K/32, 4)`` bytes
-    (every leading dimension flattened into M), or with ``is_sf_swizzled_layout=False`` the
-    row-major ``M * K/32`` bytes. Values follow this library's ``scale_rule="rceil"`` (the
-    exact ceiling of ``amax / 448``); FlashInfer multiplies by an approximate reciprocal of
-    448 first, which can differ where the quotient sits at a power of two. ``enable_pdl`` and
-    ``backend`` are accepted and ignored (PDL is on where the device has it). K must be a
-    multiple of ``alignment`` (FlashInfer pads K; padding is not implemented).
+    Returns ``(x_q, sf)``: ``x_q`` float8_e4m3fn shaped like ``input`` with K padded with
+    zero columns to a multiple of ``alignment`` (a multiple of 32; the padding is a copy of
+    ``input``); ``sf`` a flat uint8 array of UE8M0 bytes, the 128x4 blocked tiles of
+    ``align(M, 128) * align(K/32, 4)`` bytes (every leading dimension flattened into M), or
+    with ``is_sf_swizzled_layout=False`` the row-major ``M * K/32`` bytes;
+    ``sf_swizzle_layout`` (an SfLayout or its name) overrides it and also takes FlashInfer's
+    8x4 layout (``align(M, 8) * align(K/32, 4)`` bytes, written from the row-major ones).
+    Values are FlashInfer's, bit for bit: ``arithmetic="unfloored"`` (``docs/spec.md``,
+    section 3b: no floor under the scale, infinities in the maximum). ``enable_pdl`` and
+    ``backend`` are accepted and ignored (PDL is on where the device has it).
     """
+    layout = "layout_128x4" if is_sf_swizzled_layout else "layout_linear"
     if sf_swizzle_layout is not None:
-        is_sf_swizzled_layout = _check_layout_name(sf_swizzle_layout, "sf_swizzle_layout") == (
-            "layout_128x4"
-        )
-    k = input.shape[-1]
-    if alignment < 32 or alignment % 32 or k % alignment:
-        raise NotImplementedError(
-            f"alignment: K = {k} must be a multiple of alignment={alignment} (a multiple of "
-            "32); padding K is not implemented"
-        )
+        layout = _check_layout_name(sf_swizzle_layout, "sf_swizzle_layout")
+    valid = isinstance(alignment, int) and not isinstance(alignment, bool)
+    if not valid or alignment < 32 or alignment % 32:
+        raise ValueError(f"alignment: expected a positive multiple of 32, got {alignment!r}")
     x = _rows_2d(input)
-    layout = "blocked" if is_sf_swizzled_layout else ROW
-    q, scales = quantize(x, 32, dtype="e4m3", scale="ue8m0", layout=layout)
-    if not is_sf_swizzled_layout:  # float32 powers of two -> their exponent bytes
+    k = x.shape[1]
+    padded_k = -(-k // alignment) * alignment
+    if padded_k != k:
+        x = _pad_columns(x, padded_k)
+    blocked = layout == "layout_128x4"
+    q, scales = quantize(x, 32, dtype="e4m3", scale="ue8m0", layout="blocked" if blocked else ROW,
+                         arithmetic="unfloored")  # fmt: skip
+    if not blocked:  # float32 powers of two (0 for byte 0) -> their exponent bytes
         bits = scales.view("int32") if _library(scales) != "torch" else _torch_int32(scales)
         scales = _exponent_bytes(bits)
-    return q.reshape(input.shape), scales.reshape(-1)
+        if layout == "layout_8x4":
+            scales = _tiles_8x4(scales)
+    return q.reshape(*input.shape[:-1], padded_k), scales.reshape(-1)
 
 
 def _torch_int32(scales):
@@ -467,21 +507,23 @@ def fp4_quantize(
     enable_pdl=None,
     backend: str = "cuda",
 ):
-    """FlashInfer's ``fp4_quantize`` (flashinfer/quantization/fp4_quantization.py): NVFP4.
+    """FlashInfer's ``fp4_quantize`` (flashinfer/quantization/fp4_quantization.py): NVFP4
+    (``sf_vec_size=16``), or MXFP4 (``sf_vec_size=32, sf_use_ue8m0=True``).
 
     Returns ``(x_q, sf)``: ``x_q`` uint8 ``[..., K/2]`` (first value in the low nibble);
-    ``sf`` uint8 e4m3 bytes, the blocked tiles as ``[align(M, 128), align(K/16, 4)]`` or with
-    ``is_sf_swizzled_layout=False`` row-major ``[M, K/16]`` (M: every leading dimension
-    flattened). ``global_scale`` (a one-element float32 tensor, as FlashInfer requires for
-    NVFP4) multiplies: ``s = e4m3(global * amax / 6)``. Values follow ``docs/spec.md``
-    section 4a (correctly rounded divisions; FlashInfer multiplies by approximate reciprocals,
-    section 4a says how often that differs). MXFP4 (``sf_vec_size=32``, ``sf_use_ue8m0``), the
+    ``sf`` uint8 scale bytes (e4m3, or UE8M0 for MXFP4), the blocked tiles as
+    ``[align(M, 128), align(K/G, 4)]`` or with ``is_sf_swizzled_layout=False`` row-major
+    ``[M, K/G]`` (M: every leading dimension flattened). ``global_scale`` (a float or a
+    one-element float32 tensor) multiplies the scale; NVFP4 needs it, MXFP4 takes 1 without
+    one, as FlashInfer's own MXFP4 calls pass. Values are FlashInfer's reference's, bit for
+    bit: ``arithmetic="reciprocal"`` (``docs/spec.md``, section 4a: ``RN(1/6)`` and
+    reciprocals where the default divides; its kernels take approximate reciprocals). The
     8x4 layout and an inverted global scale are not implemented.
     """
-    if sf_vec_size != 16 or sf_use_ue8m0:
+    if (sf_vec_size, bool(sf_use_ue8m0)) not in ((16, False), (32, True)):
         raise NotImplementedError(
-            f"sf_vec_size={sf_vec_size}, sf_use_ue8m0={sf_use_ue8m0}: only NVFP4 (16, False) is "
-            "implemented"
+            f"sf_vec_size={sf_vec_size}, sf_use_ue8m0={sf_use_ue8m0}: NVFP4 (16, False) and "
+            "MXFP4 (32, True) are implemented"
         )
     if is_sf_8x4_layout:
         raise NotImplementedError("is_sf_8x4_layout: the 8x4 scale layout is not implemented")
@@ -489,13 +531,13 @@ def fp4_quantize(
         raise NotImplementedError(
             "is_global_scale_inversed: an inverted global scale is not implemented"
         )
-    if global_scale is None:
+    if global_scale is None and not sf_use_ue8m0:
         raise ValueError(
             "global_scale: FlashInfer's fp4_quantize needs it for NVFP4 (sf_vec_size=16)"
         )
     if backend not in ("cuda", "cute-dsl"):
         raise ValueError(f"backend: expected 'cuda' or 'cute-dsl', got {backend!r}")
-    q, scales = _nvfp4(input, global_scale, is_sf_swizzled_layout)
+    q, scales = _fp4(input, global_scale, is_sf_swizzled_layout, sf_vec_size)
     return q.reshape(*input.shape[:-1], input.shape[-1] // 2), scales
 
 
@@ -511,10 +553,10 @@ def scaled_fp4_quant(
     Returns ``(output, output_scale)``: ``output`` uint8 ``[m, n/2]`` (``input`` reshaped to
     ``[-1, n]``); ``output_scale`` the blocked e4m3 bytes ``[align(m, 128), align(n/16, 4)]``
     viewed as float8_e4m3fn (vLLM's int32 storage, viewed), or with
-    ``is_sf_swizzled_layout=False`` ``[m, n/16]`` (also viewed). Values follow ``docs/spec.md``
-    section 4a (see ``fp4_quantize`` for how they differ from the upstream kernels). The
-    TensorRT-LLM backend's 8x4 layout (vLLM takes it for m <= 32) and ``padded_n`` past ``n``
-    are not implemented.
+    ``is_sf_swizzled_layout=False`` ``[m, n/16]`` (also viewed). Values are vLLM's
+    reference's, bit for bit: ``arithmetic="reciprocal"`` (``docs/spec.md``, section 4a).
+    The TensorRT-LLM backend's 8x4 layout (vLLM takes it for m <= 32) and ``padded_n`` past
+    ``n`` are not implemented.
     """
     rows = 1 if len(input.shape) == 1 else math.prod(input.shape[:-1])
     if "trtllm" in backend and rows <= 32:  # where vLLM switches to FlashInfer's 8x4 layout
@@ -525,17 +567,19 @@ def scaled_fp4_quant(
         raise NotImplementedError(f"padded_n={padded_n}: padding n is not implemented")
     if input_global_scale is None:
         raise ValueError("input_global_scale: vLLM's scaled_fp4_quant needs it")
-    q, scales = _nvfp4(input, input_global_scale, is_sf_swizzled_layout)
+    q, scales = _fp4(input, input_global_scale, is_sf_swizzled_layout, 16)
     return q, _scale_bytes_view(scales, "float8_e4m3fn")  # vLLM views both layouts as fp8
 
 
-def _nvfp4(input, global_scale, swizzled: bool):
-    """(q ``[rows, K/2]``, uint8 scale bytes, blocked or row-major) of input as ``[rows, K]``."""
+def _fp4(input, global_scale, swizzled: bool, group_size: int):
+    """(q ``[rows, K/2]``, uint8 scale bytes, blocked or row-major) of input as ``[rows, K]``:
+    NVFP4 (16) or MXFP4 (32) by upstream's arithmetic."""
     x = _rows_2d(input)
-    q, scales = quantize(x, 16, dtype="e2m1", scale="e4m3", layout="blocked",
-                         global_scale=global_scale)  # fmt: skip
+    q, scales = quantize(x, group_size, dtype="e2m1", scale="e4m3" if group_size == 16 else
+                         "ue8m0", layout="blocked", global_scale=global_scale,
+                         arithmetic="reciprocal")  # fmt: skip
     if not swizzled:
-        return q, _linear_scales(scales, x.shape[0], x.shape[1] // 16, 16)
+        return q, _linear_scales(scales, x.shape[0], x.shape[1] // group_size, group_size)
     return q, scales
 
 

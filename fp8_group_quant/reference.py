@@ -1,4 +1,5 @@
-"""The NumPy backend: docs/spec.md sections 3 to 6 (4a NVFP4, 4b MXFP4), vectorised, in float32.
+"""The NumPy backend: docs/spec.md sections 3 to 6 (4a NVFP4, 4b MXFP4), vectorised, in float32,
+and the upstream kernels' arithmetic the drop-ins take (3a, 3b, 4a's "reciprocal").
 
 This is the oracle for every test and benchmark and the backend for NumPy inputs. Every CUDA
 kernel matches it bit for bit. Formats come from ``_spec.OUTPUT_FORMATS`` and scale layouts
@@ -23,7 +24,8 @@ from ._spec import (
 __all__ = [
     "quantize_groups", "encode", "ue8m0_exponents", "floor_exponents", "quantize_into",
     "quantize_into_masked", "nvfp4_global_scale", "nvfp4_groups", "mxfp4_groups", "pack_e2m1",
-    "store_scales", "quantize_blocks", "quantize_token_groups",
+    "store_scales", "quantize_blocks", "quantize_token_groups", "unfloored_groups",
+    "fp4_reciprocal_groups",
 ]  # fmt: skip
 
 _ABS_MASK = np.uint32(0x7FFFFFFF)
@@ -82,13 +84,16 @@ def quantize_groups(
     """Quantize groups along the last axis of float32 ``values`` [..., G].
 
     ``fmt`` and ``scale`` are formats or their names; ``rule`` the UE8M0 exponent rule;
-    ``arithmetic`` "float32" (section 3) or "bfloat16" (section 3a, ``bfloat16_groups``).
+    ``arithmetic`` "float32" (section 3), "bfloat16" (section 3a, ``bfloat16_groups``) or
+    "unfloored" (section 3b, ``unfloored_groups``; ``eps`` and ``rule`` do not apply).
     Returns ``(codes uint8 [..., G], scales float32 [...], exponents uint32 [...] or None)``.
     """
     fmt, scale = output_format(fmt), scale_format(scale)
     values = np.ascontiguousarray(values, dtype=np.float32)
     if arithmetic == "bfloat16":
         return bfloat16_groups(values, fmt, scale.power_of_two, eps)
+    if arithmetic == "unfloored":
+        return unfloored_groups(values, fmt)
     amax = np.maximum(finite_amax(values), np.float32(eps))
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         if scale.power_of_two:
@@ -157,6 +162,31 @@ def bfloat16_groups(values: np.ndarray, fmt: OutputFormat, power_of_two: bool, e
             scales = (exponents << 23).view(np.float32)
         inverse = _bf16(np.float32(1) / scales)
         t = _bf16(values * inverse[..., None])
+    return encode(t, values, fmt), scales, exponents
+
+
+def unfloored_groups(values: np.ndarray, fmt: OutputFormat):
+    """Section 3b (FlashInfer's MXFP8): ``amax`` over the non-NaN ``|v|`` (infinities
+    included), ``y = RN(amax / fmax)`` unfloored, its UE8M0 byte the exact ceiling on its bits
+    (a subnormal ``y`` gives 1 above ``2^-127``, else 0), at most 254, and 0 where ``y`` is 0;
+    codes ``RN(v * 2^(127 - e))``, 0 times v where the byte is 0; NaN and +-Inf get the
+    format's codes (section 4). ``values`` float32 [..., G]; returns what quantize_groups
+    does."""
+    magnitude = values.view(np.uint32) & _ABS_MASK
+    not_nan = np.where(magnitude <= _INF_BITS, magnitude, np.uint32(0)).view(np.float32)
+    amax = not_nan.max(axis=-1, initial=np.float32(0))
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+        y = (amax / np.float32(fmt.fmax)).astype(np.float32)
+        bits = y.view(np.uint32)
+        biased, mantissa = bits >> 23, bits & np.uint32(0x7FFFFF)
+        up = (mantissa != 0) & ((biased != 0) | (mantissa > 0x400000))
+        exponents = np.where(y > 0, np.minimum(biased + up, 254), 0).astype(np.uint32)
+        # 2^(127 - e): normal for e <= 253, the subnormal 2^-127 at 254, 0 for byte 0
+        inverse_bits = np.where(exponents == 254, np.uint32(0x00400000),
+                                (np.uint32(254) - exponents) << 23)  # fmt: skip
+        inverse = np.where(exponents == 0, np.uint32(0), inverse_bits).view(np.float32)
+        t = (values * inverse[..., None]).astype(np.float32)
+    scales = (exponents << 23).view(np.float32)
     return encode(t, values, fmt), scales, exponents
 
 
@@ -275,6 +305,34 @@ def nvfp4_groups(values: np.ndarray, global_scale) -> tuple[np.ndarray, np.ndarr
         d = (scale.astype(np.float32) / g).astype(np.float32)[..., None]
         t = np.where(d > 0, values / np.where(d > 0, d, np.float32(1)), values * np.float32(0))
     return e2m1_codes(t.astype(np.float32), values), scale.view(np.uint8)
+
+
+_INVERSE_E2M1_MAX = np.float32(1) / E2M1_MAX  # RN(1 / 6)
+
+
+def fp4_reciprocal_groups(values: np.ndarray, global_scale, ue8m0: bool):
+    """Section 4a's ``arithmetic="reciprocal"`` (vLLM's and FlashInfer's NVFP4 and MXFP4):
+    ``u = RN(g * RN(amax * RN(1/6)))``, ``amax`` over the finite ``|v|``; the scale ``S`` is
+    e4m3(min(u, 448)) or, with ``ue8m0``, ``u`` rounded up to a power of two on its bits;
+    ``r = RN(1 / RN(S * RN(1/g)))`` (0 where that product is 0); each code
+    ``e2m1(RN(v * r))`` as ``e2m1_codes``. Returns (codes uint8 ``[..., G]``, scale bytes
+    uint8 ``[...]``: e4m3, or the UE8M0 exponent)."""
+    g = np.float32(global_scale)
+    values = np.ascontiguousarray(values, dtype=np.float32)
+    amax = finite_amax(values)
+    with np.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore"):
+        u = (g * (amax * _INVERSE_E2M1_MAX).astype(np.float32)).astype(np.float32)
+        if ue8m0:
+            exponents = ((u.view(np.uint32) + np.uint32(0x7FFFFF)) & _INF_BITS) >> 23
+            scale_bytes, s = exponents.astype(np.uint8), (exponents << 23).view(np.float32)
+        else:
+            e4m3 = np.minimum(u, _E4M3_MAX).astype(ml_dtypes.float8_e4m3fn)
+            scale_bytes, s = e4m3.view(np.uint8), e4m3.astype(np.float32)
+        inverse_g = np.float32(0) if g == 0 else np.float32(1) / g
+        c = (s * inverse_g).astype(np.float32)
+        r = np.where(c == 0, np.float32(0), np.float32(1) / np.where(c == 0, 1, c))
+        t = (values * r.astype(np.float32)[..., None]).astype(np.float32)
+    return e2m1_codes(t, values), scale_bytes
 
 
 def e2m1_codes(t: np.ndarray, values: np.ndarray) -> np.ndarray:

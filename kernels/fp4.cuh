@@ -137,11 +137,42 @@ __device__ __forceinline__ u32 mxfp4_scaled(const Params& p, const u32 (&words)[
   return exponent;
 }
 
-// quantize_fp4's body: one group (or a share of one) a thread, its scale through kLayout
+// arithmetic='reciprocal' (docs/spec.md, section 4a; vLLM's and FlashInfer's references): the
+// scale byte of u = RN(g * RN(amax * RN(1/6))), e4m3 (NVFP4) or u rounded up to a power of two
+// on its bits (MXFP4: UE8M0), and |RN(v * r)| of the lane's values in m, with
+// r = RN(1 / RN(S * RN(1/g))), 0 where that product is 0 (as RN(1/g) is where g is)
+template <int kIn, int kFormat, int kValues>
+__device__ __forceinline__ u32 reciprocal_scaled(const u32 (&words)[kLaneWords], float amax,
+                                                 float g, float (&m)[kValues]) {
+  typedef Input<kIn> In;
+  constexpr float kInverseE2M1Max = 0x1.555556p-3f;  // RN(1 / 6)
+  const float u = mul_rn(g, mul_rn(amax, kInverseE2M1Max));
+  u32 s_byte;
+  float S;
+  if constexpr (kFormat == kNvfp4) {
+    s_byte = e4m3_byte(u);
+    S = e4m3_value(s_byte);
+  } else {
+    s_byte = (__float_as_uint(u) + kF32Mantissa) >> 23;  // u >= 0: the carry rounds it up
+    S = __uint_as_float(s_byte << 23);
+  }
+  // NOTES: zero tests on the bits: CuPy compiles with -ftz=true, where a subnormal == 0.0f
+  const float inverse_g = __float_as_uint(g) == 0u ? 0.0f : rcp_rn(g);
+  const float c = mul_rn(S, inverse_g);
+  const float r = __float_as_uint(c) == 0u ? 0.0f : rcp_rn(c);
+#pragma unroll
+  for (int i = 0; i < kValues; ++i) {
+    m[i] = fabsf(mul_rn(__uint_as_float(In::f32_bits(words, i)), r));
+  }
+  return s_byte;
+}
+
+// quantize_fp4's body: one group (or a share of one) a thread, its scale through kLayout;
+// kReciprocal: arithmetic='reciprocal' (instantiations of their own, the others' code as it was)
 // NOTES: p by value, a copy the compiler removes. Through a reference (as the other kernels'
 // helpers take it) the compiler did not hoist the load of p.rows above the padding test, and
 // compiled two branches where the kernel's own parameter gives one
-template <int kIn, int kFormat, int kLayout>
+template <int kIn, int kFormat, int kLayout, bool kReciprocal>
 __device__ __forceinline__ void fp4_quantize_group(const Params p) {
   typedef Input<kIn> In;
   typedef typename In::Storage Storage;
@@ -165,7 +196,7 @@ __device__ __forceinline__ void fp4_quantize_group(const Params p) {
   load_lane<kIn, true>(static_cast<const Storage*>(p.x) + batch * p.x_batch_stride +
                            row * p.x_row_stride + group * kGroup + lane * kValues, words);
   float g = 0.0f;
-  if constexpr (kFormat == kNvfp4) g = nvfp4_global(p);
+  if constexpr (kFormat == kNvfp4 || kReciprocal) g = nvfp4_global(p);  // MXFP4's: kReciprocal
   signal_dependents();
   // zero the padding rows' scales (the blocked layout's; the row layout has none); publish a
   // computed global scale
@@ -187,7 +218,9 @@ __device__ __forceinline__ void fp4_quantize_group(const Params p) {
   const float amax = In::magnitude_to_f32(magnitude);
   float m[kValues];
   u32 s_byte;
-  if constexpr (kFormat == kNvfp4) {
+  if constexpr (kReciprocal) {
+    s_byte = reciprocal_scaled<kIn, kFormat, kValues>(words, amax, g, m);
+  } else if constexpr (kFormat == kNvfp4) {
     s_byte = nvfp4_scaled<kIn, kValues>(words, amax, g, m);
   } else {
     s_byte = mxfp4_scaled<kIn, kValues>(p, words, fmaxf(amax, p.eps), m);

@@ -150,11 +150,54 @@ __device__ __forceinline__ float ue8m0_inverse(u32 exponent) {
   return __uint_as_float((2u * kF32Bias + Output<kOut>::kCodeExponent - exponent) << 23);
 }
 
+// arithmetic='unfloored' (docs/spec.md, section 3b; FlashInfer's MXFP8): instantiations of
+// their own (kUnfloored), so that the others' code and registers stay as they were -------------
+
+// the UE8M0 byte of RN(amax / fmax), nothing floored, from amax's bits (amax may be 0 or +Inf,
+// which gives 254): ue8m0_exponent's exact ceiling where the quotient is normal; below
+// fmax * 2^-126 it rounds to at most 2^-126 (byte 1) and passes 2^-127 from two steps of amax
+// above fmax * 2^-127 on (one step adds under half a subnormal step of the quotient, as fmax's
+// mantissa lies in [1, 2)); else 0
+__device__ __forceinline__ u32 unfloored_exponent(float amax, float fmax) {
+  const u32 a = __float_as_uint(amax), f = __float_as_uint(fmax);
+  if (a >= kF32Inf) return 2u * kF32Bias;
+  if (a >= f - ((kF32Bias - 1u) << 23)) return ue8m0_exponent(amax, fmax, 0.0f);
+  return a >= f - (static_cast<u32>(kF32Bias) << 23) + 2u ? 1u : 0u;
+}
+
+// what byte e multiplies by: 2^(127 - e), the subnormal 2^-127 at 254, and 0 for byte 0 (the
+// codes of a zero scale are zero)
+__device__ __forceinline__ float unfloored_inverse(u32 e) {
+  constexpr u32 kTwoToMinus127 = 0x00400000u;
+  if (e == 0u) return 0.0f;
+  return __uint_as_float(e == 2u * kF32Bias ? kTwoToMinus127 : (2u * kF32Bias - e) << 23);
+}
+
+// the maximum magnitude of a group holding Inf or NaN (quantize_group's slow path): over its
+// finite values, or +Inf where the group holds one and kUnfloored takes infinities
+template <int kIn, int kLanes, int kValues, bool kUnfloored, typename V>
+__device__ __forceinline__ u32 nonfinite_group_max(const V& values, u32 mask) {
+  typedef LaneValues<kIn, V> L;
+  u32 magnitude = group_max<kLanes>(L::max_finite_magnitude(values), mask);
+  if constexpr (kUnfloored) {
+    constexpr u32 kMagnitude = Input<L::kRawType>::kSign - 1u;
+    u32 inf = 0u;
+#pragma unroll
+    for (int i = 0; i < kValues; ++i) {
+      inf |= (L::raw(values, i) & kMagnitude) == L::kInf ? L::kInf : 0u;
+    }
+    magnitude = max(magnitude, group_max<kLanes>(inf, mask));
+  }
+  return magnitude;
+}
+
 // the scale of a group whose maximum is amax (eps applied), and this lane's codes under it;
-// `exponent` receives the UE8M0 byte (0 for float scales)
-template <int kIn, int kOut, int kScale, int kValues, typename V>
+// `exponent` receives the UE8M0 byte (0 for float scales). kUnfloored: arithmetic='unfloored'
+// (e4m3, UE8M0; amax unfloored)
+template <int kIn, int kOut, int kScale, int kValues, bool kUnfloored = false, typename V>
 __device__ __forceinline__ float encode_scaled(const Params& p, const V& values, float amax,
                                                u32& exponent, u32 (&codes)[kValues / 4]) {
+  static_assert(!kUnfloored || (kOut == kE4M3 && kScale == kUE8M0Scale), "MXFP8's arithmetic");
   float scale;
   // NOTES: a runtime mode under a uniform branch, for the one drop-in that asks for it;
   // bfloat16 input only (the request checks it), so no other instantiation carries it
@@ -171,9 +214,16 @@ __device__ __forceinline__ float encode_scaled(const Params& p, const V& values,
       encode_lane<kIn, kOut, kDivideExact, kValues>(values, scale, 0.0f, codes);
     }
   } else {
-    exponent = rule_exponent(p, amax);
+    float inverse;
+    if constexpr (kUnfloored) {
+      exponent = unfloored_exponent(amax, p.fmax);
+      inverse = unfloored_inverse(exponent);
+    } else {
+      exponent = rule_exponent(p, amax);
+      inverse = ue8m0_inverse<kOut>(exponent);
+    }
     scale = __uint_as_float(exponent << 23);
-    encode_lane<kIn, kOut, kMultiply, kValues>(values, scale, ue8m0_inverse<kOut>(exponent), codes);
+    encode_lane<kIn, kOut, kMultiply, kValues>(values, scale, inverse, codes);
   }
   return scale;
 }
@@ -183,14 +233,15 @@ __device__ __forceinline__ float encode_scaled(const Params& p, const V& values,
 // non-finite values their codes before the stores (see quantize_group for the arguments).
 // Leaves the codes in `codes`.
 template <int kIn, int kOut, int kScale, int kLayout, bool kUnsignedNaN, bool kStraightTail,
-          int kValues, typename V>
+          int kValues, bool kUnfloored, typename V>
 __device__ __forceinline__ void finish_group(const Params& p, const V& values, u32 magnitude,
                                              bool patch, bool real_row, u8* q_dst, bool store_q,
                                              u8* scale_at, bool store_scale, int group,
                                              u32 (&codes)[kValues / 4]) {
   const float amax = fmaxf(LaneValues<kIn, V>::magnitude_to_f32(magnitude), p.eps);
   u32 exponent;
-  const float scale = encode_scaled<kIn, kOut, kScale, kValues>(p, values, amax, exponent, codes);
+  const float scale =
+      encode_scaled<kIn, kOut, kScale, kValues, kUnfloored>(p, values, amax, exponent, codes);
   if (__builtin_expect(patch, 0)) patch_group<kIn, kUnsignedNaN, kValues>(p, values, codes);
   // the codes, then the scale (one lane per group)
   if (store_q) store_codes<kValues>(q_dst, codes);
@@ -203,14 +254,16 @@ __device__ __forceinline__ void finish_group(const Params& p, const V& values, u
 // lanes that run this call together (the group's own lanes, or with kWholeWarp all 32);
 // `real_row` false quantizes a padding row's zeros. The codes go to q_dst when store_q, the
 // scale to scale_at (the layout's at() of the group) when store_scale. kUnsignedNaN: see
-// patch_nonfinite. kStraightTail (the one-pass kernel's, whose register budget allows it): no
+// patch_nonfinite. kUnfloored: arithmetic='unfloored' (infinities enter the maximum, and
+// encode_scaled's). kStraightTail (the one-pass kernel's, whose register budget allows it): no
 // branch between the group's scale and its stores. The codes of non-finite values are patched
 // after the stores and stored again by the same thread (its second store is the one that
 // remains), so the common path does not jump over the patch (2.9 KB of code), and the scale
 // is stored by predicated stores (layouts.cuh) rather than under a branch on lane 0
 // (docs/perf.md).
 template <int kIn, int kGroup, int kOut, int kScale, int kLayout, bool kWholeWarp,
-          bool kUnsignedNaN = false, bool kStraightTail = false, typename V>
+          bool kUnsignedNaN = false, bool kStraightTail = false, bool kUnfloored = false,
+          typename V>
 __device__ __forceinline__ void quantize_group(const Params& p, const V& values, u32 mask,
                                                bool real_row, u8* q_dst, bool store_q,
                                                u8* scale_at, bool store_scale, int group) {
@@ -225,17 +278,17 @@ __device__ __forceinline__ void quantize_group(const Params& p, const V& values,
     // NOTES: the whole-warp mask needs a warp-uniform branch: every lane takes the slow path if
     // any group of the warp holds Inf or NaN, and keeps its own maximum if its group does not
     if (__builtin_expect(__any_sync(mask, nonfinite), 0)) {
-      const u32 finite = group_max<kLanes>(L::max_finite_magnitude(values), mask);
+      const u32 finite = nonfinite_group_max<kIn, kLanes, kValues, kUnfloored>(values, mask);
       if (nonfinite) magnitude = finite;
     }
   } else {
     if (__builtin_expect(nonfinite, 0)) {
-      magnitude = group_max<kLanes>(L::max_finite_magnitude(values), mask);
+      magnitude = nonfinite_group_max<kIn, kLanes, kValues, kUnfloored>(values, mask);
     }
   }
   // scale, encode, store
   u32 codes[kValues / 4];
-  finish_group<kIn, kOut, kScale, kLayout, kUnsignedNaN, kStraightTail, kValues>(
+  finish_group<kIn, kOut, kScale, kLayout, kUnsignedNaN, kStraightTail, kValues, kUnfloored>(
       p, values, magnitude, nonfinite && !kStraightTail, real_row, q_dst, store_q, scale_at,
       store_scale, group, codes);
   if (kStraightTail && __builtin_expect(nonfinite, 0)) {

@@ -77,9 +77,10 @@ constexpr int min_blocks_per_sm() {
 // more bytes in flight) and 5-7% slower at M = 512, where each block's longer chain shows; so
 // the plan takes it past Tuning.silu_six_blocks_waves (docs/perf.md). kFlat: the one-pass
 // kernel of plain input with the load linear in the slot (one_pass_group), which the plan takes
-// for contiguous rows (_plan.flat_slots)
+// for contiguous rows (_plan.flat_slots). kUnfloored: arithmetic='unfloored' (MXFP8 as
+// FlashInfer computes it, docs/spec.md section 3b), instantiations of its own
 template <int kIn, int kGroup, int kOut, int kScale, int kLayout, bool kVec16, bool kOnePass,
-          int kAct, int kBlocks = 0, bool kFlat = false>
+          int kAct, int kBlocks = 0, bool kFlat = false, bool kUnfloored = false>
 __global__ void __launch_bounds__(kMaxThreads,
                                   (kBlocks != 0 ? kBlocks
                                                 : min_blocks_per_sm<kIn, kOut, kScale, kVec16, kOnePass, kAct>()))
@@ -104,7 +105,7 @@ __global__ void __launch_bounds__(kMaxThreads,
   if constexpr (!kOnePass) table.fill();
 
   if constexpr (kOnePass) {
-    one_pass_group<kIn, kGroup, kOut, kScale, kLayout, kVec16, kAct, kFlat>(p, table);
+    one_pass_group<kIn, kGroup, kOut, kScale, kLayout, kVec16, kAct, kFlat, kUnfloored>(p, table);
     return;
   }
 
@@ -168,7 +169,8 @@ __global__ void __launch_bounds__(kMaxThreads,
       signal_dependents();  // this slot's last load is issued
     }
     // quantize and store this row's group
-    quantize_group<kIn, kGroup, kOut, kScale, kLayout, false, Act::kUnsignedNaN>(
+    quantize_group<kIn, kGroup, kOut, kScale, kLayout, false, Act::kUnsignedNaN, false,
+                   kUnfloored>(
         p, words, mask, row < rows, p.q + batch * p.q_batch_stride + row * k + value0,
         row < p.q_rows, ScaleLayout<kLayout>::at(p, batch, row, group),
         lane == 0 && row < p.scale_rows, group);
@@ -415,10 +417,11 @@ __global__ void __launch_bounds__(kTileThreads, tile_blocks_per_sm<kScale>()) qu
 
 // FP4 (fp4.cuh) -----------------------------------------------------------------------------------
 
-// e2m1 codes two a byte and the scales of kFormat (kNvfp4, kMxfp4: Fp4Kind), stored in kLayout
-template <int kIn, int kFormat, int kLayout>
+// e2m1 codes two a byte and the scales of kFormat (kNvfp4, kMxfp4: Fp4Kind), stored in kLayout;
+// kReciprocal: arithmetic='reciprocal' (vLLM's and FlashInfer's steps, docs/spec.md section 4a)
+template <int kIn, int kFormat, int kLayout, bool kReciprocal = false>
 __global__ void __launch_bounds__(kMaxThreads) quantize_fp4(const __grid_constant__ Params p) {
-  fp4_quantize_group<kIn, kFormat, kLayout>(p);
+  fp4_quantize_group<kIn, kFormat, kLayout, kReciprocal>(p);
 }
 
 // NVFP4: the largest finite magnitude of x, for a global scale computed from it

@@ -53,10 +53,13 @@ def test_instantiation_count():
     # RMSNorm kernel (aligned, residual at run time, one or two lanes a thread, and for 16-bit
     # input the two-lane walking kernel with the weight in shared memory); bfloat16 SiLU of
     # UE8M0 scales (float words and packed, four formats) at six blocks an SM too; the one-pass
-    # kernel of plain aligned input with the load linear in the slot (contiguous rows); then
-    # per input type the FP4 kernel of each format and layout (NVFP4 blocked, MXFP4 row and
-    # blocked) and NVFP4's amax kernel; then the 128x128 tiles of e4m3: weight blocks (inputs x
-    # scale kinds) and the column-wise kernel (inputs x float words, UE8M0 in them, packed)
+    # kernel of plain aligned input with the load linear in the slot (contiguous rows);
+    # arithmetic="unfloored" (MXFP8: plain input, 32 values, e4m3, UE8M0 in the blocked layout
+    # and float words, x the four paths and the linear load); then per input type the FP4
+    # kernel of each format and layout (NVFP4 blocked, MXFP4 row and blocked) by either
+    # arithmetic (section 4a's and "reciprocal") and NVFP4's amax kernel; then the 128x128 tiles
+    # of e4m3: weight blocks (inputs x scale kinds) and the column-wise kernel (inputs x float
+    # words, UE8M0 in them, packed)
     combinations = 4 * (4 * 3 + 2)
     six_blocks = 4 * 4 * 2
     flat = 3 * combinations
@@ -66,7 +69,8 @@ def test_instantiation_count():
         + 2 * combinations
         + six_blocks
         + flat
-        + 3 * (3 + 1)
+        + 3 * 2 * (4 + 1)
+        + 3 * (3 * 2 + 1)
         + 3 * 2
         + 3 * 3
     )

@@ -1,7 +1,8 @@
-"""The modes that let a drop-in reproduce an upstream kernel (docs/spec.md, sections 2a and 3a):
-``clamp_limit`` (the clamped SwiGLU) and ``arithmetic="bfloat16"`` (vLLM's masked SiLU
-kernel), on the NumPy backend and on the GPU against it, bit for bit; ``packed_col`` (vLLM's
-masked scales for any T)."""
+"""The modes that let a drop-in reproduce an upstream kernel (docs/spec.md, sections 2a, 3a, 3b
+and 4a): ``clamp_limit`` (the clamped SwiGLU), ``arithmetic="bfloat16"`` (vLLM's masked SiLU
+kernel), ``"unfloored"`` (FlashInfer's MXFP8) and ``"reciprocal"`` (vLLM's and FlashInfer's
+NVFP4 and MXFP4), on the NumPy backend and on the GPU against it, bit for bit; ``packed_col``
+(vLLM's masked scales for any T)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 from backends import NUMPY_AND_GPU, to_device, to_host_bytes
-from helpers import activations
+from helpers import PLAIN_PATHS, activations, force_path
 
 import fp8_group_quant as fgq
 from fp8_group_quant import activation, reference
@@ -60,12 +61,33 @@ def test_clamp_limit_keeps_nan_and_clamps_infinities():
         ({"clamp_limit": True, "activation": "silu_mul"}, TypeError, "clamp_limit"),
         ({"arithmetic": "float16"}, ValueError, "arithmetic"),
         ({"arithmetic": "bfloat16", "dtype": "int8"}, ValueError, "FP8 dtype"),
+        ({"arithmetic": "reciprocal"}, ValueError, "FP4's"),
+        ({"arithmetic": "unfloored"}, ValueError, "group_size=128"),  # MX groups are 32
+        ({"arithmetic": "unfloored", "group_size": 32, "dtype": "e5m2", "scale": "ue8m0"},
+         ValueError, "dtype='e5m2'"),
+        ({"arithmetic": "unfloored", "group_size": 32, "scale": "ue8m0", "eps": 1e-6},
+         ValueError, "eps=1e-06"),
+        ({"arithmetic": "unfloored", "group_size": 32, "scale": "ue8m0",
+          "activation": "silu_mul"}, ValueError, "fused=True"),
+        ({"arithmetic": "reciprocal", "group_size": 32, "dtype": "e2m1", "scale": "ue8m0",
+          "eps": 1e-6}, ValueError, "floors nothing"),
+        ({"arithmetic": "bfloat16", "group_size": 16, "dtype": "e2m1", "scale": "e4m3",
+          "layout": "blocked"}, ValueError, "takes 'float32' or 'reciprocal'"),
+        ({"group_size": 32, "dtype": "e2m1", "scale": "ue8m0", "global_scale": 2.0},
+         ValueError, "MXFP4 with arithmetic='reciprocal'"),
     ],
-)
+)  # fmt: skip
 def test_mode_options_are_checked(kwargs, error, match):
     x = np.zeros((2, 256), BF16)
+    kwargs = {"group_size": 128, **kwargs}
     with pytest.raises(error, match=match):
-        fgq.quantize(x, 128, **kwargs)
+        fgq.quantize(x, kwargs.pop("group_size"), **kwargs)
+
+
+def test_unfloored_refuses_the_masked_layout():
+    with pytest.raises(ValueError, match="masked_m: arithmetic='unfloored'"):
+        fgq.quantize(np.zeros((2, 4, 64), BF16), 32, scale="ue8m0", arithmetic="unfloored",
+                     masked_m=np.array([4, 1], np.int32))  # fmt: skip
 
 
 def test_bfloat16_arithmetic_needs_bfloat16_input():
@@ -208,5 +230,140 @@ def test_norm_rounding_twice_on_every_backend(backend, dtype):
     q_ref, s_ref = fgq.quantize(x, 128, norm=(w, 1e-6), norm_rounding="twice")
     q, s = fgq.quantize(to_device(x, backend), 128, norm=(to_device(w, backend), 1e-6),
                         norm_rounding="twice")  # fmt: skip
+    np.testing.assert_array_equal(to_host_bytes(q), to_host_bytes(q_ref))
+    np.testing.assert_array_equal(to_host_bytes(s), to_host_bytes(s_ref))
+
+
+# arithmetic="unfloored" (FlashInfer's MXFP8, section 3b) -----------------------------------------
+
+E4M3_MAX_BITS = int(np.float32(448).view(np.uint32))
+TINY = np.float32(448 * 2.0**-127)  # fmax * 2^-127: the quotient's 2^-127
+
+
+def _unfloored(groups) -> tuple[np.ndarray, np.ndarray]:
+    """(codes [n, 32], exponent bytes [n]) of float32 groups by the mode."""
+    q, s = fgq.quantize(np.asarray(groups, np.float32), 32, scale="ue8m0",
+                        arithmetic="unfloored")  # fmt: skip
+    return q.view(np.uint8), (s.view(np.uint32) >> 23).reshape(-1)
+
+
+def test_unfloored_known_answers():
+    step = lambda v, k: (np.float32(v).view(np.uint32) + k).view(np.float32)  # noqa: E731
+    rows = np.zeros((7, 32), np.float32)
+    rows[1, :2] = (448.0, -1.0)  # the ceiling of 1.0 is exact: byte 127, codes 448 and -1
+    rows[2, :2] = (np.inf, 1.0)  # Inf enters the maximum: byte 254, 1 * 2^-127 codes 0
+    rows[3, :2] = (np.nan, 1.0)  # NaN does not: 1 / 448 rounds up to 2^-8, byte 119, 1 -> 256
+    rows[4, :2] = (TINY, -TINY)  # the quotient is 2^-127: byte 0, codes +0 and -0
+    rows[5, 0] = step(TINY, 1)  # one step above: still rounds to 2^-127 (byte 0)
+    rows[6, 0] = step(TINY, 2)  # two steps: rounds above it, byte 1 (scale 2^-126)
+    codes, exponents = _unfloored(rows)
+    assert exponents.tolist() == [0, 127, 254, 119, 0, 0, 1]
+    assert not codes[0].any() and not codes[4, 2:].any() and codes[4, 1] == 0x80
+    assert codes[1, :2].tolist() == [0x7E, 0xB8] and codes[2, :2].tolist() == [0x7E, 0x00]
+    assert codes[3, :2].tolist() == [0x7F, 0x78] and codes[6, 0] == 0x76  # +NaN, 256; 224
+    assert not codes[5].any()
+    _, default = fgq.quantize(rows, 32, scale="ue8m0")
+    assert (default.view(np.uint32) >> 23).reshape(-1)[0] == 0x5E  # section 3 floors at 1e-10
+
+
+def _kernel_exponent(amax: np.ndarray) -> np.ndarray:
+    """kernels/group.cuh's unfloored_exponent, transcribed: from amax's bits, no division."""
+    a = np.asarray(amax, np.float32).view(np.uint32).astype(np.int64)
+    f = E4M3_MAX_BITS
+    ceiling = (a >> 23) - ((f >> 23) - 127) + ((a & 0x7FFFFF) > (f & 0x7FFFFF))
+    small = np.where(a >= f - (127 << 23) + 2, 1, 0)
+    normal = np.maximum(ceiling, 0)  # ue8m0_exponent with a floor of 0.0
+    return np.where(a >= 0x7F800000, 254, np.where(a >= f - (126 << 23), normal, small))
+
+
+def test_the_kernels_exponent_equals_the_division():
+    # every non-negative bfloat16 and float16 maximum (subnormals, +Inf) and float32 maxima
+    # around both thresholds and over every binade, against section 3b's RN(amax / 448)
+    bf16 = (np.arange(0, 0x7F81, dtype=np.uint32) << 16).view(np.float32)
+    f16 = np.arange(0, 0x7C01, dtype=np.uint16).view(np.float16).astype(np.float32)
+    tiny = int(TINY.view(np.uint32))  # and fmax * 2^-126, one binade up
+    near = np.concatenate([np.arange(-64, 65) + b for b in (tiny, tiny + (1 << 23))])
+    rng = np.random.default_rng(5)
+    spread = rng.integers(0, 0x7F800000, 200_000, dtype=np.int64)
+    f32 = np.concatenate([near, spread]).astype(np.uint32).view(np.float32)
+    for amax in (bf16, f16, f32):
+        groups = np.zeros((amax.size, 32), np.float32)
+        groups[:, 0] = amax
+        exponents = reference.unfloored_groups(groups, _e4m3())[2]
+        np.testing.assert_array_equal(_kernel_exponent(amax), exponents)
+
+
+# the MXFP8 drop-in's shapes on both layouts and the GPU's paths, with zero, subnormal and
+# non-finite groups
+@pytest.mark.parametrize("backend", NUMPY_AND_GPU)
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("layout", ["blocked", "row"])
+@pytest.mark.parametrize("path", sorted(PLAIN_PATHS))
+def test_unfloored_on_every_backend_matches_the_numpy_backend(backend, dtype, layout, path):
+    rng = np.random.default_rng(13)
+    x = activations(rng, (131, 320), "float32", specials=True) * 16
+    x[5:9] *= np.float32(1e-38)  # subnormal scales
+    x[9:12] *= np.float32(1e-41)
+    x[12, :64] = 0.0
+    x[13, 32:64] = np.inf
+    with np.errstate(over="ignore"):  # the specials' largest values are Inf in float16
+        x = x.astype(NP_TYPES[dtype])
+    options = dict(scale="ue8m0", layout=layout, arithmetic="unfloored")
+    given = to_device(x, backend)
+    ahead = np.concatenate([x.reshape(-1)[:1], x.reshape(-1)])  # x one element further on
+    unaligned = to_device(ahead, backend)[1:].reshape(x.shape)
+    # contiguous rows, rows K apart in a wider one, a base off 16 bytes: each kernel path
+    for array, values in ((given, x), (given[:, 32:], x[:, 32:]), (unaligned, x)):
+        with force_path(**PLAIN_PATHS[path]):
+            q, s = fgq.quantize(array, 32, **options)
+        want_q, want_s = fgq.quantize(np.ascontiguousarray(values), 32, **options)
+        np.testing.assert_array_equal(to_host_bytes(q), to_host_bytes(want_q))
+        np.testing.assert_array_equal(to_host_bytes(s), to_host_bytes(want_s))
+    bytes_ = _unfloored(x.astype(np.float32).reshape(-1, 32))[1]
+    assert (bytes_ == 0).any() and (bytes_ == 254).any()  # zero and infinite groups were met
+
+
+# arithmetic="reciprocal" (vLLM's and FlashInfer's NVFP4 and MXFP4, section 4a) ------------------
+
+
+def test_reciprocal_known_answers():
+    # NVFP4, g = 1: amax 45/256 gives S = 15/512 in both arithmetics; 75/2048 / S = 1.25 is a
+    # tie that goes to 1 (code 2), but 75/2048 * RN(512/15) = 1.2500001 rounds to 1.5 (code 3)
+    x = np.zeros((1, 16), np.float32)
+    x[0, :2] = (45 / 256, 75 / 2048)
+    options = dict(dtype="e2m1", scale="e4m3", layout="blocked", global_scale=1.0)
+    q, s = fgq.quantize(x, 16, arithmetic="reciprocal", **options)
+    q_default, s_default = fgq.quantize(x, 16, **options)
+    assert s.reshape(-1)[0] == s_default.reshape(-1)[0] == np.float32(15 / 512).astype(
+        ml_dtypes.float8_e4m3fn).view(np.uint8)  # fmt: skip
+    assert q[0, 0] >> 4 == 3 and q_default[0, 0] >> 4 == 2
+    # MXFP4 with a global scale 3: u = RN(3 * RN(1/6)) = 0.5 (byte 126), c = RN(0.5 * RN(1/3)),
+    # 1 * RN(1 / c) = 5.9999998 rounds to 6 (code 7); without it, 1 / 0.25 = 4 (code 6)
+    y = np.zeros((1, 32), np.float32)
+    y[0, 0] = 1.0
+    q4, s4 = fgq.quantize(y, 32, dtype="e2m1", scale="ue8m0", layout="row", global_scale=3.0,
+                          arithmetic="reciprocal")  # fmt: skip
+    assert s4[0, 0] == 0.5 and q4[0, 0] & 0xF == 7
+    q1, s1 = fgq.quantize(y, 32, dtype="e2m1", scale="ue8m0", layout="row",
+                          arithmetic="reciprocal")  # fmt: skip
+    assert s1[0, 0] == 0.25 and q1[0, 0] & 0xF == 6  # no global scale: 1
+
+
+@pytest.mark.parametrize("backend", NUMPY_AND_GPU)
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("fp4, layout", [("e4m3", "blocked"), ("ue8m0", "blocked"),
+                                         ("ue8m0", "row")])  # fmt: skip
+@pytest.mark.parametrize("on_device", [False, True])  # the global scale a number or an array
+def test_reciprocal_on_every_backend_matches_the_numpy_backend(backend, dtype, fp4, layout,
+                                                               on_device):  # fmt: skip
+    rng = np.random.default_rng(17)
+    with np.errstate(over="ignore"):  # the specials' largest values are Inf in float16
+        x = (activations(rng, (130, 192), "float32", specials=True) * 4).astype(NP_TYPES[dtype])
+    g = reference.nvfp4_global_scale(x)
+    group = 16 if fp4 == "e4m3" else 32
+    options = dict(dtype="e2m1", scale=fp4, layout=layout, arithmetic="reciprocal")
+    q_ref, s_ref = fgq.quantize(x, group, global_scale=float(g), **options)
+    given = to_device(np.array([g], np.float32), backend) if on_device else float(g)
+    q, s = fgq.quantize(to_device(x, backend), group, global_scale=given, **options)
     np.testing.assert_array_equal(to_host_bytes(q), to_host_bytes(q_ref))
     np.testing.assert_array_equal(to_host_bytes(s), to_host_bytes(s_ref))
