@@ -3,7 +3,7 @@
 
 The benchmark needs them to measure what the public API cannot show: the launch with PDL on and
 off, a kernel of its own (the roofline, the chain's producer and consumer, a peer's) launched
-through the library's ctypes path, the prepared launch of the default kernel without the call
+through the library's launch path, the prepared launch of the default kernel without the call
 around it, and the host-side steps of one call. The other modules of ``bench`` import none of
 those layers (a test reads their imports).
 """
@@ -39,7 +39,7 @@ def pdl_supported(device: int) -> bool:
 
 
 def kernel_launch(handle: int, grid, block, args, pdl: bool = False):
-    """A launch of the kernel ``handle`` through the library's ctypes path (cuLaunchKernelEx,
+    """A launch of the kernel ``handle`` through the library's launch path (cuLaunchKernelEx,
     the PDL attribute when ``pdl``); call it with a stream."""
     return _launch.KernelLaunch(handle, grid, block, args, pdl)
 
@@ -127,7 +127,6 @@ def host_steps(x, sync, group_size: int, options: dict) -> dict[str, tuple[Calla
     plan = prepared._plan
     (launch,) = plan.launches
     ptr, stream = device_signature(x)[-1], plan.stream(plan.device)
-    launch._config.stream = stream
     return {
         "plain call": (lambda: api.quantize(x, group_size, **options), sync),
         "prepared call": (lambda: prepared(x), sync),
@@ -139,22 +138,17 @@ def host_steps(x, sync, group_size: int, options: dict) -> dict[str, tuple[Calla
             lambda: launch.launch(ptr, prepared._q_ptr, prepared._scale_ptr, stream),
             sync,
         ),
-        "    of which cuLaunchKernelEx (ctypes)": (
-            lambda: launch._launch_ex(
-                launch._config_address, launch.handle, launch._pointers_address, None
-            ),
-            sync,
-        ),
-        # NOTES: the floor under any launch from Python: the same ctypes call launching a
-        # kernel that does nothing (the roofline kernel with no chunks, one warp), and a ctypes
-        # call into the driver that launches nothing
+        "    of which cuLaunchKernelEx": (lambda: launch._launch_locked(stream), sync),
+        # NOTES: the floor under any launch from Python: the same call launching a kernel that
+        # does nothing (the roofline kernel with no chunks, one warp), and a call into the
+        # driver that launches nothing
         "  floor: empty kernel, cuLaunchKernelEx": (_empty_launch(plan.device or 0, stream), sync),
-        "  floor: ctypes driver call, no launch": (_ctypes_driver_call(), None),
+        "  floor: driver call, no launch": (_driver_call(), None),
     }
 
 
 def _empty_launch(device: int, stream: int) -> Callable[[], None]:
-    """A launch of a kernel that returns at once, through the library's ctypes launch path."""
+    """A launch of a kernel that returns at once, through the library's launch path."""
     function = _jit.get_function("roofline.cu", "fgq::roofline_copy", device)
     args = [ctypes.c_void_p(0), ctypes.c_void_p(0), ctypes.c_int64(0)]
     with _jit.current_device(device):
@@ -162,9 +156,7 @@ def _empty_launch(device: int, stream: int) -> Callable[[], None]:
     return lambda: launch(stream)
 
 
-def _ctypes_driver_call() -> Callable[[], Any]:
-    """cuCtxGetCurrent through ctypes: the cost of crossing into the driver and back."""
-    context = ctypes.c_void_p()
-    address = ctypes.addressof(context)
-    get_current = _jit.driver_entry_point("cuCtxGetCurrent", 1)
-    return lambda: get_current(address)
+def _driver_call() -> Callable[[], Any]:
+    """cuCtxGetCurrent through the bindings: the cost of crossing into the driver and back."""
+    bindings = _jit.driver()
+    return bindings.cuCtxGetCurrent if bindings is not None else (lambda: None)
