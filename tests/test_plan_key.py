@@ -257,3 +257,27 @@ def test_torch_and_cupy_views_of_one_array_get_their_own_plans():
         assert isinstance(q, cupy.ndarray) and isinstance(qt, torch.Tensor)
         assert isinstance(st, torch.Tensor) and st.stride() == tuple(v // 4 for v in s.strides)
         assert np.array_equal(to_host_bytes(qt), to_host_bytes(q))
+
+
+# the description a key and every check reads ---------------------------------------------------
+
+
+def test_descriptions_name_dtypes_as_numpy_does_and_remember_a_bounded_number(monkeypatch):
+    import ml_dtypes
+
+    from fp8_group_quant import _arrays
+
+    monkeypatch.setattr(_arrays, "_dtype_names", {})  # the process's own memo left as it was
+
+    for dtype in (np.float16, np.float32, ml_dtypes.bfloat16, np.int8, ">f4"):
+        array = np.zeros((2, 8), dtype)
+        assert _arrays.describe(array, "x").dtype == array.dtype.name
+        assert _arrays.describe(fake((2, 8), dtype), "x").dtype == array.dtype.name
+    for i in range(_arrays.MAX_DTYPE_NAMES + 8):  # more distinct dtypes than are remembered
+        named = np.dtype([(f"f{i}", np.uint8)])
+        assert _arrays.dtype_name(named) == named.name
+    assert len(_arrays._dtype_names) <= _arrays.MAX_DTYPE_NAMES
+    uneven = np.lib.stride_tricks.as_strided(np.zeros(8, np.float32), (3,), (6,))
+    with pytest.raises(ValueError, match="x: strides must be multiples of the item size"):
+        _arrays.describe(uneven, "x")
+    assert _arrays.describe(np.zeros((3, 4), np.float32)[:, ::2], "x").strides == (4, 2)
