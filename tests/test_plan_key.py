@@ -7,14 +7,12 @@ the options as given, the layout of the call's other arrays, and the tuning tabl
 (which holds PDL). Nothing else decides a plan: the stream is read at each call, and the other
 pointers (out, scale_out, masked_m, the norm's weight and residual) are checked at each call.
 
-On the CPU the planner's GPU steps are stood in for (``fake_gpu``): CuPy arrays over invented
-addresses (CuPy builds them without a device), a ``_plan.prepare`` that records each plan and
-returns launches that record each call. Everything else is the library's own code. The GPU tests
+On the CPU the planner's GPU steps are stood in for (``fake_gpu``, tests/fake_gpu.py): CuPy
+arrays over invented addresses (CuPy builds them without a device), a ``_plan.prepare`` that
+records each plan and returns launches that record each call. Everything else is the library's
+own code. The GPU tests
 at the end run the real kernels on arrays differing in each field, torch and CuPy.
 """
-
-import itertools
-import types
 
 import numpy as np
 import pytest
@@ -24,60 +22,16 @@ from backends import (
     to_host_bytes,
     wider_rows,
 )
+from fake_gpu import fake
 from helpers import activations, assert_same_bytes
 
 import fp8_group_quant as fgq
-from fp8_group_quant import _device, _plan, _tuning
+from fp8_group_quant import _tuning
 
 cupy = pytest.importorskip("cupy", reason="the key is read from CuPy and torch arrays")
 
 K = 256
 PACKED = dict(scale="ue8m0", layout="packed")
-
-
-@pytest.fixture
-def fake_gpu(monkeypatch):
-    """The library's GPU path up to the launch, on the CPU: plans and launches recorded."""
-    state = types.SimpleNamespace(plans=[], launches=[], device=0, stream=0)
-    addresses = itertools.count(1 << 40, 1 << 24)
-
-    def alloc(nbytes):  # allocations at fresh addresses of the current device, never touched
-        memory = cupy.cuda.UnownedMemory(next(addresses), max(nbytes, 1), None, state.device)
-        return cupy.cuda.MemoryPointer(memory, 0)
-
-    class Launch:
-        def __init__(self, request, tuning):
-            self.request, self.tuning = request, tuning
-
-        def launch(self, x_ptr, q_ptr, scale_ptr, stream, extra=()):
-            state.launches.append((self, x_ptr, stream, dict(extra)))
-
-    def prepare(request, device, tuning):
-        state.plans.append((request, device, tuning))
-        return [Launch(request, tuning)]
-
-    monkeypatch.setattr(cupy.cuda, "alloc", alloc)
-    monkeypatch.setattr(cupy.cuda.runtime, "getDevice", lambda: state.device)
-    monkeypatch.setattr(cupy.cuda.runtime, "setDevice", lambda d: setattr(state, "device", d))
-    monkeypatch.setattr(_device, "stream_getter", lambda kind: lambda device: state.stream)
-    monkeypatch.setattr(_device, "_thread_state", type(_device._thread_state)())
-    monkeypatch.setattr(_device, "PLANS", _device.PlanCache(64))
-    monkeypatch.setattr(_plan, "prepare", prepare)
-    return state
-
-
-_bases = itertools.count(1 << 32, 1 << 24)
-
-
-def fake(shape=(4, K), dtype="float16", *, row=None, offset=0, device=0):
-    """A CuPy array over invented memory: rows ``row`` elements apart (default: contiguous),
-    ``offset`` bytes past a 256-byte aligned base, on ``device``."""
-    row = shape[-1] if row is None else row
-    itemsize = np.dtype(dtype).itemsize
-    strides = tuple(row * itemsize * int(np.prod(shape[i + 1 : -1])) for i in range(len(shape) - 1))
-    memory = cupy.cuda.UnownedMemory(next(_bases), 1 << 22, None, device)
-    pointer = cupy.cuda.MemoryPointer(memory, offset)
-    return cupy.ndarray(shape, dtype, pointer, strides + (itemsize,))
 
 
 def planned_for(state, x, **options):
