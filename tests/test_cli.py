@@ -161,7 +161,7 @@ def test_bench_fused_times_the_paths_asked_in_its_own_order(monkeypatch, capsys,
 BENCH_OPTIONS = ["--m", "--k", "--input-dtype", "--dtype", "--scale", "--layout", "--group-size",
                  "--scale-rule", "--json", "--plot", "--only", "--cold-start", "--matrix",
                  "--profile-host", "--fused", "--paths", "--nvfp4", "--chain",
-                 "--peers", "--linear", "--n"]  # fmt: skip
+                 "--peers", "--linear", "--n", "--sweep"]  # fmt: skip
 
 
 def test_bench_help_lists_every_option(capsys):

@@ -26,7 +26,7 @@ from .._spec import (
     SCALE_RULES,
     check_scale_rule,
 )
-from . import _hooks, chain, fused, host, nvfp4, peers, peers_fused, peers_vllm, plain
+from . import _hooks, chain, fused, host, nvfp4, peers, peers_fused, peers_vllm, plain, sweep
 from .fused import FUSED_PATHS
 from .shapes import DEFAULT_K, DEFAULT_M, INPUT_BYTES
 
@@ -126,6 +126,13 @@ def _mode_arguments(parser: argparse.ArgumentParser) -> None:
         "--k[0] is the hidden size)",
     )
     parser.add_argument("--n", type=_positive, default=2048, help="--linear: the layer's outputs")
+    parser.add_argument(
+        "--sweep",
+        action="store_true",
+        help="the plain kernel at every 32 rows to 2048, then powers of two to 65536, K = 2048 "
+        "4096 7168, PDL off and on, beside the roof (and SGLang's v2 kernel with --peers "
+        "sglang=PATH); the worst ratio per K and PDL setting",
+    )
 
 
 def _positive(text: str) -> int:
@@ -225,6 +232,8 @@ def _check_arguments(args, parser: argparse.ArgumentParser) -> None:
 
 def _timing_rows(args) -> tuple[list[dict], dict]:
     """The rows of the table ``args`` asks for, and what the JSON carries beside them."""
+    if args.sweep:
+        return sweep.run_sweep(args, dict(args.peers or ()).get("sglang")), {}
     if args.peers:
         return _peer_rows(args, dict(args.peers))
     if args.fused:
