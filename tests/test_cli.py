@@ -76,6 +76,7 @@ def test_version_and_info(capsys):
     assert cli.main(["info"]) == 0
     out = capsys.readouterr().out
     assert "cache" in out and "kernels" in out and "devices" in out
+    assert "\nbindings   cuda-bindings " in out  # their version, or that CuPy launches without
 
 
 def test_help_lists_every_subcommand(capsys):
