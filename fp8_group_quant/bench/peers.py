@@ -209,13 +209,9 @@ def measure(m: int, k: int, roofline, sglang: dict) -> tuple[dict, dict]:
     buffers = max(2, min(64, -(-ROTATE_BYTES // x_host.nbytes)))
     inputs = [cupy.asarray(x_host) for _ in range(buffers)]
     geometry = Geometry((m, k), 128, SCALE_LAYOUTS["packed"], False)
-    outputs = [
-        (cupy.empty(geometry.q_storage, cupy.uint8), cupy.empty(geometry.scale_storage, cupy.int32))
-        for _ in range(buffers)
-    ]
+    outputs = packed_outputs(cupy, geometry, buffers)
     device = cupy.cuda.runtime.getDevice()
-    launches = {"ours": _hooks.default_launch(inputs[0], device, pdl=False),
-                "ours_pdl": _hooks.default_launch(inputs[0], device, pdl=True)}  # fmt: skip
+    launches = our_launches(inputs[0], device)
     expected = reference(geometry, x_host)
     for launch in launches.values():
         check_ours(launch, expected, inputs[0])
@@ -229,6 +225,20 @@ def measure(m: int, k: int, roofline, sglang: dict) -> tuple[dict, dict]:
     names = ["roof", *launches, *sglang, "sgl_pdl"]
     times = interleaved_graph_times_us(cupy, calls, 11)
     return dict(zip(names, times)), differ
+
+
+def packed_outputs(cupy, geometry: Geometry, count: int) -> list[tuple]:
+    """``count`` pairs of (q storage, scale storage) of the packed layout's ``geometry``."""
+    return [
+        (cupy.empty(geometry.q_storage, cupy.uint8), cupy.empty(geometry.scale_storage, cupy.int32))
+        for _ in range(count)
+    ]
+
+
+def our_launches(x, device: int) -> dict:
+    """The library's launches of the default kernel for arrays like ``x``: PDL off, PDL on."""
+    return {"ours": _hooks.default_launch(x, device, pdl=False),
+            "ours_pdl": _hooks.default_launch(x, device, pdl=True)}  # fmt: skip
 
 
 class SglangCalls:

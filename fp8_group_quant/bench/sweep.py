@@ -130,13 +130,9 @@ def _point(cupy, sample: _Sample, m: int, roofline, sglang: dict) -> tuple[dict,
     geometry = Geometry((m, k), 128, SCALE_LAYOUTS["packed"], False)
     buffers = max(2, min(64, -(-ROTATE_BYTES // (m * k * 2))))
     inputs = [sample.rows(cupy, m, 97 * j) for j in range(buffers)]
-    outputs = [
-        (cupy.empty(geometry.q_storage, cupy.uint8), cupy.empty(geometry.scale_storage, cupy.int32))
-        for _ in range(buffers)
-    ]
+    outputs = peers.packed_outputs(cupy, geometry, buffers)
     device = cupy.cuda.runtime.getDevice()
-    launches = {"ours": _hooks.default_launch(inputs[0], device, pdl=False),
-                "ours_pdl": _hooks.default_launch(inputs[0], device, pdl=True)}  # fmt: skip
+    launches = peers.our_launches(inputs[0], device)
     q, s = outputs[0]
     stream = cupy.cuda.get_current_stream().ptr
     for name, launch in launches.items():  # over poisoned outputs
