@@ -203,6 +203,8 @@ def call_steps(x) -> dict[str, Callable[[], Any]]:
         "plan lookup": lambda: _device.cached((*signature[:-1], PACKED_RAW)),
         "allocate q, scales": plan.alloc_both,
         "pack arguments": pack,
-        "launch": lambda: launch(stream),
+        # NOTES: the default argument holds q and the scales the launch writes, which would
+        # otherwise be freed (and their memory handed to another array) when this returns
+        "launch": lambda held=(q, scales): launch(stream),
         "prepared call": lambda: prepared(x),
     }
