@@ -193,10 +193,13 @@ def quantize(
     global_scale : NVFP4 with ``global_scale=None`` only: the computed global scale.
     """
     plain = clamp_limit is None and arithmetic == "float32" and norm_rounding == "once"
+    # NOTES: the hot path: a plan made for the same input layout and options serves the call
+    # without validating again (the options were, when it was made). Only for the numeric
+    # options' own types: 128.0 == 128 and 1 == True would find the plan of a valid call and
+    # skip the check that refuses them.
+    exact = type(group_size) is int and type(pad_rows) is bool and type(eps) is float
     if masked_m is None and norm is None and residual is None and global_scale is None and plain:
-        # NOTES: the hot path: a plan made for the same input layout and options serves the
-        # call without validating again (the options were, when it was made)
-        signature = device_signature(x)
+        signature = device_signature(x) if exact else None
         if signature is not None and expected_m is None:
             raw = (group_size, dtype, scale, layout, eps, pad_rows, activation, scale_rule,
                    orientation)  # fmt: skip

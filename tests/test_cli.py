@@ -76,6 +76,7 @@ def test_version_and_info(capsys):
     assert cli.main(["info"]) == 0
     out = capsys.readouterr().out
     assert "cache" in out and "kernels" in out and "devices" in out
+    assert "\nbindings   cuda-bindings " in out  # their version, or that CuPy launches without
 
 
 def test_help_lists_every_subcommand(capsys):
@@ -161,7 +162,7 @@ def test_bench_fused_times_the_paths_asked_in_its_own_order(monkeypatch, capsys,
 BENCH_OPTIONS = ["--m", "--k", "--input-dtype", "--dtype", "--scale", "--layout", "--group-size",
                  "--scale-rule", "--json", "--plot", "--only", "--cold-start", "--matrix",
                  "--profile-host", "--fused", "--paths", "--nvfp4", "--chain",
-                 "--peers", "--linear", "--n"]  # fmt: skip
+                 "--peers", "--linear", "--n", "--sweep"]  # fmt: skip
 
 
 def test_bench_help_lists_every_option(capsys):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fp8_group_quant import _abi, _jit, _launch, _plan
+from fp8_group_quant import _abi, _jit, _plan
 from fp8_group_quant._spec import INPUT_MODES
 
 ARCHS = ["sm_90", "sm_100", "sm_120"]  # Hopper, datacenter Blackwell, consumer Blackwell
@@ -361,37 +361,6 @@ def test_the_benchmarks_chain_kernels_compile():
         roofs = ["fgq::roofline_copy", "fgq::roofline_gated", "fgq::roofline_residual",
                  "fgq::roofline_split"]  # fmt: skip
         assert len(set(_jit.compile_offline("roofline.cu", roofs, arch).values())) == 4
-
-
-def test_launch_config_mirrors_the_driver_structs():
-    # CUlaunchAttribute: id, padding to 8, a 64-byte value union; CUlaunchConfig: six grid and
-    # block dimensions, shared bytes, then the stream, the attributes and their count (cuda.h)
-    import ctypes
-
-    attribute, config = _launch._LaunchAttribute, _launch._LaunchConfig
-    assert ctypes.sizeof(attribute) == 72 and attribute.value.offset == 8
-    assert ctypes.sizeof(config) == 56
-    assert (config.stream.offset, config.attributes.offset, config.attribute_count.offset) == (
-        32,
-        40,
-        48,
-    )
-
-
-def test_driver_entry_points_declare_pointer_arguments(monkeypatch):
-    # a 64-bit address passed without declared argument types would be cut to a C int
-    import ctypes
-
-    class FakeDriver:
-        cuLaunchKernelEx = ctypes.CFUNCTYPE(ctypes.c_int)(lambda: 0)
-
-    monkeypatch.setattr(_jit, "_driver", lambda: FakeDriver)
-    _jit.driver_entry_point.cache_clear()
-    try:
-        function = _jit.driver_entry_point("cuLaunchKernelEx", 4)
-        assert function.argtypes == [ctypes.c_void_p] * 4 and function.restype is ctypes.c_int
-    finally:
-        _jit.driver_entry_point.cache_clear()
 
 
 # issue 11: compile and cache robustness ---------------------------------------------------------
