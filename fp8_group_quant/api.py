@@ -310,9 +310,10 @@ def quantize_weight(
     arithmetic : {"float32", "reciprocal", "multiplier"}
         ``"float32"`` (default): section 3's. The others multiply each value where the default
         divides by the scale, for drop-ins that must match an upstream bit for bit (e4m3,
-        float scales, ``eps >= 2**-64``; section 3c): ``"reciprocal"`` by ``RN(1 / s)``, as
-        DeepGEMM's ``per_block_cast_to_fp8``; ``"multiplier"`` by ``r = RN(448 / amax)``,
-        storing ``s = RN(1 / r)``, as torchao's blockwise quantizers.
+        float scales, ``eps >= 2**-64``; section 3c): ``"reciprocal"`` by ``RN(1 / s)`` of
+        ``s = RN(amax * RN(1 / 448))``, as DeepGEMM's ``per_block_cast_to_fp8`` on CUDA;
+        ``"multiplier"`` by ``r = RN(448 / amax)``, storing ``s = RN(1 / r)``, as torchao's
+        blockwise quantizers.
 
     Returns
     -------

@@ -596,12 +596,13 @@ def per_block_cast_to_fp8(x, use_ue8m0: bool, gran_k: int = 128):
     maximum clamped at 1e-4. ``use_ue8m0`` makes the scales powers of two (the ceiling of
     ``amax / 448``).
 
-    Values are DeepGEMM's, bit for bit: with float scales each value is multiplied by
-    ``RN(1 / s)`` as DeepGEMM does, ``arithmetic="reciprocal"`` (docs/spec.md, section 3c;
-    dividing by ``s`` moved 0.04% of the codes of random bfloat16 weights); with ``use_ue8m0``
-    the default arithmetic is DeepGEMM's (both multiply by an exact power of two, and the 1e-4
-    clamp keeps the scale above section 3's 1e-10 floor). A NaN in a block makes DeepGEMM's
-    whole block NaN (its maximum is NaN); here it stays in its own code (section 5).
+    Values are DeepGEMM's as it runs on CUDA tensors, bit for bit: with float scales
+    ``s = RN(amax * RN(1 / 448))`` (torch's CUDA division by a Python number) and each value
+    multiplied by ``RN(1 / s)``, ``arithmetic="reciprocal"`` (docs/spec.md, section 3c: 45% of
+    the scales and 0.025% of the codes of random bfloat16 weights differ from section 3's);
+    with ``use_ue8m0`` the default arithmetic is DeepGEMM's (the same powers of two, by which
+    both multiply exactly). A NaN in a block makes DeepGEMM's whole block NaN (its maximum is
+    NaN); here it stays in its own code (section 5).
     ``gran_k`` other than 128 is refused (the blocks here are 128x128).
     """
     if gran_k != 128:

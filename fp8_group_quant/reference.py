@@ -112,16 +112,16 @@ def quantize_groups(
 def float_scales(amax: np.ndarray, fmax, arithmetic: str = "float32"):
     """(float32 scales, float32 factors or None) of the maxima ``amax`` (eps applied): section
     3's ``amax / fmax`` and no factor (the values are divided by the scale), or section 3c's
-    "reciprocal" (that scale and the factor ``RN(1 / s)``) or "multiplier" (the factor
-    ``RN(fmax / amax)`` and the scale ``RN(1 / factor)``)."""
+    "reciprocal" (the scale ``RN(amax * RN(1 / fmax))`` and the factor ``RN(1 / s)``) or
+    "multiplier" (the factor ``RN(fmax / amax)`` and the scale ``RN(1 / factor)``)."""
     one, fmax = np.float32(1), np.float32(fmax)
     if arithmetic == "multiplier":
         factors = (fmax / amax).astype(np.float32)
         return (one / factors).astype(np.float32), factors
-    scales = (amax / fmax).astype(np.float32)
     if arithmetic == "reciprocal":
+        scales = (amax * (one / fmax)).astype(np.float32)
         return scales, (one / scales).astype(np.float32)
-    return scales, None
+    return (amax / fmax).astype(np.float32), None
 
 
 def quantize_blocks(values: np.ndarray, fmt, scale, eps: float, rule: str = "rceil",

@@ -125,8 +125,8 @@ def scalar_group(values, fmt, ue8m0, eps, rule="rceil", arithmetic="float32"):
         power = exponent - 1 if mantissa == 0.5 else exponent  # the exact ceiling
         scale = 2.0**power
         scaled = [f32(v * 2.0**-power) for v in values]  # exact in double, then rounded
-    elif arithmetic == "reciprocal":  # section 3c: times RN(1 / s)
-        scale = y
+    elif arithmetic == "reciprocal":  # section 3c: s = RN(amax * RN(1 / fmax)), times RN(1 / s)
+        scale = f32(amax * f32(1.0 / spec.fmax))
         factor = f32(1.0 / scale)
         scaled = [f32(v * factor) for v in values]
     elif arithmetic == "multiplier":  # section 3c: times r = RN(fmax / amax), s = RN(1 / r)

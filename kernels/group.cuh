@@ -203,14 +203,14 @@ __device__ __forceinline__ u32 nonfinite_group_max(const V& values, u32 mask) {
 // arithmetic='reciprocal' and 'multiplier' (docs/spec.md, section 3c): the float scale of a
 // group whose maximum is amax (eps applied, at least 2^-64, so that every quotient and
 // reciprocal here is a normal float), and in `factor` what its values are multiplied by:
-// RN(1 / s) of s = RN(amax / fmax), or r = RN(fmax / amax) and s = RN(1 / r)
+// RN(1 / s) of s = RN(amax * RN(1 / fmax)), or r = RN(fmax / amax) and s = RN(1 / r)
 template <int kArith>
 __device__ __forceinline__ float product_scale(const Params& p, float amax, float& factor) {
   if constexpr (kArith == kMultiplierArith) {
     factor = div_rn(p.fmax, amax);
     return rcp_rn(factor);
   } else {
-    const float scale = divide_by_max(amax, p.fmax, p.inverse_fmax);
+    const float scale = mul_rn(amax, p.inverse_fmax);
     factor = rcp_rn(scale);
     return scale;
   }

@@ -21,15 +21,16 @@ def _weight(rng, shape):
 
 
 def deepgemm_block_cast(x: np.ndarray, use_ue8m0: bool):
-    """DeepGEMM's formula: zero-pad to 128 multiples, amax per 128x128 block clamped at 1e-4,
-    sf = amax / 448 (ceiled to a power of two with use_ue8m0), codes of x * RN(1 / sf)."""
+    """DeepGEMM's formula as torch computes it on CUDA: zero-pad to 128 multiples, amax per
+    128x128 block clamped at 1e-4, sf = amax * RN(1 / 448) (torch's CUDA division by a Python
+    number; ceiled to a power of two with use_ue8m0), codes of x * RN(1 / sf)."""
     m, n = x.shape
     mb, nb = -(-m // 128), -(-n // 128)
     padded = np.zeros((mb * 128, nb * 128), np.float32)
     padded[:m, :n] = x
     blocks = padded.reshape(mb, 128, nb, 128)
     amax = np.maximum(np.abs(blocks).max(axis=(1, 3)), np.float32(1e-4)).astype(np.float32)
-    sf = (amax / np.float32(448)).astype(np.float32)
+    sf = (amax * (np.float32(1) / np.float32(448))).astype(np.float32)
     if use_ue8m0:
         bits = sf.view(np.uint32)
         exponent = (bits >> 23) + ((bits & 0x7FFFFF) != 0)

@@ -397,21 +397,32 @@ def test_reciprocal_on_every_backend_matches_the_numpy_backend(backend, dtype, f
 PRODUCT_MODES = ("reciprocal", "multiplier")
 
 
+def _weight_results(w: np.ndarray) -> dict:
+    """(codes of row 0 as a tuple, the first block's scale bits) of ``w`` by each arithmetic."""
+    results = {}
+    for mode in ("float32", *PRODUCT_MODES):
+        q, s = fgq.quantize_weight(w, arithmetic=mode)
+        results[mode] = (tuple(int(c) for c in q.view(np.uint8)[0]), int(s.view(np.uint32)[0, 0]))
+    return results
+
+
 def test_product_arithmetic_known_answers():
-    # amax 13: 39/4096 divided by RN(13/448) is 0.328125, the tie between e4m3's 0.3125 (0x2A)
-    # and 0.34375 (0x2B), which goes to the even 0x2A; times RN(448/13) = RN(1 / RN(13/448)) it
-    # is 0.32812503, which rounds up to 0x2B in both modes
-    w = np.zeros((3, 2), np.float32)
-    w[0] = (13.0, 39 / 4096)
-    codes = {mode: fgq.quantize_weight(w, arithmetic=mode)[0].view(np.uint8)[0, 1]
-             for mode in ("float32", *PRODUCT_MODES)}  # fmt: skip
-    assert codes == {"float32": 0x2A, "reciprocal": 0x2B, "multiplier": 0x2B}
-    # amax 11: RN(1 / RN(448/11)) is one ulp above RN(11/448): the stored scale of "multiplier"
-    w[0] = (11.0, 0.0)
-    scales = {mode: fgq.quantize_weight(w, arithmetic=mode)[1][0, 0]
-              for mode in ("float32", *PRODUCT_MODES)}  # fmt: skip
-    assert scales["float32"] == scales["reciprocal"] == np.float32(11) / np.float32(448)
-    assert scales["multiplier"].view(np.uint32) == scales["float32"].view(np.uint32) + 1
+    # amax 13: section 3 scales 39/4096 and 13/65536 to exact ties, 0.328125 (between 0x2A and
+    # 0x2B) and 3.5 * 2^-9 (between the subnormals 0x03 and 0x04), which go to the even codes.
+    # "multiplier" keeps the scale RN(13/448) and multiplies by RN(448/13), a hair above 448/13:
+    # 0x2B. "reciprocal" rounds the scale one ulp up, RN(13 * RN(1/448)), and multiplies by its
+    # reciprocal, a hair below: 0x03
+    w = np.zeros((3, 3), np.float32)
+    w[0] = (13.0, 39 / 4096, 13 / 65536)
+    default = (np.float32(13) / np.float32(448)).view(np.uint32)
+    assert _weight_results(w) == {"float32": ((0x7E, 0x2A, 0x04), default),
+                                  "reciprocal": ((0x7E, 0x2A, 0x03), default + 1),
+                                  "multiplier": ((0x7E, 0x2B, 0x04), default)}  # fmt: skip
+    # amax 11: both modes' scales one ulp above RN(11/448)
+    w[0] = (11.0, 0.0, 0.0)
+    default = (np.float32(11) / np.float32(448)).view(np.uint32)
+    assert {mode: bits for mode, (_, bits) in _weight_results(w).items()} == {
+        "float32": default, "reciprocal": default + 1, "multiplier": default + 1}  # fmt: skip
     # the same arithmetic row-wise and column-wise (torchao's lhs and rhs groups)
     x = np.zeros((128, 128), np.float32)
     x[0, :2] = (13.0, 39 / 4096)
@@ -421,11 +432,11 @@ def test_product_arithmetic_known_answers():
 
 
 def _plant_known_groups(x: np.ndarray, rows: slice, cols: slice, step: int) -> None:
-    """Two groups of the known answers above at the start of ``x[rows, cols]``: 13 and 39/4096
-    (a code the modes move), then ``step`` values on, 11 (a scale "multiplier" moves)."""
+    """Two groups of the known answers above at the start of ``x[rows, cols]``: 13, 39/4096
+    and 13/65536 (codes each mode moves), then ``step`` values on, 11 (a scale both move)."""
     x[rows, cols] = 0.0
     flat = x[rows, cols].reshape(-1)
-    flat[:2], flat[step] = (13.0, 39 / 4096), 11.0
+    flat[:3], flat[step] = (13.0, 39 / 4096, 13 / 65536), 11.0
     x[rows, cols] = flat.reshape(x[rows, cols].shape)
 
 
@@ -438,6 +449,17 @@ def test_torchaos_float64_multiplier_is_the_float32_quotient():
     torchao = ((1.0 / amax.astype(np.float64)) * 448.0).astype(np.float32)
     np.testing.assert_array_equal(torchao, np.float32(448) / amax)
     assert np.float32(448.0 / 1e-12) == np.float32(448) / np.float32(1e-12)
+
+
+def test_deepgemms_cuda_scale_rounds_up_to_section_3s_power_of_two():
+    # DeepGEMM's UE8M0 scale is the power of two above RN(amax * RN(1/448)) (torch on CUDA),
+    # section 3's the one above RN(amax / 448): the same for every float32 mantissa, while an
+    # ulp apart for half of them as float scales
+    amax = (np.arange(2**23, dtype=np.uint32) | np.uint32(0x3F800000)).view(np.float32)
+    product = (amax * (np.float32(1) / np.float32(448))).astype(np.float32).view(np.uint32)
+    quotient = (amax / np.float32(448)).astype(np.float32).view(np.uint32)
+    np.testing.assert_array_equal((product + 0x7FFFFF) >> 23, (quotient + 0x7FFFFF) >> 23)
+    assert 0.5 < np.mean(product != quotient) < 0.6
 
 
 # random groups with the specials and the known answers, and a tiny eps (1e-19, above 2**-64)
@@ -456,8 +478,7 @@ def test_product_arithmetic_matches_the_scalar_model(mode, eps):
     np.testing.assert_array_equal(q.view(np.uint8), want_q[0])
     np.testing.assert_array_equal(s, want_s[0].astype(np.float32))
     default_q, default_s = fgq.quantize_weight(w, eps=eps)
-    assert (default_q.view(np.uint8) != q.view(np.uint8)).any()
-    assert (default_s != s).any() == (mode == "multiplier")
+    assert (default_q.view(np.uint8) != q.view(np.uint8)).any() and (default_s != s).any()
     if mode != "multiplier":  # quantize takes "multiplier" only
         return
     want_q, want_s = spec_model.quantize(x, 128, "e4m3", "float32", eps, arithmetic=mode)

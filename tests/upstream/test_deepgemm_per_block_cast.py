@@ -3,7 +3,8 @@
 # drop-in against DeepGEMM's function itself, carried below as test data from
 # deep_gemm/utils/math.py at commit 38939a4c494ce6e904b54da94a1183955a5e9497 (with the
 # ceil_to_ue8m0 and align it calls), re-expressed, on the inputs its tests give it: bfloat16
-# randn weights of the shapes tests/generators.py draws, with and without use_ue8m0.
+# randn weights of the shapes tests/generators.py draws, with and without use_ue8m0. Its one
+# change is marked "CHANGE:".
 # SPDX-License-Identifier: MIT; Copyright (c) 2025 DeepSeek.
 """``per_block_cast_to_fp8`` against DeepGEMM's own, bit for bit on codes and scales."""
 
@@ -32,14 +33,19 @@ def reference_per_block_cast_to_fp8(x: torch.Tensor, use_ue8m0: bool, gran_k: in
     """DeepGEMM's ``per_block_cast_to_fp8``: x zero-padded to whole ``gran_k`` x ``gran_k``
     blocks; each block's float32 maximum floored at 1e-4; the scale ``amax / 448`` (or its
     ceil_to_ue8m0); codes ``e4m3(x * (1 / scale))``. Returns the codes ``[m, n]`` and the scales
-    ``[ceil(m / gran_k), ceil(n / gran_k)]``."""
+    ``[ceil(m / gran_k), ceil(n / gran_k)]``.
+
+    CHANGE: upstream writes ``amax / 448.0``, which torch evaluates on CUDA tensors as
+    ``amax * RN(1 / 448)`` (aten's div_true_kernel_cuda takes a Python divisor's reciprocal) and
+    on CPU tensors as a division, an ulp apart for half the blocks; DeepGEMM runs on CUDA, so
+    the product is written out here, the same on both devices."""
     assert x.dim() == 2
     m, n = x.shape
     padded = torch.zeros((align(m, gran_k), align(n, gran_k)), dtype=x.dtype, device=x.device)
     padded[:m, :n] = x
     blocks = padded.view(-1, gran_k, padded.size(1) // gran_k, gran_k)
     amax = blocks.abs().float().amax(dim=(1, 3), keepdim=True).clamp(1e-4)
-    sf = amax / 448.0
+    sf = amax * (1.0 / 448.0)
     sf = ceil_to_ue8m0(sf) if use_ue8m0 else sf
     codes = (blocks * (1.0 / sf)).to(torch.float8_e4m3fn)
     return codes.view_as(padded)[:m, :n].contiguous(), sf.view(blocks.size(0), blocks.size(2))
