@@ -141,7 +141,13 @@ def run_oriented(request: Request, x: np.ndarray, x_info: ArrayInfo, out, scale_
     geometry = request.transposed
     values = np.asarray(x).astype(np.float32)
     codes, scales, exponents = reference.quantize_token_groups(
-        values, request.fmt, request.scale, request.eps, request.scale_rule, request.group_size
+        values,
+        request.fmt,
+        request.scale,
+        request.eps,
+        request.scale_rule,
+        request.group_size,
+        request.arithmetic,
     )
     _flat(qt_info, q_spec.storage).view(np.uint8)[...] = codes.reshape(-1)
     reference.store_scales(geometry, _flat(st_info, geometry.scale_storage), scales, exponents)
@@ -165,7 +171,12 @@ def run_weight(request: WeightRequest, w: np.ndarray, w_info: ArrayInfo, out, sc
     g, options = request.output, request.options
     values = np.asarray(w).astype(np.float32).reshape(g.batches, g.n, g.k)
     codes, block_scales, exponents = reference.quantize_blocks(
-        values, options.fmt, options.scale, options.eps, options.scale_rule
+        values,
+        options.fmt,
+        options.scale,
+        options.eps,
+        options.scale_rule,
+        arithmetic=options.arithmetic,
     )
     _flat(q_info, q_spec.storage).view(np.uint8)[...] = codes.reshape(-1)
     storage = _flat(s_info, s_spec.storage)

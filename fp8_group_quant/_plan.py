@@ -84,7 +84,8 @@ class KernelKey:
     flat: bool = False  # one pass, plain input, contiguous rows: slot s at x + s * G (flat_slots)
     fp4: str | None = None  # a key of _spec.FP4_FORMATS (only input_dtype and layout_trait matter)
     # an upstream's arithmetic compiled in (instantiations of their own, so that the others'
-    # code stays as it was): "unfloored" (plain quantize_groups) or "reciprocal" (quantize_fp4)
+    # code stays as it was): "unfloored" or "multiplier" (plain quantize_groups), "reciprocal"
+    # (quantize_fp4)
     arithmetic: str | None = None
 
     @property
@@ -106,8 +107,9 @@ class KernelKey:
             return _template("quantize_norm", *common, self.norm_lanes, self.norm_stash)
         if self.masked:
             return _template("quantize_masked", *common, mode)
-        # the defaulted trailing arguments kBlocks, kFlat, kUnfloored, up to the last one set
-        extra = (self.blocks_per_sm, self.flat, self.arithmetic == UNFLOORED)
+        # the defaulted trailing arguments kBlocks, kFlat, kArith, up to the last one set
+        arithmetic = 0 if self.arithmetic is None else ARITHMETIC_TRAITS[self.arithmetic]
+        extra = (self.blocks_per_sm, self.flat, arithmetic)
         used = max((i + 1 for i, value in enumerate(extra) if value), default=0)
         return _template("quantize_groups", *common, self.vec16, self.one_pass, mode, *extra[:used])
 
@@ -117,7 +119,12 @@ def _template(kernel: str, *arguments) -> str:
     return f"fgq::{kernel}<{', '.join(spelled)}>"
 
 
-RECIPROCAL, UNFLOORED = "reciprocal", "unfloored"  # the arithmetics with instantiations
+# the arithmetics with instantiations of their own, and kernels/group.cuh's ArithmeticMode of
+# each (quantize_fp4 takes "reciprocal" as a flag of its own)
+RECIPROCAL, UNFLOORED, MULTIPLIER = "reciprocal", "unfloored", "multiplier"
+ARITHMETIC_TRAITS = {UNFLOORED: "fgq::kUnflooredArith", RECIPROCAL: "fgq::kReciprocalArith",
+                     MULTIPLIER: "fgq::kMultiplierArith"}  # fmt: skip
+MULTIPLIER_GROUPS = (128, 256)  # arithmetic="multiplier"'s row-wise groups: torchao's blocks
 
 
 def nvfp4_amax_name(input_dtype: str) -> str:
@@ -152,6 +159,7 @@ def all_kernel_keys() -> list[KernelKey]:
     ]
     six = [dataclasses.replace(k, blocks_per_sm=SILU_SIX_BLOCKS) for k in keys if has_six_blocks(k)]
     keys += [dataclasses.replace(k, arithmetic=UNFLOORED) for k in keys if takes_unfloored(k)]
+    keys += [dataclasses.replace(k, arithmetic=MULTIPLIER) for k in keys if takes_multiplier(k)]
     flat = [dataclasses.replace(k, flat=True) for k in keys if has_flat(k)]
     return (
         keys
@@ -201,6 +209,23 @@ def takes_unfloored(key: KernelKey) -> bool:
     )
 
 
+def takes_multiplier(key: KernelKey) -> bool:
+    """Whether ``key`` has an instantiation of arithmetic="multiplier" (torchao's
+    act_quant_lhs): plain input in groups of 128 or 256, e4m3 with float scales (in float
+    words: the row, col and col_tma layouts)."""
+    return (
+        key.group_size in MULTIPLIER_GROUPS
+        and key.output == "e4m3"
+        and key.scale == "float32"
+        and key.layout_trait == "fgq::kFloatWords"
+        and key.activation is None
+        and not key.masked
+        and not key.norm
+        and key.blocks_per_sm == 0
+        and key.arithmetic is None
+    )
+
+
 def has_flat(key: KernelKey) -> bool:
     """Whether ``key`` has the instantiation whose load is linear in the group slot (flat_slots):
     the one-pass kernels of plain, 16-byte aligned input."""
@@ -237,7 +262,7 @@ def fp4_key(input_dtype: str, fp4, layout, arithmetic: str | None = None) -> Ker
 def compiled_arithmetic(arithmetic: str) -> str | None:
     """The KernelKey.arithmetic of a call's ``arithmetic``: the ones with instantiations of
     their own; None for the others (float32, and bfloat16's runtime mode)."""
-    return arithmetic if arithmetic in (RECIPROCAL, UNFLOORED) else None
+    return arithmetic if arithmetic in (RECIPROCAL, UNFLOORED, MULTIPLIER) else None
 
 
 # the default kernel as a contiguous input takes it (flat), and its other two paths: one pass
@@ -698,25 +723,43 @@ COLUMN_LAYOUTS = (("float32", "fgq::kFloatWords"), ("ue8m0", "fgq::kFloatWords")
                   ("ue8m0", "fgq::kPackedExponents"))  # fmt: skip
 
 
-def weight_name(input_dtype: str, scale: str) -> str:
-    """The quantize_weight_blocks instantiation of an input type and scale kind."""
+def _arithmetic_argument(arithmetic: str | None) -> tuple[str, ...]:
+    """A tile kernel's trailing kArith: none for the default arithmetic."""
+    return () if arithmetic is None else (ARITHMETIC_TRAITS[arithmetic],)
+
+
+def weight_name(input_dtype: str, scale: str, arithmetic: str | None = None) -> str:
+    """The quantize_weight_blocks instantiation of an input type and scale kind, and of a
+    compiled arithmetic (compiled_arithmetic) or None."""
     return _template("quantize_weight_blocks", INPUT_TYPES[input_dtype].kernel_trait,
-                     OUTPUT_FORMATS[TILE_FORMAT].kernel_trait,
-                     SCALE_FORMATS[scale].kernel_trait)  # fmt: skip
+                     OUTPUT_FORMATS[TILE_FORMAT].kernel_trait, SCALE_FORMATS[scale].kernel_trait,
+                     *_arithmetic_argument(arithmetic))  # fmt: skip
 
 
-def columns_name(input_dtype: str, scale: str, layout_trait: str) -> str:
-    """The quantize_columns instantiation of an input type, scale kind and address function."""
+def columns_name(input_dtype: str, scale: str, layout_trait: str,
+                 arithmetic: str | None = None) -> str:  # fmt: skip
+    """The quantize_columns instantiation of an input type, scale kind and address function,
+    and of a compiled arithmetic (compiled_arithmetic) or None."""
     return _template("quantize_columns", INPUT_TYPES[input_dtype].kernel_trait,
                      OUTPUT_FORMATS[TILE_FORMAT].kernel_trait, SCALE_FORMATS[scale].kernel_trait,
-                     layout_trait)  # fmt: skip
+                     layout_trait, *_arithmetic_argument(arithmetic))  # fmt: skip
+
+
+# section 3c's arithmetics of the tiles: DeepGEMM's ("reciprocal") and torchao's ("multiplier")
+# weight blocks, and torchao's columns ("multiplier"), float scales in float words
+WEIGHT_ARITHMETICS = (RECIPROCAL, MULTIPLIER)
+COLUMN_ARITHMETICS = (MULTIPLIER,)
 
 
 def tile_name_expressions() -> list[str]:
     """Every tile instantiation: input types x scale kinds for weights (the layout is a
-    run-time store), and x the three (scale, address function) pairs for columns."""
+    run-time store), and x the three (scale, address function) pairs for columns; then
+    section 3c's arithmetics (float scales)."""
     names = [weight_name(i, s) for i in INPUT_TYPES for s in ("float32", "ue8m0")]
-    return names + [columns_name(i, s, t) for i in INPUT_TYPES for s, t in COLUMN_LAYOUTS]
+    names += [columns_name(i, s, t) for i in INPUT_TYPES for s, t in COLUMN_LAYOUTS]
+    names += [weight_name(i, "float32", a) for i in INPUT_TYPES for a in WEIGHT_ARITHMETICS]
+    return names + [columns_name(i, "float32", "fgq::kFloatWords", a)
+                    for i in INPUT_TYPES for a in COLUMN_ARITHMETICS]  # fmt: skip
 
 
 def _common_tile_params(options, x_aligned: bool) -> dict:
@@ -749,7 +792,9 @@ def prepare_weight(request, x_aligned: bool, device: int, tuning: Tuning) -> Lau
     g, options = request.output, request.options
     nb, kb = g.blocks
     params = weight_params(request, x_aligned)
-    handle = _loaded(weight_name(request.input_dtype, options.scale.name), device, TILE_THREADS)[0]
+    name = weight_name(request.input_dtype, options.scale.name,
+                       compiled_arithmetic(options.arithmetic))  # fmt: skip
+    handle = _loaded(name, device, TILE_THREADS)[0]
     pdl = pdl_supported(device, tuning.pdl)
     return Launch(handle, (kb, nb, g.batches), (TILE_THREADS, 1, 1), params, pdl)
 
@@ -771,7 +816,8 @@ def prepare_columns(request, device: int, tuning: Tuning) -> Launch:
     request (used where q is given: "both") and the column-wise result's t_* fields."""
     m, k = request.input_shape
     params = columns_params(request, tuning)
-    name = columns_name(request.input_dtype, request.scale.name, request.layout.kernel_trait)
+    name = columns_name(request.input_dtype, request.scale.name, request.layout.kernel_trait,
+                        compiled_arithmetic(request.arithmetic))  # fmt: skip
     handle = _loaded(name, device, TILE_THREADS)[0]
     grid = (k // TILE, -(-m // TILE), 1)
     return Launch(handle, grid, (TILE_THREADS, 1, 1), params, pdl_supported(device, tuning.pdl))

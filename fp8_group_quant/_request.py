@@ -33,6 +33,8 @@ from ._layout import (
     transposed_geometry,
 )
 from ._plan import (
+    MULTIPLIER,
+    MULTIPLIER_GROUPS,
     RECIPROCAL,
     UNFLOORED,
     KernelKey,
@@ -204,9 +206,13 @@ def _check_clamp_limit(clamp_limit, mode: InputMode) -> float | None:
     return value
 
 
-# docs/spec.md, sections 3, 3a, 3b and 4a; the last two are instantiations of their own
-ARITHMETICS = ("float32", "bfloat16", RECIPROCAL, UNFLOORED)
+# docs/spec.md, sections 3, 3a, 3b, 3c and 4a; all but bfloat16 are instantiations of their own
+ARITHMETICS = ("float32", "bfloat16", RECIPROCAL, UNFLOORED, MULTIPLIER)
 MX_GROUP = 32  # values an MX scale covers (OCP MX v1.0): arithmetic="unfloored"'s groups
+PLAIN_ONLY = (UNFLOORED, MULTIPLIER)  # arithmetics of plain input (no activation, norm, mask)
+# section 3c: the least eps of the modes that multiply by a reciprocal (every quotient and
+# reciprocal of theirs then a normal float32)
+MIN_PRODUCT_EPS = 2.0**-64
 
 
 def _arithmetic_name(arithmetic) -> str:
@@ -218,8 +224,10 @@ def _arithmetic_name(arithmetic) -> str:
 def _check_arithmetic(arithmetic, fmt: OutputFormat, scale: ScaleFormat, scale_rule,
                       group_size: int, eps, orientation, fused: bool) -> str:  # fmt: skip
     """arithmetic for the FP8 formats: "float32" (section 3), "bfloat16" (section 3a: FP8
-    formats, "rceil") or "unfloored" (section 3b: MXFP8, e4m3 with UE8M0 scales of 32 values
-    by "rceil", the default eps, row-wise, plain input); "reciprocal" is FP4's."""
+    formats, "rceil"), "unfloored" (section 3b: MXFP8, e4m3 with UE8M0 scales of 32 values
+    by "rceil", the default eps, row-wise, plain input) or "multiplier" (section 3c: e4m3 with
+    float scales, groups of 128 or 256, plain input); "reciprocal" is FP4's (and
+    quantize_weight's)."""
     arithmetic = _arithmetic_name(arithmetic)
     if arithmetic == "bfloat16" and (not fmt.is_float8 or scale_rule != "rceil"):
         raise ValueError(
@@ -227,8 +235,16 @@ def _check_arithmetic(arithmetic, fmt: OutputFormat, scale: ScaleFormat, scale_r
             f"dtype={fmt.name!r}, scale_rule={scale_rule!r}"
         )
     if arithmetic == RECIPROCAL:
-        raise ValueError("arithmetic='reciprocal': is FP4's (dtype='e2m1'), got dtype="
-                         f"{fmt.name!r}")  # fmt: skip
+        raise ValueError("arithmetic='reciprocal': is FP4's (dtype='e2m1') here, and FP8's in "
+                         f"quantize_weight; got dtype={fmt.name!r}")  # fmt: skip
+    if arithmetic == MULTIPLIER:
+        check_product_arithmetic(arithmetic, fmt, scale, eps)
+        if group_size not in MULTIPLIER_GROUPS or fused:
+            raise ValueError(
+                f"arithmetic='multiplier': takes plain input (no activation or norm) in groups of "
+                f"{' or '.join(map(str, MULTIPLIER_GROUPS))}, got group_size={group_size}, "
+                f"fused={fused}"
+            )
     unfloored = (fmt.name, scale.name, scale_rule, group_size, eps, orientation, fused)
     if arithmetic == UNFLOORED and unfloored != ("e4m3", "ue8m0", "rceil", MX_GROUP,
                                                  DEFAULT_EPS, ROW_WISE, False):  # fmt: skip
@@ -240,6 +256,16 @@ def _check_arithmetic(arithmetic, fmt: OutputFormat, scale: ScaleFormat, scale_r
             f"orientation={orientation!r}, fused={fused}"
         )
     return arithmetic
+
+
+def check_product_arithmetic(arithmetic: str, fmt: OutputFormat, scale: ScaleFormat, eps) -> None:
+    """Section 3c's modes ("reciprocal" and "multiplier" of FP8): e4m3 codes, float32 scales
+    and an eps of at least MIN_PRODUCT_EPS (``eps`` already checked by check_eps)."""
+    if (fmt.name, scale.name) != ("e4m3", "float32") or np.float32(eps) < MIN_PRODUCT_EPS:
+        raise ValueError(
+            f"arithmetic={arithmetic!r}: takes dtype='e4m3', scale='float32' and eps >= 2**-64, "
+            f"got dtype={fmt.name!r}, scale={scale.name!r}, eps={eps!r}"
+        )
 
 
 def _fp4_options(group_size, dtype, scale, layout, eps, pad_rows, activation, scale_rule,
@@ -608,8 +634,8 @@ def _check_masked(info: ArrayInfo, options: Options, masked: ArrayInfo | None) -
         return None
     if options.norm:
         raise ValueError("norm: cannot be combined with masked_m")
-    if options.arithmetic == UNFLOORED:
-        raise ValueError("masked_m: arithmetic='unfloored' quantizes plain input only")
+    if options.arithmetic in PLAIN_ONLY:
+        raise ValueError(f"masked_m: arithmetic={options.arithmetic!r} quantizes plain input only")
     if len(info.shape) != 3:
         raise ValueError(f"x: masked_m needs x of shape [E, T, K], got shape {tuple(info.shape)}")
     experts, tokens = info.shape[0], info.shape[1]
@@ -685,9 +711,15 @@ class WeightOptions:
     layout: str  # a key of WEIGHT_LAYOUTS
     eps: float
     scale_rule: str = "rceil"
+    arithmetic: str = "float32"  # a key of WEIGHT_ARITHMETICS (section 3c's modes)
 
 
-def check_weight_options(block, dtype, scale, layout, eps, scale_rule) -> WeightOptions:
+# the arithmetics of quantize_weight: section 3, and 3c's (DeepGEMM's and torchao's)
+WEIGHT_ARITHMETICS = ("float32", RECIPROCAL, MULTIPLIER)
+
+
+def check_weight_options(block, dtype, scale, layout, eps, scale_rule,
+                         arithmetic="float32") -> WeightOptions:  # fmt: skip
     """The ``WeightOptions`` of a ``quantize_weight`` call (TypeError or ValueError naming it)."""
     square = (WEIGHT_BLOCK, WEIGHT_BLOCK)
     if not isinstance(block, (tuple, list)) or len(block) != 2 or any(
@@ -709,8 +741,14 @@ def check_weight_options(block, dtype, scale, layout, eps, scale_rule) -> Weight
             f"layout={layout!r} holds UE8M0 exponent bytes; it needs scale='ue8m0', got "
             f"scale={scale.name!r}"
         )
-    return WeightOptions(fmt, scale, layout, check_eps(eps), check_scale_rule(scale_rule, fmt,
-                                                                              scale))  # fmt: skip
+    eps, scale_rule = check_eps(eps), check_scale_rule(scale_rule, fmt, scale)
+    if not isinstance(arithmetic, str) or arithmetic not in WEIGHT_ARITHMETICS:
+        raise ValueError(
+            f"arithmetic: quantize_weight takes one of {WEIGHT_ARITHMETICS}, got {arithmetic!r}"
+        )
+    if arithmetic != "float32":
+        check_product_arithmetic(arithmetic, fmt, scale, eps)
+    return WeightOptions(fmt, scale, layout, eps, scale_rule, arithmetic)
 
 
 @dataclass(frozen=True)

@@ -166,7 +166,7 @@ def quantize(
         With a gated ``activation``: the clamped SwiGLU of gpt-oss-style models, the gate
         clamped from above and the up value on both sides at ``clamp_limit`` (rounded to x's
         dtype) before the activation (``docs/spec.md``, section 2a).
-    arithmetic : {"float32", "bfloat16", "unfloored", "reciprocal"}
+    arithmetic : {"float32", "bfloat16", "unfloored", "reciprocal", "multiplier"}
         ``"float32"`` (default): sections 3, 4a and 4b. The others are upstream kernels'
         steps, for drop-ins that must match them bit for bit. ``"bfloat16"``: bfloat16 input
         only, the group maximum, scale, reciprocal and scaled values rounded to bfloat16 as
@@ -176,7 +176,9 @@ def quantize(
         (section 3b). ``"reciprocal"``: NVFP4 and MXFP4 as vLLM's ``scaled_fp4_quant`` and
         FlashInfer's ``fp4_quantize`` compute them, multiplying by ``RN(1/6)`` and by
         reciprocals where section 4a divides; MXFP4 then takes ``global_scale`` too
-        (default 1) (section 4a).
+        (default 1) (section 4a). ``"multiplier"``: e4m3 with float scales in groups of 128
+        or 256, as torchao's blockwise training quantizers compute it: each value times
+        ``r = RN(448 / amax)``, the scale stored ``RN(1 / r)`` (``eps >= 2**-64``; section 3c).
     norm_rounding : {"once", "twice", "twice_unrounded_sum"}
         With ``norm``: ``"once"`` (default) rounds ``x * r * weight`` once (section 2b);
         ``"twice"`` rounds ``x * r`` to x's dtype before the weight, as vLLM's RMSNorm does;
@@ -279,6 +281,7 @@ def quantize_weight(
     scale_rule: ScaleRuleName = "rceil",
     out=None,
     scale_out=None,
+    arithmetic: str = "float32",
 ) -> tuple[Array, Array]:
     """Quantize a weight ``w [N, K]`` (or experts ``[E, N, K]``) in 128x128 blocks.
 
@@ -304,13 +307,20 @@ def quantize_weight(
         ``align(N, 4) * ceil(kb/4)`` for ``packed``).
     eps, scale_rule : as for ``quantize``.
     out, scale_out : optional, with exactly the shapes, dtypes and strides returned.
+    arithmetic : {"float32", "reciprocal", "multiplier"}
+        ``"float32"`` (default): section 3's. The others multiply each value where the default
+        divides by the scale, for drop-ins that must match an upstream bit for bit (e4m3,
+        float scales, ``eps >= 2**-64``; section 3c): ``"reciprocal"`` by ``RN(1 / s)`` of
+        ``s = RN(amax * RN(1 / 448))``, as DeepGEMM's ``per_block_cast_to_fp8`` on CUDA;
+        ``"multiplier"`` by ``r = RN(448 / amax)``, storing ``s = RN(1 / r)``, as torchao's
+        blockwise quantizers.
 
     Returns
     -------
     q : ``w``'s shape, float8 codes (numpy ``ml_dtypes``, torch ``float8``).
     scales : as ``layout`` says.
     """
-    options = check_weight_options(block, dtype, scale, layout, eps, scale_rule)
+    options = check_weight_options(block, dtype, scale, layout, eps, scale_rule, arithmetic)
     return _run.quantize_weight(w, options, out, scale_out)
 
 

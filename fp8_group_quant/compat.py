@@ -583,7 +583,7 @@ def _fp4(input, global_scale, swizzled: bool, group_size: int):
     return q, scales
 
 
-# 128x128 weights and the training orientations (docs/spec.md, sections 4c and 4d) -----------
+# 128x128 weights and the training orientations (docs/spec.md, sections 3c, 4c and 4d) -------
 
 DEEPGEMM_EPS = 1e-4  # the clamp of DeepGEMM's amax (deep_gemm/utils/math.py)
 TORCHAO_EPS = 1e-12  # torchao's blockwise training kernels' EPS
@@ -596,61 +596,86 @@ def per_block_cast_to_fp8(x, use_ue8m0: bool, gran_k: int = 128):
     maximum clamped at 1e-4. ``use_ue8m0`` makes the scales powers of two (the ceiling of
     ``amax / 448``).
 
-    Differences: with ``use_ue8m0`` none on finite input (both multiply by an exact power of
-    two). With float scales DeepGEMM multiplies by ``RN(1 / s)`` where this library divides by
-    ``s``, so a code can differ by one step where the two roundings part. A NaN in a block makes
-    DeepGEMM's whole block NaN (its maximum is NaN); here it stays in its own code (section 5).
+    Values are DeepGEMM's as it runs on CUDA tensors, bit for bit: with float scales
+    ``s = RN(amax * RN(1 / 448))`` (torch's CUDA division by a Python number) and each value
+    multiplied by ``RN(1 / s)``, ``arithmetic="reciprocal"`` (docs/spec.md, section 3c: 45% of
+    the scales and 0.025% of the codes of random bfloat16 weights differ from section 3's);
+    with ``use_ue8m0`` the default arithmetic is DeepGEMM's (the same powers of two, by which
+    both multiply exactly). A NaN in a block makes DeepGEMM's whole block NaN (its maximum is
+    NaN); here it stays in its own code (section 5).
     ``gran_k`` other than 128 is refused (the blocks here are 128x128).
     """
     if gran_k != 128:
         raise ValueError(f"gran_k: only 128 (128x128 blocks) is supported, got {gran_k!r}")
     if len(tuple(x.shape)) != 2:
         raise ValueError(f"x: expected a 2-D weight [m, n], got shape {tuple(x.shape)}")
-    return quantize_weight(x, scale="ue8m0" if use_ue8m0 else "float32", eps=DEEPGEMM_EPS)
+    if use_ue8m0:
+        return quantize_weight(x, scale="ue8m0", eps=DEEPGEMM_EPS)
+    return quantize_weight(x, eps=DEEPGEMM_EPS, arithmetic="reciprocal")
 
 
-def _torchao_checks(x, block_size: int, dtype) -> None:
-    """torchao's arguments: block_size 128 (our tiles), e4m3 only (as torchao asserts)."""
-    if block_size != 128:
-        raise ValueError(f"block_size: only 128 is supported, got {block_size!r}")
+TORCHAO_GROUPS = (128, 256)  # torchao's block sizes the activation drop-ins take
+TORCHAO_BLOCKS = (128,)  # and the weight drop-ins (quantize_weight's 128x128 blocks)
+
+
+def _torchao_checks(block_size, dtype, sizes: tuple[int, ...]) -> None:
+    """torchao's arguments: a ``block_size`` of ``sizes``, and e4m3 (as torchao asserts)."""
+    if isinstance(block_size, bool) or block_size not in sizes:
+        raise ValueError(f"block_size: expected {' or '.join(map(str, sizes))}, got {block_size!r}")
     if dtype is not None and "float8_e4m3fn" not in str(dtype):
         raise ValueError(f"dtype: torchao's blockwise kernels write float8_e4m3fn, got {dtype}")
 
 
+# NOTES: torchao's kernels take the multiplier 448 / amax first and store its reciprocal
+# (docs/spec.md, section 3c: 30% of the scales of random groups differ by an ulp from
+# amax / 448, and a few codes); each drop-in below takes that arithmetic
+TORCHAO_ARITHMETIC = "multiplier"
+
+
 def act_quant_lhs(x, block_size: int = 128, dtype=None):
     """torchao's ``triton_fp8_blockwise_act_quant_lhs`` (torchao/prototype/blockwise_fp8_training/
-    kernels.py at commit 0598012): ``x [M, K]`` in 1 x ``block_size`` groups; codes ``[M, K]``
-    row-major, scales ``[M, K/128]`` column-major (strides ``(1, M)``), the layout
-    ``torch._scaled_mm`` reads. The scale is the dequantization factor (torchao calls it the
-    reciprocal scale).
+    kernels.py at commit 0598012): ``x [M, K]`` in 1 x ``block_size`` groups (128 or 256);
+    codes ``[M, K]`` row-major, scales ``[M, K/block_size]`` column-major (strides ``(1, M)``),
+    the layout ``torch._scaled_mm`` reads. The scale is the dequantization factor (torchao
+    calls it the reciprocal scale).
 
-    Difference: torchao computes ``448 / amax`` in float64, rounds it to float32, multiplies by
-    it and stores ``RN(1 / that)``; this library stores ``RN(amax / 448)`` and divides by it
-    (docs/spec.md, section 3): scales agree to the last bit or two, codes but for rare ties.
-    Its ``EPS`` (1e-12) is used as eps. NaN and Inf follow section 5.
+    Values are torchao's torch reference's, bit for bit: ``arithmetic="multiplier"``
+    (docs/spec.md, section 3c: each value times ``r = RN(448 / amax)``, the scale stored
+    ``RN(1 / r)``), with torchao's ``EPS`` (1e-12). NaN and Inf follow section 5.
     """
-    _torchao_checks(x, block_size, dtype)
-    return quantize(x, block_size, layout=COL, eps=TORCHAO_EPS)
+    _torchao_checks(block_size, dtype, TORCHAO_GROUPS)
+    return quantize(x, block_size, layout=COL, eps=TORCHAO_EPS, arithmetic=TORCHAO_ARITHMETIC)
 
 
 def act_quant_transposed_lhs(x, block_size: int = 128, dtype=None):
     """torchao's ``triton_fp8_blockwise_act_quant_transposed_lhs`` (same file and commit):
     ``x [M, K]`` quantized transposed, groups of ``block_size`` tokens of one channel; codes
-    ``[K, M]`` row-major, scales ``[K, M/128]`` strides ``(1, K)``: ``quantize(x, 128,
-    orientation="col", layout="col")``. torchao requires M to be a multiple of 128; here the last
-    token group may be partial. Arithmetic differences as for ``act_quant_lhs``."""
-    _torchao_checks(x, block_size, dtype)
-    return quantize(x, block_size, layout=COL, eps=TORCHAO_EPS, orientation="col")
+    ``[K, M]`` row-major, scales ``[K, M/block_size]`` strides ``(1, K)``: ``quantize(x,
+    block_size, orientation="col", layout="col")``. torchao requires M to be a multiple of
+    ``block_size``; here the last token group may be partial. Any K, as torchao: where K is
+    not a multiple of ``block_size``, a copy of x padded with zero channels is quantized and
+    the scales are copied to strides ``(1, K)``. Values as ``act_quant_lhs``'s; on the GPU
+    ``block_size`` is 128 (the column kernel's tiles), on the host 128 or 256."""
+    _torchao_checks(block_size, dtype, TORCHAO_GROUPS)
+    k = x.shape[-1] if len(tuple(x.shape)) == 2 else 0
+    padded_k = -(-k // block_size) * block_size
+    if padded_k == k:
+        return quantize(x, block_size, layout=COL, eps=TORCHAO_EPS, orientation="col",
+                        arithmetic=TORCHAO_ARITHMETIC)  # fmt: skip
+    qt, scales_t = quantize(_pad_columns(x, padded_k), block_size, layout=COL, eps=TORCHAO_EPS,
+                            orientation="col", arithmetic=TORCHAO_ARITHMETIC)  # fmt: skip
+    return qt[:k], _contiguous(scales_t[:k].T).T
 
 
 def act_quant_rhs(x, block_size: int = 128, dtype=None):
     """torchao's ``triton_fp8_blockwise_act_quant_rhs`` (same file and commit): ``x [M, K]`` in
     ``block_size`` x 1 groups (tokens of one channel); codes ``[M, K]`` column-major (strides
-    ``(1, M)``), scales ``[M/128, K]`` row-major: the column-wise result's transposes, no copy.
-    torchao returns ``1 / (448 / amax)`` here too (its docstring says scales); arithmetic
-    differences as for ``act_quant_lhs``."""
-    _torchao_checks(x, block_size, dtype)
-    qt, scales_t = quantize(x, block_size, layout=COL, eps=TORCHAO_EPS, orientation="col")
+    ``(1, M)``), scales ``[M/block_size, K]`` row-major: the column-wise result's transposes,
+    no copy. torchao returns ``1 / (448 / amax)`` here too (its docstring says scales).
+    Values and block sizes as ``act_quant_transposed_lhs``'s."""
+    _torchao_checks(block_size, dtype, TORCHAO_GROUPS)
+    qt, scales_t = quantize(x, block_size, layout=COL, eps=TORCHAO_EPS, orientation="col",
+                            arithmetic=TORCHAO_ARITHMETIC)  # fmt: skip
     return qt.T, scales_t.T
 
 
@@ -659,9 +684,11 @@ def weight_quant_rhs(x, block_size: int = 128, dtype=None):
     blocks of ``x [M, N]``; codes ``[M, N]`` column-major (strides ``(1, M)``), scales
     ``[M/128, N/128]`` strides ``(1, M/128)``. Column-major codes are those of ``x``
     transposed, so ``x.T`` is quantized (a copy of the input where it is not already
-    column-major). Arithmetic differences as for ``act_quant_lhs``."""
-    _torchao_checks(x, block_size, dtype)
-    q, scales = quantize_weight(_contiguous(x.T), eps=TORCHAO_EPS)
+    column-major). Values as ``act_quant_lhs``'s; ``block_size`` 128 only (torchao also takes
+    256: no 256x256 block kernel here)."""
+    _torchao_checks(block_size, dtype, TORCHAO_BLOCKS)
+    q, scales = quantize_weight(_contiguous(x.T), (block_size, block_size), eps=TORCHAO_EPS,
+                                arithmetic=TORCHAO_ARITHMETIC)  # fmt: skip
     return q.T, scales.T
 
 
@@ -669,9 +696,10 @@ def weight_quant_transposed_rhs(x, block_size: int = 128, dtype=None):
     """torchao's ``triton_fp8_blockwise_weight_quant_transposed_rhs`` (same file and commit):
     128x128 blocks of ``x [M, N]``, returned transposed: codes ``[N, M]`` column-major (strides
     ``(1, N)``), scales ``[N/128, M/128]`` strides ``(1, N/128)``: the transposes of
-    ``quantize_weight(x)``, no copy."""
-    _torchao_checks(x, block_size, dtype)
-    q, scales = quantize_weight(x, eps=TORCHAO_EPS)
+    ``quantize_weight(x)``, no copy. Values and block sizes as ``weight_quant_rhs``'s."""
+    _torchao_checks(block_size, dtype, TORCHAO_BLOCKS)
+    q, scales = quantize_weight(x, (block_size, block_size), eps=TORCHAO_EPS,
+                                arithmetic=TORCHAO_ARITHMETIC)  # fmt: skip
     return q.T, scales.T
 
 

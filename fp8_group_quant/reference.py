@@ -1,5 +1,5 @@
 """The NumPy backend: docs/spec.md sections 3 to 6 (4a NVFP4, 4b MXFP4), vectorised, in float32,
-and the upstream kernels' arithmetic the drop-ins take (3a, 3b, 4a's "reciprocal").
+and the upstream kernels' arithmetic the drop-ins take (3a, 3b, 3c, 4a's "reciprocal").
 
 This is the oracle for every test and benchmark and the backend for NumPy inputs. Every CUDA
 kernel matches it bit for bit. Formats come from ``_spec.OUTPUT_FORMATS`` and scale layouts
@@ -25,7 +25,7 @@ __all__ = [
     "quantize_groups", "encode", "ue8m0_exponents", "floor_exponents", "quantize_into",
     "quantize_into_masked", "nvfp4_global_scale", "nvfp4_groups", "mxfp4_groups", "pack_e2m1",
     "store_scales", "quantize_blocks", "quantize_token_groups", "unfloored_groups",
-    "fp4_reciprocal_groups",
+    "fp4_reciprocal_groups", "float_scales",
 ]  # fmt: skip
 
 _ABS_MASK = np.uint32(0x7FFFFFFF)
@@ -84,8 +84,9 @@ def quantize_groups(
     """Quantize groups along the last axis of float32 ``values`` [..., G].
 
     ``fmt`` and ``scale`` are formats or their names; ``rule`` the UE8M0 exponent rule;
-    ``arithmetic`` "float32" (section 3), "bfloat16" (section 3a, ``bfloat16_groups``) or
-    "unfloored" (section 3b, ``unfloored_groups``; ``eps`` and ``rule`` do not apply).
+    ``arithmetic`` "float32" (section 3), "bfloat16" (section 3a, ``bfloat16_groups``),
+    "unfloored" (section 3b, ``unfloored_groups``; ``eps`` and ``rule`` do not apply), or with
+    float scales "reciprocal" or "multiplier" (section 3c: a product in place of the division).
     Returns ``(codes uint8 [..., G], scales float32 [...], exponents uint32 [...] or None)``.
     """
     fmt, scale = output_format(fmt), scale_format(scale)
@@ -103,40 +104,58 @@ def quantize_groups(
             t = values * inverse[..., None]
         else:
             exponents = None
-            scales = (amax / np.float32(fmt.fmax)).astype(np.float32)
-            t = values / scales[..., None]
+            scales, factors = float_scales(amax, fmt.fmax, arithmetic)
+            t = values / scales[..., None] if factors is None else values * factors[..., None]
     return encode(t, values, fmt), scales, exponents
 
 
+def float_scales(amax: np.ndarray, fmax, arithmetic: str = "float32"):
+    """(float32 scales, float32 factors or None) of the maxima ``amax`` (eps applied): section
+    3's ``amax / fmax`` and no factor (the values are divided by the scale), or section 3c's
+    "reciprocal" (the scale ``RN(amax * RN(1 / fmax))`` and the factor ``RN(1 / s)``) or
+    "multiplier" (the factor ``RN(fmax / amax)`` and the scale ``RN(1 / factor)``)."""
+    one, fmax = np.float32(1), np.float32(fmax)
+    if arithmetic == "multiplier":
+        factors = (fmax / amax).astype(np.float32)
+        return (one / factors).astype(np.float32), factors
+    if arithmetic == "reciprocal":
+        scales = (amax * (one / fmax)).astype(np.float32)
+        return scales, (one / scales).astype(np.float32)
+    return (amax / fmax).astype(np.float32), None
+
+
 def quantize_blocks(values: np.ndarray, fmt, scale, eps: float, rule: str = "rceil",
-                    block: int = 128):  # fmt: skip
+                    block: int = 128, arithmetic: str = "float32"):  # fmt: skip
     """Quantize ``[B, N, K]`` float32 ``values`` in blocks of ``block`` x ``block`` (section 4c):
-    each block's values are one group of ``quantize_groups``. A partial edge block is padded
-    with zeros, which never raise a maximum floored at ``eps``. Returns ``(codes uint8
-    [B, N, K], scales float32 [B, nb, kb], exponents uint32 [B, nb, kb] or None)``."""
+    each block's values are one group of ``quantize_groups`` (by its ``arithmetic``). A partial
+    edge block is padded with zeros, which never raise a maximum floored at ``eps``. Returns
+    ``(codes uint8 [B, N, K], scales float32 [B, nb, kb], exponents uint32 [B, nb, kb] or
+    None)``."""
     b, n, k = values.shape
     nb, kb = -(-n // block), -(-k // block)
     padded = np.zeros((b, nb * block, kb * block), np.float32)
     padded[:, :n, :k] = values
     tiles = padded.reshape(b, nb, block, kb, block).transpose(0, 1, 3, 2, 4)
     codes, scales, exponents = quantize_groups(
-        tiles.reshape(b, nb, kb, block * block), fmt, scale, eps, rule
+        tiles.reshape(b, nb, kb, block * block), fmt, scale, eps, rule, arithmetic
     )
     codes = codes.reshape(b, nb, kb, block, block).transpose(0, 1, 3, 2, 4)
     return codes.reshape(b, nb * block, kb * block)[:, :n, :k], scales, exponents
 
 
-def quantize_token_groups(values: np.ndarray, fmt, scale, eps: float, rule: str, group: int):
+def quantize_token_groups(values: np.ndarray, fmt, scale, eps: float, rule: str, group: int,
+                          arithmetic: str = "float32"):  # fmt: skip
     """The column-wise result of float32 ``values [M, K]`` (section 4d): each channel's runs of
-    ``group`` consecutive tokens are groups, the last one partial where ``group`` does not
-    divide ``M`` (zero-padded, as for weight blocks). Returns ``(codes uint8 [K, M], scales
-    float32 [K, cg], exponents uint32 [K, cg] or None)``."""
+    ``group`` consecutive tokens are groups (of ``quantize_groups``, by its ``arithmetic``), the
+    last one partial where ``group`` does not divide ``M`` (zero-padded, as for weight blocks).
+    Returns ``(codes uint8 [K, M], scales float32 [K, cg], exponents uint32 [K, cg] or
+    None)``."""
     m, k = values.shape
     groups = -(-m // group)
     padded = np.zeros((groups * group, k), np.float32)
     padded[:m] = values
     codes, scales, exponents = quantize_groups(padded.T.reshape(k, groups, group), fmt, scale,
-                                               eps, rule)  # fmt: skip
+                                               eps, rule, arithmetic)  # fmt: skip
     return codes.reshape(k, groups * group)[:, :m], scales, exponents
 
 

@@ -108,8 +108,9 @@ def ue8m0_exponent(scale: float) -> int:
 EMAX_ELEM = {"e4m3": 8, "e5m2": 15, "e2m1": 2}
 
 
-def scalar_group(values, fmt, ue8m0, eps, rule="rceil"):
-    """Codes (ints) and scale (a float) of one group of float32 ``values`` (Python floats)."""
+def scalar_group(values, fmt, ue8m0, eps, rule="rceil", arithmetic="float32"):
+    """Codes (ints) and scale (a float) of one group of float32 ``values`` (Python floats);
+    ``arithmetic`` "reciprocal" or "multiplier" takes section 3c's steps for float scales."""
     spec = FORMATS[fmt]
     amax = max([f32(eps)] + [abs(v) for v in values if math.isfinite(v)])
     y = f32(amax / spec.fmax)  # double rounding is innocuous for one division
@@ -124,6 +125,14 @@ def scalar_group(values, fmt, ue8m0, eps, rule="rceil"):
         power = exponent - 1 if mantissa == 0.5 else exponent  # the exact ceiling
         scale = 2.0**power
         scaled = [f32(v * 2.0**-power) for v in values]  # exact in double, then rounded
+    elif arithmetic == "reciprocal":  # section 3c: s = RN(amax * RN(1 / fmax)), times RN(1 / s)
+        scale = f32(amax * f32(1.0 / spec.fmax))
+        factor = f32(1.0 / scale)
+        scaled = [f32(v * factor) for v in values]
+    elif arithmetic == "multiplier":  # section 3c: times r = RN(fmax / amax), s = RN(1 / r)
+        factor = f32(spec.fmax / amax)
+        scale = f32(1.0 / factor)
+        scaled = [f32(v * factor) for v in values]
     else:
         scale = y
         scaled = [f32(v / scale) for v in values]
@@ -243,16 +252,16 @@ class Storage:
         return 4 * (b * batch + m * row + g * word)
 
 
-def quantize(x, group_size, fmt, scale, eps, rule="rceil"):
+def quantize(x, group_size, fmt, scale, eps, rule="rceil", arithmetic="float32"):
     """(codes, scales) of ``x`` [..., K]: uint8 codes of ``x``'s shape and the float scales
-    [..., K / group_size], group by group."""
+    [..., K / group_size], group by group (``arithmetic``: scalar_group's)."""
     values = np.asarray(x).astype(np.float32)
     k = values.shape[-1]
     groups = values.reshape(-1, group_size).tolist() if k else []
     codes = np.zeros(values.size, np.uint8).reshape(-1, group_size)
     scales = np.zeros(len(groups), np.float64)
     for i, group in enumerate(groups):
-        codes[i], scales[i] = scalar_group(group, fmt, scale == "ue8m0", eps, rule)
+        codes[i], scales[i] = scalar_group(group, fmt, scale == "ue8m0", eps, rule, arithmetic)
     return codes.reshape(values.shape), scales.reshape(values.shape[:-1] + (k // group_size,))
 
 
@@ -286,9 +295,10 @@ def expected_scale_bytes(scales, storage: Storage) -> np.ndarray:
 WEIGHT_BLOCK = 128
 
 
-def quantize_weight(w, fmt, scale, eps, rule="rceil"):
+def quantize_weight(w, fmt, scale, eps, rule="rceil", arithmetic="float32"):
     """(codes uint8 [E, N, K], block scales float64 [E, nb, kb]) of ``w`` ``[N, K]`` or
-    ``[E, N, K]``: each block of 128 x 128 values that exist is one group of section 3."""
+    ``[E, N, K]``: each block of 128 x 128 values that exist is one group of section 3 (or of
+    section 3c's ``arithmetic``)."""
     values = np.asarray(w).astype(np.float32)
     values = values.reshape((values.shape[0] if values.ndim == 3 else 1, *values.shape[-2:]))
     e, n, k = values.shape
@@ -300,7 +310,7 @@ def quantize_weight(w, fmt, scale, eps, rule="rceil"):
         columns = slice(j * WEIGHT_BLOCK, (j + 1) * WEIGHT_BLOCK)
         block = values[b, rows, columns]
         group, scales[b, i, j] = scalar_group(block.reshape(-1).tolist(), fmt, scale == "ue8m0",
-                                              eps, rule)  # fmt: skip
+                                              eps, rule, arithmetic)  # fmt: skip
         codes[b, rows, columns] = np.array(group, np.uint8).reshape(block.shape)
     return codes, scales
 
@@ -324,9 +334,10 @@ def weight_scale_bytes(scales, n: int, layout: str) -> np.ndarray:
     return out
 
 
-def quantize_columns(x, group_size, fmt, scale, eps, rule="rceil"):
+def quantize_columns(x, group_size, fmt, scale, eps, rule="rceil", arithmetic="float32"):
     """(codes uint8 [K, M], scales float64 [K, cg]) of ``x [M, K]`` column-wise: channel ``k``'s
-    tokens ``j*G .. j*G + G - 1`` that exist are one group of section 3."""
+    tokens ``j*G .. j*G + G - 1`` that exist are one group of section 3 (or of section 3c's
+    ``arithmetic``)."""
     values = np.asarray(x).astype(np.float32)
     m, k = values.shape
     groups = -(-m // group_size)
@@ -335,7 +346,8 @@ def quantize_columns(x, group_size, fmt, scale, eps, rule="rceil"):
     for c, j in np.ndindex(k, groups):
         tokens = slice(j * group_size, (j + 1) * group_size)
         group = values[tokens, c].tolist()
-        codes[c, tokens], scales[c, j] = scalar_group(group, fmt, scale == "ue8m0", eps, rule)
+        codes[c, tokens], scales[c, j] = scalar_group(group, fmt, scale == "ue8m0", eps, rule,
+                                                      arithmetic)  # fmt: skip
     return codes, scales
 
 

@@ -21,6 +21,15 @@ __device__ __forceinline__ u32 group_max(u32 value, u32 mask) {
   return value;
 }
 
+// the upstream arithmetics compiled into instantiations of their own (KernelKey.arithmetic), so
+// that the other instantiations' code and registers stay as they were
+enum ArithmeticMode : int {
+  kDefaultArith = 0,     // docs/spec.md, section 3
+  kUnflooredArith = 1,   // 'unfloored' (section 3b): FlashInfer's MXFP8
+  kReciprocalArith = 2,  // 'reciprocal' (section 3c): v * RN(1 / s), DeepGEMM's weights
+  kMultiplierArith = 3,  // 'multiplier' (section 3c): RN(fmax / amax) first, torchao's
+};
+
 // scale and encode one lane's values --------------------------------------------------------------
 // kMultiplyBf16: arithmetic='bfloat16' (docs/spec.md, section 3a), the product rounded to bfloat16
 enum ScaleOp : int { kMultiply = 0, kDivideFast = 1, kDivideExact = 2, kMultiplyBf16 = 3 };
@@ -151,7 +160,7 @@ __device__ __forceinline__ float ue8m0_inverse(u32 exponent) {
 }
 
 // arithmetic='unfloored' (docs/spec.md, section 3b; FlashInfer's MXFP8): instantiations of
-// their own (kUnfloored), so that the others' code and registers stay as they were -------------
+// their own (kUnflooredArith) ------------------------------------------------------------------
 
 // the UE8M0 byte of RN(amax / fmax), nothing floored, from amax's bits (amax may be 0 or +Inf,
 // which gives 254): ue8m0_exponent's exact ceiling where the quotient is normal; below
@@ -191,13 +200,33 @@ __device__ __forceinline__ u32 nonfinite_group_max(const V& values, u32 mask) {
   return magnitude;
 }
 
+// arithmetic='reciprocal' and 'multiplier' (docs/spec.md, section 3c): the float scale of a
+// group whose maximum is amax (eps applied, at least 2^-64, so that every quotient and
+// reciprocal here is a normal float), and in `factor` what its values are multiplied by:
+// RN(1 / s) of s = RN(amax * RN(1 / fmax)), or r = RN(fmax / amax) and s = RN(1 / r)
+template <int kArith>
+__device__ __forceinline__ float product_scale(const Params& p, float amax, float& factor) {
+  if constexpr (kArith == kMultiplierArith) {
+    factor = div_rn(p.fmax, amax);
+    return rcp_rn(factor);
+  } else {
+    const float scale = mul_rn(amax, p.inverse_fmax);
+    factor = rcp_rn(scale);
+    return scale;
+  }
+}
+
 // the scale of a group whose maximum is amax (eps applied), and this lane's codes under it;
-// `exponent` receives the UE8M0 byte (0 for float scales). kUnfloored: arithmetic='unfloored'
-// (e4m3, UE8M0; amax unfloored)
-template <int kIn, int kOut, int kScale, int kValues, bool kUnfloored = false, typename V>
+// `exponent` receives the UE8M0 byte (0 for float scales). kArith: an upstream's arithmetic,
+// kUnflooredArith (e4m3, UE8M0; amax unfloored), kReciprocalArith or kMultiplierArith (e4m3,
+// float scales)
+template <int kIn, int kOut, int kScale, int kValues, int kArith = kDefaultArith, typename V>
 __device__ __forceinline__ float encode_scaled(const Params& p, const V& values, float amax,
                                                u32& exponent, u32 (&codes)[kValues / 4]) {
+  constexpr bool kUnfloored = kArith == kUnflooredArith;
+  constexpr bool kProduct = kArith == kReciprocalArith || kArith == kMultiplierArith;
   static_assert(!kUnfloored || (kOut == kE4M3 && kScale == kUE8M0Scale), "MXFP8's arithmetic");
+  static_assert(!kProduct || (kOut == kE4M3 && kScale == kFloat32Scale), "section 3c's");
   float scale;
   // NOTES: a runtime mode under a uniform branch, for the one drop-in that asks for it;
   // bfloat16 input only (the request checks it), so no other instantiation carries it
@@ -205,6 +234,11 @@ __device__ __forceinline__ float encode_scaled(const Params& p, const V& values,
     exponent = 0u;
     const float inverse = bf16_scale<kScale>(p, amax, scale, exponent);
     encode_lane<kIn, kOut, kMultiplyBf16, kValues>(values, scale, inverse, codes);
+  } else if constexpr (kProduct) {
+    exponent = 0u;
+    float factor;
+    scale = product_scale<kArith>(p, amax, factor);
+    encode_lane<kIn, kOut, kMultiply, kValues>(values, scale, factor, codes);
   } else if constexpr (kScale == kFloat32Scale) {
     exponent = 0u;
     scale = divide_by_max(amax, p.fmax, p.inverse_fmax);
@@ -233,7 +267,7 @@ __device__ __forceinline__ float encode_scaled(const Params& p, const V& values,
 // non-finite values their codes before the stores (see quantize_group for the arguments).
 // Leaves the codes in `codes`.
 template <int kIn, int kOut, int kScale, int kLayout, bool kUnsignedNaN, bool kStraightTail,
-          int kValues, bool kUnfloored, typename V>
+          int kValues, int kArith, typename V>
 __device__ __forceinline__ void finish_group(const Params& p, const V& values, u32 magnitude,
                                              bool patch, bool real_row, u8* q_dst, bool store_q,
                                              u8* scale_at, bool store_scale, int group,
@@ -241,7 +275,7 @@ __device__ __forceinline__ void finish_group(const Params& p, const V& values, u
   const float amax = fmaxf(LaneValues<kIn, V>::magnitude_to_f32(magnitude), p.eps);
   u32 exponent;
   const float scale =
-      encode_scaled<kIn, kOut, kScale, kValues, kUnfloored>(p, values, amax, exponent, codes);
+      encode_scaled<kIn, kOut, kScale, kValues, kArith>(p, values, amax, exponent, codes);
   if (__builtin_expect(patch, 0)) patch_group<kIn, kUnsignedNaN, kValues>(p, values, codes);
   // the codes, then the scale (one lane per group)
   if (store_q) store_codes<kValues>(q_dst, codes);
@@ -254,15 +288,15 @@ __device__ __forceinline__ void finish_group(const Params& p, const V& values, u
 // lanes that run this call together (the group's own lanes, or with kWholeWarp all 32);
 // `real_row` false quantizes a padding row's zeros. The codes go to q_dst when store_q, the
 // scale to scale_at (the layout's at() of the group) when store_scale. kUnsignedNaN: see
-// patch_nonfinite. kUnfloored: arithmetic='unfloored' (infinities enter the maximum, and
-// encode_scaled's). kStraightTail (the one-pass kernel's, whose register budget allows it): no
+// patch_nonfinite. kArith: encode_scaled's (with kUnflooredArith infinities also enter the
+// maximum). kStraightTail (the one-pass kernel's, whose register budget allows it): no
 // branch between the group's scale and its stores. The codes of non-finite values are patched
 // after the stores and stored again by the same thread (its second store is the one that
 // remains), so the common path does not jump over the patch (2.9 KB of code), and the scale
 // is stored by predicated stores (layouts.cuh) rather than under a branch on lane 0
 // (docs/perf.md).
 template <int kIn, int kGroup, int kOut, int kScale, int kLayout, bool kWholeWarp,
-          bool kUnsignedNaN = false, bool kStraightTail = false, bool kUnfloored = false,
+          bool kUnsignedNaN = false, bool kStraightTail = false, int kArith = kDefaultArith,
           typename V>
 __device__ __forceinline__ void quantize_group(const Params& p, const V& values, u32 mask,
                                                bool real_row, u8* q_dst, bool store_q,
@@ -270,6 +304,7 @@ __device__ __forceinline__ void quantize_group(const Params& p, const V& values,
   typedef LaneValues<kIn, V> L;
   constexpr int kValues = kLaneWords * 4 / Input<kIn>::kBytes;
   constexpr int kLanes = kGroup / kValues;
+  constexpr bool kUnfloored = kArith == kUnflooredArith;
 
   // reduce the group maximum over finite values
   u32 magnitude = group_max<kLanes>(L::max_magnitude(values), mask);
@@ -288,7 +323,7 @@ __device__ __forceinline__ void quantize_group(const Params& p, const V& values,
   }
   // scale, encode, store
   u32 codes[kValues / 4];
-  finish_group<kIn, kOut, kScale, kLayout, kUnsignedNaN, kStraightTail, kValues, kUnfloored>(
+  finish_group<kIn, kOut, kScale, kLayout, kUnsignedNaN, kStraightTail, kValues, kArith>(
       p, values, magnitude, nonfinite && !kStraightTail, real_row, q_dst, store_q, scale_at,
       store_scale, group, codes);
   if (kStraightTail && __builtin_expect(nonfinite, 0)) {

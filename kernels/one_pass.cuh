@@ -22,7 +22,7 @@ namespace fgq {
 // tiles, rows K apart, batches rows * K apart): slot s's values start at x + s * G, so the load
 // is issued before the divisions, which only the stores need
 template <int kIn, int kGroup, int kOut, int kScale, int kLayout, bool kVec16, int kAct, bool kFlat,
-          bool kUnfloored, typename Table>
+          int kArith, typename Table>
 __device__ __forceinline__ void one_pass_group(const Params& p, Table& table) {
   typedef ActivationTrait<kAct> Act;
   typedef typename Input<kIn>::Storage Storage;
@@ -88,7 +88,7 @@ __device__ __forceinline__ void one_pass_group(const Params& p, Table& table) {
     zero_padding_rows<kValues, kLanes, kLayout>(p, q_batch, k, batch, row, group, lane);
   }
   // quantize and store
-  quantize_group<kIn, kGroup, kOut, kScale, kLayout, true, Act::kUnsignedNaN, true, kUnfloored>(
+  quantize_group<kIn, kGroup, kOut, kScale, kLayout, true, Act::kUnsignedNaN, true, kArith>(
       p, words, kAllLanes, true, q_dst, stores & 1u, scale_at, stores & 2u, group);
 }
 

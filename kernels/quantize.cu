@@ -77,10 +77,11 @@ constexpr int min_blocks_per_sm() {
 // more bytes in flight) and 5-7% slower at M = 512, where each block's longer chain shows; so
 // the plan takes it past Tuning.silu_six_blocks_waves (docs/perf.md). kFlat: the one-pass
 // kernel of plain input with the load linear in the slot (one_pass_group), which the plan takes
-// for contiguous rows (_plan.flat_slots). kUnfloored: arithmetic='unfloored' (MXFP8 as
-// FlashInfer computes it, docs/spec.md section 3b), instantiations of its own
+// for contiguous rows (_plan.flat_slots). kArith: an upstream's arithmetic (group.cuh's
+// ArithmeticMode: FlashInfer's MXFP8, docs/spec.md section 3b; torchao's, section 3c),
+// instantiations of its own
 template <int kIn, int kGroup, int kOut, int kScale, int kLayout, bool kVec16, bool kOnePass,
-          int kAct, int kBlocks = 0, bool kFlat = false, bool kUnfloored = false>
+          int kAct, int kBlocks = 0, bool kFlat = false, int kArith = kDefaultArith>
 __global__ void __launch_bounds__(kMaxThreads,
                                   (kBlocks != 0 ? kBlocks
                                                 : min_blocks_per_sm<kIn, kOut, kScale, kVec16, kOnePass, kAct>()))
@@ -105,7 +106,7 @@ __global__ void __launch_bounds__(kMaxThreads,
   if constexpr (!kOnePass) table.fill();
 
   if constexpr (kOnePass) {
-    one_pass_group<kIn, kGroup, kOut, kScale, kLayout, kVec16, kAct, kFlat, kUnfloored>(p, table);
+    one_pass_group<kIn, kGroup, kOut, kScale, kLayout, kVec16, kAct, kFlat, kArith>(p, table);
     return;
   }
 
@@ -169,8 +170,7 @@ __global__ void __launch_bounds__(kMaxThreads,
       signal_dependents();  // this slot's last load is issued
     }
     // quantize and store this row's group
-    quantize_group<kIn, kGroup, kOut, kScale, kLayout, false, Act::kUnsignedNaN, false,
-                   kUnfloored>(
+    quantize_group<kIn, kGroup, kOut, kScale, kLayout, false, Act::kUnsignedNaN, false, kArith>(
         p, words, mask, row < rows, p.q + batch * p.q_batch_stride + row * k + value0,
         row < p.q_rows, ScaleLayout<kLayout>::at(p, batch, row, group),
         lane == 0 && row < p.scale_rows, group);
@@ -403,16 +403,18 @@ __global__ void __maxnreg__((norm_registers<kIn, kLayout, kPer>()))
 // 128x128 tiles (tile.cuh) ------------------------------------------------------------------------
 
 // quantize_weight: one block a 128x128 weight block; the scale layout is a run-time choice
-// (one store a block), so the key is the input type, the format and the scale kind
-template <int kIn, int kOut, int kScale>
+// (one store a block), so the key is the input type, the format and the scale kind, and an
+// upstream's arithmetic (kArith: DeepGEMM's or torchao's, docs/spec.md section 3c)
+template <int kIn, int kOut, int kScale, int kArith = kDefaultArith>
 __global__ void __launch_bounds__(kTileThreads, tile_blocks_per_sm<kScale>()) quantize_weight_blocks(const __grid_constant__ Params p) {
-  weight_block_tile<kIn, kOut, kScale>(p);
+  weight_block_tile<kIn, kOut, kScale, kArith>(p);
 }
 
-// orientation "col" (p.q null) and "both": one block a tile of 128 tokens by 128 channels
-template <int kIn, int kOut, int kScale, int kLayout>
+// orientation "col" (p.q null) and "both": one block a tile of 128 tokens by 128 channels;
+// kArith: torchao's arithmetic (docs/spec.md section 3c) or the default
+template <int kIn, int kOut, int kScale, int kLayout, int kArith = kDefaultArith>
 __global__ void __launch_bounds__(kTileThreads, tile_blocks_per_sm<kScale>()) quantize_columns(const __grid_constant__ Params p) {
-  column_tile<kIn, kOut, kScale, kLayout>(p);
+  column_tile<kIn, kOut, kScale, kLayout, kArith>(p);
 }
 
 // FP4 (fp4.cuh) -----------------------------------------------------------------------------------

@@ -111,8 +111,9 @@ __device__ __forceinline__ u32 block_max(u32 value, u32* warp_max) {
 // scales + b * s_batch_stride + i * s_row_stride + j * s_word_stride (float words or bytes),
 // or for the packed layout to byte j % 4 of the word of each row n of the block at
 // b * s_batch_stride + n * s_row_stride + (j / 4) * s_word_stride, the padding rows below N
-// and the bytes above the last block of a row zeroed (layouts.cuh's packed store).
-template <int kIn, int kOut, int kScale>
+// and the bytes above the last block of a row zeroed (layouts.cuh's packed store). kArith: the
+// block's arithmetic (encode_scaled's: the default, or section 3c's with float scales).
+template <int kIn, int kOut, int kScale, int kArith = kDefaultArith>
 __device__ __forceinline__ void weight_block_tile(const Params& p) {
   typedef TileShape<kIn> S;
   __shared__ u32 warp_max[kTileWarps];
@@ -145,7 +146,8 @@ __device__ __forceinline__ void weight_block_tile(const Params& p) {
   for (int i = 0; i < S::kPasses; ++i) {
     const u32 row = first_row + i * S::kRowsPerPass;
     u32 codes[S::kValues / 4];
-    scale = encode_scaled<kIn, kOut, kScale, S::kValues>(p, words[i], amax, exponent, codes);
+    scale = encode_scaled<kIn, kOut, kScale, S::kValues, kArith>(p, words[i], amax, exponent,
+                                                                 codes);
     if (__builtin_expect(Input<kIn>::max_magnitude(words[i]) >= Input<kIn>::kInf, 0)) {
       patch_group<kIn, false, S::kValues>(p, words[i], codes);
     }
@@ -181,11 +183,15 @@ __device__ __forceinline__ void weight_block_tile(const Params& p) {
 // groups_per_row = K / 128, the layout's strides, q, scales) through quantize_group, as the
 // other kernels; the column-wise one the t_* fields: codes at qt (K rows of M bytes), scales
 // of channel c, token group j where the layout puts (row c, group j) of a [K, t_groups]
-// matrix (t_row_stride, t_word_stride, t_scale_rows: its padding rows are zeroed).
-template <int kIn, int kOut, int kScale, int kLayout>
+// matrix (t_row_stride, t_word_stride, t_scale_rows: its padding rows are zeroed). kArith: both
+// results' arithmetic (the default, or section 3c's with float scales).
+template <int kIn, int kOut, int kScale, int kLayout, int kArith = kDefaultArith>
 __device__ __forceinline__ void column_tile(const Params& p) {
   typedef TileShape<kIn> S;
   typedef Input<kIn> In;
+  constexpr bool kProduct = kArith == kReciprocalArith || kArith == kMultiplierArith;
+  static_assert(kArith == kDefaultArith || (kProduct && kScale == kFloat32Scale),
+                "the column kernel's arithmetics: the default, or section 3c's of float scales");
   __shared__ u32 channel_max[kTileWarps][kTile];
   __shared__ __align__(16) u8 codes_t[kTile * kCodePitch];
   const int group = static_cast<int>(blockIdx.x);  // the row-wise group: the tile's channels
@@ -212,7 +218,7 @@ __device__ __forceinline__ void column_tile(const Params& p) {
     for (int i = 0; i < S::kPasses; ++i) {
       const u32 row = first_row + i * S::kRowsPerPass;
       const bool real = row < p.rows;
-      quantize_group<kIn, kTile, kOut, kScale, kLayout, false>(
+      quantize_group<kIn, kTile, kOut, kScale, kLayout, false, false, false, kArith>(
           p, words[i], S::kLanes == 32 ? kAllLanes : mask, real, p.q + row * k + col, real,
           ScaleLayout<kLayout>::at(p, 0u, row, group), real && lane == 0, group);
       if (row + 1u == p.rows) {
@@ -262,7 +268,9 @@ __device__ __forceinline__ void column_tile(const Params& p) {
     const float amax = fmaxf(In::magnitude_to_f32(m), p.eps);
     float scale, factor;
     u32 exponent = 0u;
-    if constexpr (kScale == kFloat32Scale) {
+    if constexpr (kProduct) {
+      scale = product_scale<kArith>(p, amax, factor);
+    } else if constexpr (kScale == kFloat32Scale) {
       scale = divide_by_max(amax, p.fmax, p.inverse_fmax);
       factor = rcp_rn(scale);
     } else {
@@ -276,7 +284,9 @@ __device__ __forceinline__ void column_tile(const Params& p) {
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const float value = value_of<kIn>(words[i + j], v);
-        if constexpr (kScale == kFloat32Scale) {
+        if constexpr (kProduct) {
+          scaled[j] = scaled_value<kOut, kMultiply>(value, scale, factor);
+        } else if constexpr (kScale == kFloat32Scale) {
           scaled[j] = scale >= kMinFastDivisor ? scaled_value<kOut, kDivideFast>(value, scale, factor)
                                                : scaled_value<kOut, kDivideExact>(value, scale, factor);
         } else {

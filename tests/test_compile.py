@@ -55,11 +55,14 @@ def test_instantiation_count():
     # UE8M0 scales (float words and packed, four formats) at six blocks an SM too; the one-pass
     # kernel of plain aligned input with the load linear in the slot (contiguous rows);
     # arithmetic="unfloored" (MXFP8: plain input, 32 values, e4m3, UE8M0 in the blocked layout
-    # and float words, x the four paths and the linear load); then per input type the FP4
-    # kernel of each format and layout (NVFP4 blocked, MXFP4 row and blocked) by either
-    # arithmetic (section 4a's and "reciprocal") and NVFP4's amax kernel; then the 128x128 tiles
-    # of e4m3: weight blocks (inputs x scale kinds) and the column-wise kernel (inputs x float
-    # words, UE8M0 in them, packed)
+    # and float words, x the four paths and the linear load) and "multiplier" (torchao's: plain
+    # input, 128 and 256 values, e4m3, float scales in float words, x the four paths and the
+    # linear load); then per input type the FP4 kernel of each format and layout (NVFP4
+    # blocked, MXFP4 row and blocked) by either arithmetic (section 4a's and "reciprocal") and
+    # NVFP4's amax kernel; then the 128x128 tiles of e4m3: weight blocks (inputs x scale kinds)
+    # and the column-wise kernel (inputs x float words, UE8M0 in them, packed); then section
+    # 3c's tiles of float scales: weight blocks (inputs x "reciprocal" and "multiplier") and
+    # columns (inputs x "multiplier")
     combinations = 4 * (4 * 3 + 2)
     six_blocks = 4 * 4 * 2
     flat = 3 * combinations
@@ -70,9 +73,12 @@ def test_instantiation_count():
         + six_blocks
         + flat
         + 3 * 2 * (4 + 1)
+        + 3 * 2 * (4 + 1)
         + 3 * (3 * 2 + 1)
         + 3 * 2
         + 3 * 3
+        + 3 * 2
+        + 3 * 1
     )
 
 
@@ -118,10 +124,15 @@ def _one_of_each_kernel() -> list[str]:
         picked.append(next(n for n in names if "kSiluMul" in n and n.startswith(prefix)))
         picked.append(next(n for n in names if "kGeluTanhMul" in n and n.startswith(prefix)))
     picked.append(_plan.DEFAULT_KEY.name_expression)
-    # the tiles' heaviest: UE8M0 (one block an SM), 16-bit and float32 input, packed columns
+    # the tiles' heaviest: UE8M0 (one block an SM), 16-bit and float32 input, packed columns;
+    # and section 3c's products (DeepGEMM's weight blocks; torchao's columns, whose "both" also
+    # takes them through the group function)
     picked += [_plan.weight_name("bfloat16", "ue8m0"), _plan.weight_name("float32", "ue8m0"),
                _plan.columns_name("float32", "ue8m0", "fgq::kPackedExponents"),
-               _plan.columns_name("bfloat16", "float32", "fgq::kFloatWords")]  # fmt: skip
+               _plan.columns_name("bfloat16", "float32", "fgq::kFloatWords"),
+               _plan.weight_name("bfloat16", "float32", "reciprocal"),
+               _plan.columns_name("float32", "float32", "fgq::kFloatWords",
+                                  "multiplier")]  # fmt: skip
     return list(dict.fromkeys(picked))
 
 

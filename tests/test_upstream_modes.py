@@ -1,8 +1,9 @@
-"""The modes that let a drop-in reproduce an upstream kernel (docs/spec.md, sections 2a, 3a, 3b
-and 4a): ``clamp_limit`` (the clamped SwiGLU), ``arithmetic="bfloat16"`` (vLLM's masked SiLU
-kernel), ``"unfloored"`` (FlashInfer's MXFP8) and ``"reciprocal"`` (vLLM's and FlashInfer's
-NVFP4 and MXFP4), on the NumPy backend and on the GPU against it, bit for bit; ``packed_col``
-(vLLM's masked scales for any T)."""
+"""The modes that let a drop-in reproduce an upstream kernel (docs/spec.md, sections 2a, 3a, 3b,
+3c and 4a): ``clamp_limit`` (the clamped SwiGLU), ``arithmetic="bfloat16"`` (vLLM's masked SiLU
+kernel), ``"unfloored"`` (FlashInfer's MXFP8), ``"reciprocal"`` (vLLM's and FlashInfer's NVFP4
+and MXFP4; DeepGEMM's FP8 weight blocks) and ``"multiplier"`` (torchao's blockwise FP8), on the
+NumPy backend and on the GPU against it, bit for bit; ``packed_col`` (vLLM's masked scales for
+any T)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from backends import NUMPY_AND_GPU, to_device, to_host_bytes
 from helpers import PLAIN_PATHS, activations, force_path
 
 import fp8_group_quant as fgq
-from fp8_group_quant import activation, reference
+from fp8_group_quant import activation, reference, spec_model
 
 BF16 = ml_dtypes.bfloat16
 NP_TYPES = {"bfloat16": BF16, "float16": np.float16, "float32": np.float32}
@@ -61,7 +62,12 @@ def test_clamp_limit_keeps_nan_and_clamps_infinities():
         ({"clamp_limit": True, "activation": "silu_mul"}, TypeError, "clamp_limit"),
         ({"arithmetic": "float16"}, ValueError, "arithmetic"),
         ({"arithmetic": "bfloat16", "dtype": "int8"}, ValueError, "FP8 dtype"),
-        ({"arithmetic": "reciprocal"}, ValueError, "FP4's"),
+        ({"arithmetic": "reciprocal"}, ValueError, "FP4's"),  # FP8 takes it in quantize_weight
+        ({"arithmetic": "multiplier", "dtype": "e5m2"}, ValueError, "dtype='e5m2'"),
+        ({"arithmetic": "multiplier", "scale": "ue8m0"}, ValueError, "scale='ue8m0'"),
+        ({"arithmetic": "multiplier", "eps": 1e-20}, ValueError, "eps=1e-20"),  # below 2**-64
+        ({"arithmetic": "multiplier", "group_size": 64}, ValueError, "group_size=64"),
+        ({"arithmetic": "multiplier", "activation": "silu_mul"}, ValueError, "fused=True"),
         ({"arithmetic": "unfloored"}, ValueError, "group_size=128"),  # MX groups are 32
         ({"arithmetic": "unfloored", "group_size": 32, "dtype": "e5m2", "scale": "ue8m0"},
          ValueError, "dtype='e5m2'"),
@@ -88,6 +94,23 @@ def test_unfloored_refuses_the_masked_layout():
     with pytest.raises(ValueError, match="masked_m: arithmetic='unfloored'"):
         fgq.quantize(np.zeros((2, 4, 64), BF16), 32, scale="ue8m0", arithmetic="unfloored",
                      masked_m=np.array([4, 1], np.int32))  # fmt: skip
+    with pytest.raises(ValueError, match="masked_m: arithmetic='multiplier'"):
+        fgq.quantize(np.zeros((2, 4, 128), BF16), 128, arithmetic="multiplier",
+                     masked_m=np.array([4, 1], np.int32))  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"arithmetic": "bfloat16"}, "quantize_weight takes one of"),
+        ({"arithmetic": "reciprocal", "scale": "ue8m0"}, "scale='ue8m0'"),
+        ({"arithmetic": "multiplier", "dtype": "e5m2"}, "dtype='e5m2'"),
+        ({"arithmetic": "reciprocal", "eps": 2.0**-65}, "eps >= 2\\*\\*-64"),
+    ],
+)
+def test_weight_arithmetic_is_checked(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        fgq.quantize_weight(np.zeros((4, 128), BF16), **kwargs)
 
 
 def test_bfloat16_arithmetic_needs_bfloat16_input():
@@ -367,3 +390,163 @@ def test_reciprocal_on_every_backend_matches_the_numpy_backend(backend, dtype, f
     q, s = fgq.quantize(to_device(x, backend), group, global_scale=given, **options)
     np.testing.assert_array_equal(to_host_bytes(q), to_host_bytes(q_ref))
     np.testing.assert_array_equal(to_host_bytes(s), to_host_bytes(s_ref))
+
+
+# arithmetic="reciprocal" and "multiplier" of FP8 (DeepGEMM's and torchao's, section 3c) --------
+
+PRODUCT_MODES = ("reciprocal", "multiplier")
+
+
+def _weight_results(w: np.ndarray) -> dict:
+    """(codes of row 0 as a tuple, the first block's scale bits) of ``w`` by each arithmetic."""
+    results = {}
+    for mode in ("float32", *PRODUCT_MODES):
+        q, s = fgq.quantize_weight(w, arithmetic=mode)
+        results[mode] = (tuple(int(c) for c in q.view(np.uint8)[0]), int(s.view(np.uint32)[0, 0]))
+    return results
+
+
+def test_product_arithmetic_known_answers():
+    # amax 13: section 3 scales 39/4096 and 13/65536 to exact ties, 0.328125 (between 0x2A and
+    # 0x2B) and 3.5 * 2^-9 (between the subnormals 0x03 and 0x04), which go to the even codes.
+    # "multiplier" keeps the scale RN(13/448) and multiplies by RN(448/13), a hair above 448/13:
+    # 0x2B. "reciprocal" rounds the scale one ulp up, RN(13 * RN(1/448)), and multiplies by its
+    # reciprocal, a hair below: 0x03
+    w = np.zeros((3, 3), np.float32)
+    w[0] = (13.0, 39 / 4096, 13 / 65536)
+    default = (np.float32(13) / np.float32(448)).view(np.uint32)
+    assert _weight_results(w) == {"float32": ((0x7E, 0x2A, 0x04), default),
+                                  "reciprocal": ((0x7E, 0x2A, 0x03), default + 1),
+                                  "multiplier": ((0x7E, 0x2B, 0x04), default)}  # fmt: skip
+    # amax 11: both modes' scales one ulp above RN(11/448)
+    w[0] = (11.0, 0.0, 0.0)
+    default = (np.float32(11) / np.float32(448)).view(np.uint32)
+    assert {mode: bits for mode, (_, bits) in _weight_results(w).items()} == {
+        "float32": default, "reciprocal": default + 1, "multiplier": default + 1}  # fmt: skip
+    # the same arithmetic row-wise and column-wise (torchao's lhs and rhs groups)
+    x = np.zeros((128, 128), np.float32)
+    x[0, :2] = (13.0, 39 / 4096)
+    q, _ = fgq.quantize(x, 128, arithmetic="multiplier")
+    qt, _ = fgq.quantize(np.ascontiguousarray(x.T), 128, orientation="col", arithmetic="multiplier")
+    assert q.view(np.uint8)[0, 1] == qt.view(np.uint8)[0, 1] == 0x2B
+
+
+def _plant_known_groups(x: np.ndarray, rows: slice, cols: slice, step: int) -> None:
+    """Two groups of the known answers above at the start of ``x[rows, cols]``: 13, 39/4096
+    and 13/65536 (codes each mode moves), then ``step`` values on, 11 (a scale both move)."""
+    x[rows, cols] = 0.0
+    flat = x[rows, cols].reshape(-1)
+    flat[:3], flat[step] = (13.0, 39 / 4096, 13 / 65536), 11.0
+    x[rows, cols] = flat.reshape(x[rows, cols].shape)
+
+
+def test_torchaos_float64_multiplier_is_the_float32_quotient():
+    # torchao takes 448 / amax in float64 (torch computes it as RN64(1 / amax) * 448) and rounds
+    # it to float32: section 3c's RN(448 / amax), for every float32 mantissa (the quotient's
+    # rounding depends on amax's mantissa alone while it stays normal), and for its EPS floor
+    # applied in float64 (1e-12) or in float32
+    amax = (np.arange(2**23, dtype=np.uint32) | np.uint32(0x3F800000)).view(np.float32)
+    torchao = ((1.0 / amax.astype(np.float64)) * 448.0).astype(np.float32)
+    np.testing.assert_array_equal(torchao, np.float32(448) / amax)
+    assert np.float32(448.0 / 1e-12) == np.float32(448) / np.float32(1e-12)
+
+
+def test_deepgemms_cuda_scale_rounds_up_to_section_3s_power_of_two():
+    # DeepGEMM's UE8M0 scale is the power of two above RN(amax * RN(1/448)) (torch on CUDA),
+    # section 3's the one above RN(amax / 448): the same for every float32 mantissa, while an
+    # ulp apart for half of them as float scales
+    amax = (np.arange(2**23, dtype=np.uint32) | np.uint32(0x3F800000)).view(np.float32)
+    product = (amax * (np.float32(1) / np.float32(448))).astype(np.float32).view(np.uint32)
+    quotient = (amax / np.float32(448)).astype(np.float32).view(np.uint32)
+    np.testing.assert_array_equal((product + 0x7FFFFF) >> 23, (quotient + 0x7FFFFF) >> 23)
+    assert 0.5 < np.mean(product != quotient) < 0.6
+
+
+# random groups with the specials and the known answers, and a tiny eps (1e-19, above 2**-64)
+# that the subnormal runs reach: the scalar model of section 3c against the NumPy backend, rows,
+# columns and weights
+@pytest.mark.parametrize("mode", PRODUCT_MODES)
+@pytest.mark.parametrize("eps", [1e-10, 1e-19])
+def test_product_arithmetic_matches_the_scalar_model(mode, eps):
+    rng = np.random.default_rng(19)
+    x = activations(rng, (5, 256), "float32", specials=True)
+    w = activations(rng, (130, 260), "float32", specials=True)
+    _plant_known_groups(x, slice(0, 2), slice(0, 128), 128)
+    _plant_known_groups(w, slice(128, 130), slice(128, 260), 128)  # two partial blocks
+    want_q, want_s = spec_model.quantize_weight(w, "e4m3", "float32", eps, arithmetic=mode)
+    q, s = fgq.quantize_weight(w, eps=eps, arithmetic=mode)
+    np.testing.assert_array_equal(q.view(np.uint8), want_q[0])
+    np.testing.assert_array_equal(s, want_s[0].astype(np.float32))
+    default_q, default_s = fgq.quantize_weight(w, eps=eps)
+    assert (default_q.view(np.uint8) != q.view(np.uint8)).any() and (default_s != s).any()
+    if mode != "multiplier":  # quantize takes "multiplier" only
+        return
+    want_q, want_s = spec_model.quantize(x, 128, "e4m3", "float32", eps, arithmetic=mode)
+    q, s = fgq.quantize(x, 128, eps=eps, arithmetic=mode)
+    np.testing.assert_array_equal(q.view(np.uint8), want_q)
+    np.testing.assert_array_equal(s, want_s.astype(np.float32))
+    default_q, default_s = fgq.quantize(x, 128, eps=eps)
+    assert (default_q.view(np.uint8) != q.view(np.uint8)).any() and (default_s != s).any()
+    tokens = np.ascontiguousarray(w[:200, :256])  # a partial last token group
+    want_q, want_s = spec_model.quantize_columns(tokens, 128, "e4m3", "float32", eps,
+                                                 arithmetic=mode)  # fmt: skip
+    q, s = fgq.quantize(tokens, 128, orientation="col", eps=eps, arithmetic=mode)
+    np.testing.assert_array_equal(q.view(np.uint8), want_q)
+    np.testing.assert_array_equal(s, want_s.astype(np.float32))
+
+
+def _random_with_specials(shape, dtype: str, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    with np.errstate(over="ignore"):  # the specials' largest values are Inf in float16
+        return (activations(rng, shape, "float32", specials=True) * 4).astype(NP_TYPES[dtype])
+
+
+# torchao's act_quant_lhs groups on the GPU's paths (one pass, row loop; contiguous, a view of
+# a wider row, an unaligned base) in every float layout
+@pytest.mark.parametrize("backend", NUMPY_AND_GPU)
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("group_size", [128, 256])
+@pytest.mark.parametrize("layout", ["row", "col", "col_tma"])
+@pytest.mark.parametrize("path", sorted(PLAIN_PATHS))
+def test_multiplier_rows_on_every_backend_match_the_numpy_backend(backend, dtype, group_size,
+                                                                  layout, path):  # fmt: skip
+    x = _random_with_specials((37, 768), dtype, 23)
+    options = dict(layout=layout, eps=1e-12, arithmetic="multiplier")
+    given = to_device(x, backend)
+    ahead = np.concatenate([x.reshape(-1)[:1], x.reshape(-1)])  # x one element further on
+    unaligned = to_device(ahead, backend)[1:].reshape(x.shape)
+    for array, values in ((given, x), (given[:, 256:], x[:, 256:]), (unaligned, x)):
+        with force_path(**PLAIN_PATHS[path]):
+            q, s = fgq.quantize(array, group_size, **options)
+        want_q, want_s = fgq.quantize(np.ascontiguousarray(values), group_size, **options)
+        np.testing.assert_array_equal(to_host_bytes(q), to_host_bytes(want_q))
+        np.testing.assert_array_equal(to_host_bytes(s), to_host_bytes(want_s))
+
+
+# torchao's act_quant_rhs and transposed_lhs (column-wise), and "both" (the row-wise groups of
+# the column kernel), with a partial last token group
+@pytest.mark.parametrize("backend", NUMPY_AND_GPU)
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("orientation", ["col", "both"])
+def test_multiplier_columns_on_every_backend_match_the_numpy_backend(backend, dtype,
+                                                                     orientation):  # fmt: skip
+    x = _random_with_specials((300, 384), dtype, 29)
+    options = dict(layout="col", eps=1e-12, orientation=orientation, arithmetic="multiplier")
+    got = fgq.quantize(to_device(x, backend), 128, **options)
+    want = fgq.quantize(x, 128, **options)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(to_host_bytes(g), to_host_bytes(w))
+
+
+# DeepGEMM's and torchao's weight blocks: partial edge blocks, experts, both float layouts
+@pytest.mark.parametrize("backend", NUMPY_AND_GPU)
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("mode", PRODUCT_MODES)
+@pytest.mark.parametrize("layout", ["row", "col"])
+def test_product_weights_on_every_backend_match_the_numpy_backend(backend, dtype, mode, layout):
+    w = _random_with_specials((2, 200, 300), dtype, 31)
+    options = dict(layout=layout, eps=1e-4, arithmetic=mode)
+    q, s = fgq.quantize_weight(to_device(w, backend), **options)
+    want_q, want_s = fgq.quantize_weight(w, **options)
+    np.testing.assert_array_equal(to_host_bytes(q), to_host_bytes(want_q))
+    np.testing.assert_array_equal(to_host_bytes(s), to_host_bytes(want_s))
