@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 
-from ._arrays import kind_of
+from ._arrays import kind_of, library_of
 from ._layout import COL, COL_TMA, PACKED, ROW, Geometry, LayoutName, scale_layout
 from ._spec import ScaleName
 from .api import quantize
@@ -218,7 +218,7 @@ def _zeroed_like(x, geometry: Geometry):
 
     shape, strides = geometry.scale_shape, geometry.scale_strides
     dtype = geometry.layout.dtype
-    module = type(x).__module__.split(".")[0]
+    module = library_of(x)
     if module == "torch":
         import torch
 
@@ -330,10 +330,6 @@ def rms_norm_per_block_quant(
 # Blackwell block-scaled formats (issue 14): FlashInfer's and vLLM's quantizers ------------------
 
 
-def _library(array) -> str:
-    return type(array).__module__.split(".")[0]
-
-
 def _rows_2d(x):
     """``x`` as ``[rows, K]``, every leading dimension flattened (a 1-D x is one row)."""
     if not hasattr(x, "reshape") or not getattr(x, "shape", ()):
@@ -345,7 +341,7 @@ def _rows_2d(x):
 
 def _scale_bytes_view(scales, float8: str):
     """uint8 scale bytes as ``float8`` (torch's and ml_dtypes' name), where the library has it."""
-    library = _library(scales)
+    library = library_of(scales)
     if library == "torch":
         import torch
 
@@ -363,7 +359,7 @@ def _linear_scales(blocked, rows: int, groups: int, group_size: int):
 
     geometry = Geometry((rows, groups * group_size), group_size, scale_layout("blocked"), False)
     offsets = geometry.scale_byte_offsets().reshape(rows, groups)
-    library = _library(blocked)
+    library = library_of(blocked)
     flat = blocked.reshape(-1)
     if library == "torch":
         import torch
@@ -420,7 +416,7 @@ def mxfp8_quantize(
     layout = "blocked" if is_sf_swizzled_layout else ROW
     q, scales = quantize(x, 32, dtype="e4m3", scale="ue8m0", layout=layout)
     if not is_sf_swizzled_layout:  # float32 powers of two -> their exponent bytes
-        bits = scales.view("int32") if _library(scales) != "torch" else _torch_int32(scales)
+        bits = scales.view("int32") if library_of(scales) != "torch" else _torch_int32(scales)
         scales = _exponent_bytes(bits)
     return q.reshape(input.shape), scales.reshape(-1)
 
@@ -434,7 +430,7 @@ def _torch_int32(scales):
 def _exponent_bytes(bits):
     """The biased exponents of positive float32 bit patterns, as uint8."""
     shifted = bits >> 23
-    if _library(bits) == "torch":
+    if library_of(bits) == "torch":
         import torch
 
         return shifted.to(torch.uint8)
