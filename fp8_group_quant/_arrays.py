@@ -102,6 +102,11 @@ def dtype_name(dtype) -> str:
     return name
 
 
+def library_of(array) -> str:
+    """The top-level module of ``array``'s type: "numpy", "torch", "cupy", "jax", ..."""
+    return type(array).__module__.split(".")[0]
+
+
 def kind_of(array) -> str:
     """The library, type and (torch) device of ``array``, for messages."""
     device = getattr(array, "device", None)
@@ -403,7 +408,7 @@ def foreign_library(x) -> str | None:
         device = getattr(x, "__dlpack_device__", None)
         if device is None or device()[0] not in (2, 13):  # kDLCUDA, kDLCUDAManaged
             return None
-    root = type(x).__module__.split(".")[0]
+    root = library_of(x)
     if root in ("jax", "jaxlib"):
         return JAX
     if root == "numba":

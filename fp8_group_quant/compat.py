@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 import sys
 
-from ._arrays import kind_of
+from ._arrays import kind_of, library_of
 from ._layout import COL, COL_TMA, PACKED, PACKED_COL, ROW, Geometry, LayoutName, scale_layout
 from ._spec import ScaleName
 from .api import quantize, quantize_weight
@@ -228,7 +228,7 @@ def _zeroed_like(x, geometry: Geometry):
 
     shape, strides = geometry.scale_shape, geometry.scale_strides
     dtype = geometry.layout.dtype
-    module = type(x).__module__.split(".")[0]
+    module = library_of(x)
     if module == "torch":
         import torch
 
@@ -345,10 +345,6 @@ def rms_norm_per_block_quant(
 # Blackwell block-scaled formats (issue 14): FlashInfer's and vLLM's quantizers ------------------
 
 
-def _library(array) -> str:
-    return type(array).__module__.split(".")[0]
-
-
 def _rows_2d(x):
     """``x`` as ``[rows, K]``, every leading dimension flattened (a 1-D x is one row)."""
     if not hasattr(x, "reshape") or not getattr(x, "shape", ()):
@@ -360,7 +356,7 @@ def _rows_2d(x):
 
 def _scale_bytes_view(scales, float8: str):
     """uint8 scale bytes as ``float8`` (torch's and ml_dtypes' name), where the library has it."""
-    library = _library(scales)
+    library = library_of(scales)
     if library == "torch":
         import torch
 
@@ -376,7 +372,7 @@ def _in_library_of(array, values):
     """NumPy ``values`` (an index array) as an array of ``array``'s library and device."""
     import numpy as np
 
-    library = _library(array)
+    library = library_of(array)
     if library == "torch":
         import torch
 
@@ -413,9 +409,9 @@ def _tiles_8x4(linear):
 
 def _zeros_like(array, shape: tuple):
     """Zeros of ``shape`` in ``array``'s library, dtype and device."""
-    if _library(array) == "torch":
+    if library_of(array) == "torch":
         return array.new_zeros(shape)
-    return sys.modules[_library(array)].zeros(shape, array.dtype)
+    return sys.modules[library_of(array)].zeros(shape, array.dtype)
 
 
 def _check_layout_name(value, name: str) -> str:
@@ -473,7 +469,7 @@ def mxfp8_quantize(
     q, scales = quantize(x, 32, dtype="e4m3", scale="ue8m0", layout="blocked" if blocked else ROW,
                          arithmetic="unfloored")  # fmt: skip
     if not blocked:  # float32 powers of two (0 for byte 0) -> their exponent bytes
-        bits = scales.view("int32") if _library(scales) != "torch" else _torch_int32(scales)
+        bits = scales.view("int32") if library_of(scales) != "torch" else _torch_int32(scales)
         scales = _exponent_bytes(bits)
         if layout == "layout_8x4":
             scales = _tiles_8x4(scales)
@@ -489,7 +485,7 @@ def _torch_int32(scales):
 def _exponent_bytes(bits):
     """The biased exponents of positive float32 bit patterns, as uint8."""
     shifted = bits >> 23
-    if _library(bits) == "torch":
+    if library_of(bits) == "torch":
         import torch
 
         return shifted.to(torch.uint8)
@@ -708,5 +704,5 @@ def _contiguous(array):
     (numpy, cupy); no copy where it already is."""
     if hasattr(array, "contiguous"):
         return array.contiguous()
-    library = sys.modules[type(array).__module__.split(".")[0]]
+    library = sys.modules[library_of(array)]
     return library.ascontiguousarray(array)
