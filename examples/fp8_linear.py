@@ -32,7 +32,7 @@ def fp8_step(x, w, dy, mm):
     qwt, swt = fgq.quantize_weight(w.T.copy() if isinstance(w, np.ndarray) else w.t().contiguous())
     y = mm(xs.q, qw.T, xs.scales, sw.T)  # [M, K] x [K, N]
     dx = mm(dys.q, qwt.T, dys.scales, swt.T)  # [M, N] x [N, K]
-    dw = mm(dys.qt, xs.qt.T, dys.scales_t, xs.scales_t)  # [N, M] x [M, K]
+    dw = mm(dys.qt, xs.qt.T, dys.scales_t, xs.scales_t.T)  # [N, M] x [M, K]
     return y, dx, dw
 
 
@@ -50,13 +50,14 @@ def on_host() -> None:
     dy = rng.standard_normal((m, n)).astype(np.float32)
 
     def mm(a, b, scale_a, scale_b):
-        # a [rows, red] with 1x128 scales; b [red, cols] given as the transpose of its codes
+        # a [rows, red] with 1x128 scales; b [red, cols] and its scales, each given as the
+        # transpose of codes and scales of b^T, as torch._scaled_mm takes them
         a_deq = fgq.dequantize(a, scale_a, 128)
-        b_t = np.ascontiguousarray(b.T)
-        if scale_b.shape[0] == b_t.shape[0]:  # 1x128 groups along the reduction (wgrad)
-            b_deq = fgq.dequantize(b_t, np.ascontiguousarray(scale_b), 128)
-        else:  # 128x128 blocks, their scales given transposed
-            b_deq = fgq.dequantize_weight(b_t, np.ascontiguousarray(scale_b.T))
+        b_t, s_t = np.ascontiguousarray(b.T), np.ascontiguousarray(scale_b.T)
+        if s_t.shape[0] == b_t.shape[0]:  # 1x128 groups along the reduction (wgrad)
+            b_deq = fgq.dequantize(b_t, s_t, 128)
+        else:  # 128x128 blocks
+            b_deq = fgq.dequantize_weight(b_t, s_t)
         return a_deq.astype(np.float64) @ b_deq.T.astype(np.float64)
 
     y, dx, dw = fp8_step(x, w, dy, mm)

@@ -41,8 +41,8 @@ def describe(array, name: str) -> ArrayInfo:
         dtype = str(array.dtype).removeprefix("torch.")  # torch.bfloat16 -> bfloat16
         if array.device.type != "cuda":  # CPU tensors go through numpy views before this
             raise TypeError(
-                f"{name}: expected a torch tensor on the CPU or a CUDA device (with the call's "
-                f"other arrays on the same one), got one on device {array.device}"
+                f"{name}: expected a CUDA tensor like the call's other arrays, got one on device "
+                f"{array.device} (a call's arrays all live on one device)"
             )
         return ArrayInfo(
             TORCH,

@@ -40,18 +40,19 @@ def ref_rms_norm(weight, x, residual):
     if residual is not None:
         x = x + residual.to(torch.float32)
         residual = x.to(orig_dtype)
-    if x.device.type == "cpu":
-        # CHANGE: on the CPU the squares are summed in docs/spec.md 2b's fixed order, not in
-        # torch's CPU order. forward_native fixes no order (vLLM's kernel has a third), and a
-        # last-bit change of the mean moves a bfloat16 x * r across a rounding boundary now
-        # and then: a group scale then differs by a bfloat16 step (1 of 16,384 at 2048 x
-        # 1024), and a code of its group near an e4m3 midpoint by a whole step (1/8, past the
-        # dequantized check's 5%). With the same sum, every CPU case agrees bit for bit. On
-        # the GPU the reference keeps torch's order (and its approximate rsqrt)
-        variance = _sum_of_squares_in_spec_order(x, orig_dtype) / x.shape[-1]
-    else:
-        variance = x.pow(2).mean(dim=-1, keepdim=True)
-    x = (x * torch.rsqrt(variance + EPS)).to(orig_dtype)
+    # CHANGE: the squares are summed in docs/spec.md 2b's fixed order and r = 1 / sqrt(d) with
+    # both correctly rounded, on every device. forward_native fixes no order (torch's CPU and
+    # CUDA reductions differ, vLLM's kernel has a third) and torch.rsqrt is approximate on CUDA;
+    # a last-bit change of r moves a bfloat16 x * r across a rounding boundary now and then: a
+    # group scale then differs by a bfloat16 step (1 of 16,384 at 2048 x 1024 on the CPU), and
+    # a code near an e4m3 midpoint by a whole step (1/8, past the dequantized check's 5%; 12
+    # of the CUDA cases on the H200 with torch's order). With these steps every case agrees
+    # bit for bit
+    variance = _sum_of_squares_in_spec_order(x, orig_dtype) / x.shape[-1]
+    # float32 results of float64 steps: correctly rounded (torch's float32 sqrt on the CPU is
+    # not on every value, and its rsqrt on CUDA is rsqrtf)
+    root = torch.sqrt((variance + EPS).double()).float()
+    x = (x * (1.0 / root.double()).float()).to(orig_dtype)
     return x * weight, residual
 
 

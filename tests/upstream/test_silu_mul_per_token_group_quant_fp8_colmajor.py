@@ -30,7 +30,7 @@ def _triton_reference_kernel():
     @triton.jit
     def quant_colmajor(y_ptr, y_q_ptr, y_s_ptr, group_size, y_num_columns, y_row_stride,
                        y_s_col_stride, eps, fp8_min, fp8_max, use_ue8m0: tl.constexpr,
-                       BLOCK: tl.constexpr):  # fmt: skip
+                       BLOCK: tl.constexpr, PRECISE: tl.constexpr = True):  # fmt: skip
         groups_per_row = y_num_columns // group_size
         g_id = tl.program_id(0)
         row = g_id // groups_per_row
@@ -42,16 +42,24 @@ def _triton_reference_kernel():
         mask = cols < group_size
         y = tl.load(y_ptr + cols, mask=mask, other=0.0).to(tl.float32)
         absmax = tl.maximum(tl.max(tl.abs(y)), eps)
-        scale_raw = absmax / fp8_max
+        # CHANGE: Triton's float32 '/' is PTX div.full.f32 (within 2 ulp, not correctly rounded);
+        # bfloat16 products make exact e4m3 ties common, which an ulp then rounds a code apart
+        # from IEEE division (0.2% of codes with float32 scales on the H200, none with UE8M0).
+        # Both divisions are IEEE here (div_rn), as on the CPU and in docs/spec.md
+        if PRECISE:
+            scale_raw = tl.math.div_rn(absmax, fp8_max)
+        else:
+            scale_raw = absmax / fp8_max
         y_s = tl.math.exp2(tl.ceil(tl.log2(scale_raw))) if use_ue8m0 else scale_raw
-        y_q = tl.clamp(y / y_s, fp8_min, fp8_max).to(y_q_ptr.dtype.element_ty)
+        y_q = tl.math.div_rn(y, y_s) if PRECISE else y / y_s
+        y_q = tl.clamp(y_q, fp8_min, fp8_max).to(y_q_ptr.dtype.element_ty)
         tl.store(y_q_ptr + cols, y_q, mask=mask)
         tl.store(y_s_ptr, y_s)
 
     return triton, quant_colmajor
 
 
-def reference_quant(x: torch.Tensor, use_ue8m0: bool):
+def reference_quant(x: torch.Tensor, use_ue8m0: bool, precise: bool = True):
     """Upstream's reference quantizer: column-major float32 scales [M, N/G], strides (1, M)."""
     finfo = torch.finfo(FLOAT8_DTYPE)
     shape = (x.shape[-1] // GROUP_SIZE,) + x.shape[:-1]
@@ -62,7 +70,7 @@ def reference_quant(x: torch.Tensor, use_ue8m0: bool):
         block = triton.next_power_of_2(GROUP_SIZE)
         kernel[(x.numel() // GROUP_SIZE,)](
             x, x_q, x_s, GROUP_SIZE, x.shape[1], x.stride(0), x_s.stride(1), eps=1e-10,
-            fp8_min=finfo.min, fp8_max=finfo.max, use_ue8m0=use_ue8m0, BLOCK=block,
+            fp8_min=finfo.min, fp8_max=finfo.max, use_ue8m0=use_ue8m0, BLOCK=block, PRECISE=precise,
             num_warps=min(max(block // 256, 1), 8), num_stages=1,
         )  # fmt: skip
         return x_q, x_s
