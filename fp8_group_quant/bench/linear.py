@@ -177,7 +177,7 @@ def both_target(cupy, roofline_split, shape, scale: ScaleName) -> dict:
     expected = fgq.quantize(cupy.asnumpy(inputs[0]), 128, scale=scale, layout="col",
                             orientation="both")  # fmt: skip
     for got, want in zip(outputs[0], expected):
-        if not np.array_equal(cupy.asnumpy(got).view(np.uint8), np.asarray(want).view(np.uint8)):
+        if not np.array_equal(np.ascontiguousarray(cupy.asnumpy(got)).view(np.uint8), np.ascontiguousarray(want).view(np.uint8)):
             raise AssertionError(f"quantize(orientation='both') {shape} differs from NumPy")
     chunks = m * k * 2 // 32
     grid = (-(-chunks // ROOFLINE_THREADS), 1, 1)
