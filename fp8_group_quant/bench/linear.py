@@ -176,8 +176,11 @@ def both_target(cupy, roofline_split, shape, scale: ScaleName) -> dict:
     outputs = [fgq.quantize(x, 128, scale=scale, layout="col", orientation="both") for x in inputs]
     expected = fgq.quantize(cupy.asnumpy(inputs[0]), 128, scale=scale, layout="col",
                             orientation="both")  # fmt: skip
+    def raw(array):  # bytes in logical order: qt and the col scales are transposed views
+        return np.ascontiguousarray(array).view(np.uint8)
+
     for got, want in zip(outputs[0], expected):
-        if not np.array_equal(np.ascontiguousarray(cupy.asnumpy(got)).view(np.uint8), np.ascontiguousarray(want).view(np.uint8)):
+        if not np.array_equal(raw(cupy.asnumpy(got)), raw(want)):
             raise AssertionError(f"quantize(orientation='both') {shape} differs from NumPy")
     chunks = m * k * 2 // 32
     grid = (-(-chunks // ROOFLINE_THREADS), 1, 1)
