@@ -176,6 +176,7 @@ def both_target(cupy, roofline_split, shape, scale: ScaleName) -> dict:
     outputs = [fgq.quantize(x, 128, scale=scale, layout="col", orientation="both") for x in inputs]
     expected = fgq.quantize(cupy.asnumpy(inputs[0]), 128, scale=scale, layout="col",
                             orientation="both")  # fmt: skip
+
     def raw(array):  # bytes in logical order: qt and the col scales are transposed views
         return np.ascontiguousarray(array).view(np.uint8)
 
