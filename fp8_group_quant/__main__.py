@@ -14,7 +14,7 @@ import time
 import ml_dtypes
 import numpy as np
 
-from . import __version__, _jit, api, spec_model
+from . import __version__, _jit, _settings, api, spec_model
 from ._layout import SCALE_LAYOUTS, Geometry
 from ._sample import activation
 
@@ -159,6 +159,7 @@ def info() -> int:
         print(f"cupy       not usable: {error}")
         cupy = None
     print(f"nvrtc      {_describe(lambda: '.'.join(map(str, _jit.nvrtc_version())))}")
+    print(f"bindings   {_bindings()}")
     count = _describe(_jit.device_count)
     print(f"devices    {count}")
     if cupy is not None and isinstance(count, int) and count > 0:
@@ -169,6 +170,19 @@ def info() -> int:
             target = _describe(lambda: _jit.target_for(capability))  # noqa: B023
             print(f"  {device}: {name}, compute capability {capability}, kernels for {target}")
     return 0
+
+
+def _bindings() -> str:
+    """NVIDIA's driver bindings: their version and whether launches go through them."""
+    import importlib.metadata
+
+    try:
+        version = f"cuda-bindings {importlib.metadata.version('cuda-bindings')}"
+    except importlib.metadata.PackageNotFoundError:
+        return "cuda-bindings not installed: CuPy launches the kernels, without PDL"
+    if _jit.driver() is None:
+        return f"{version} (no usable CUDA driver)"
+    return f"{version}: cuLaunchKernelEx, with PDL on SM90 and newer unless {_settings.PDL}=0"
 
 
 def _describe(read):

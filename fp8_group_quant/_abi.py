@@ -20,6 +20,8 @@ MASKED_THREADS = 128  # threads of a persistent (masked) block
 MASKED_UNROLL = 3  # persistent kernel: slots a thread loads together, plain input
 MASKED_UNROLL_SILU = 2  # the same with SiLU-mul (gate and up: 64 bytes a slot)
 MAX_NORM_LANES = 1024  # an RMSNorm row: at most 32 warps of 32 lanes (K <= 16384 for 16-bit input)
+# norm_rounding's values (docs/spec.md, section 2b); Params.norm_rounding is the index
+NORM_ROUNDINGS = ("once", "twice", "twice_unrounded_sum")
 
 CONSTANTS = {
     "kLaneWords": LANE_WORDS,
@@ -29,6 +31,7 @@ CONSTANTS = {
     "kMaskedUnroll": MASKED_UNROLL,
     "kMaskedUnrollSilu": MASKED_UNROLL_SILU,
     "kMaxNormLanes": MAX_NORM_LANES,
+    "kNormTwiceUnroundedSum": NORM_ROUNDINGS.index("twice_unrounded_sum"),
 }
 
 _C_TYPES = {  # the C spelling of each field type, and its ctypes mirror
@@ -78,23 +81,36 @@ PARAMS = (
     ("float", "ue8m0_floor", "floor of amax / fmax before the power-of-two ceiling"),
     ("u32", "nonfinite_codes", "codes of +NaN, -NaN, +Inf, -Inf, a byte each from the lowest"),
     ("u32", "floor_emax", "scale_rule='floor': the format's emax_elem; 0 for 'rceil'"),
+    ("u32", "bf16_arithmetic", "arithmetic='bfloat16': scale steps rounded to bfloat16"),
     ("u32", "masked_i64", "masked layout: 1 when masked_m holds int64 counts"),
     ("i64", "x_up_offset", "SiLU-mul: elements from a gate value to its up value"),
     ("u32", "table_by_threads", "SiLU-mul, one pass: every thread copies part of the table"),
+    ("float", "clamp_limit", "gated input: gate <= it, |up| <= it (x's dtype); +Inf without"),
     ("ptr", "masked_m", "masked layout: rows of each batch to quantize, or 0"),
     ("ptr", "weight", "RMSNorm: the weight [K], x's type"),
     ("ptr", "residual", "add-RMSNorm: x + residual is written back here; 0 without"),
     ("i64", "r_batch_stride", "add-RMSNorm: residual elements between batches"),
     ("i64", "r_row_stride", "add-RMSNorm: residual elements between rows"),
     ("float", "eps_norm", "RMSNorm: added to the mean square"),
+    ("u32", "norm_rounding", "RMSNorm: NORM_ROUNDINGS' index; > 0: x * r rounded to x's type"),
     ("u32", "global_mode", "NVFP4: global_scale (0), *global_ptr (1), from amax (2)"),
     ("float", "global_scale", "NVFP4: the global scale, in mode 0"),
     ("ptr", "global_ptr", "NVFP4: see global_mode (nvfp4_amax writes amax there)"),
     ("ptr", "global_out", "NVFP4, mode 2: the computed global scale is written here"),
+    ("i64", "cols", "tiles: the input's columns (a weight's K, any size)"),
+    ("u32", "x_aligned", "tiles: x's base and strides 16-byte aligned (vector loads)"),
+    ("u32", "weight_layout", "quantize_weight: 0 float words, 1 exponent bytes, 2 packed"),
+    ("ptr", "qt", "orientation col/both: the column-wise codes [K, M]"),
+    ("ptr", "scales_t", "orientation col/both: the column-wise scale storage"),
+    ("i64", "t_row_stride", "column-wise scales: bytes between rows (channels)"),
+    ("i64", "t_word_stride", "column-wise scales: bytes between a row's scale words"),
+    ("int", "t_groups", "column-wise scales: token groups a channel, ceil(M / 128)"),
+    ("u32", "t_scale_rows", "column-wise scales: storage rows; [K, t_scale_rows) are zeroed"),
 )
 # pointers the kernels write through, typed as such in C++ (the others are const void*)
 _WRITTEN = {"q": "unsigned char*", "scales": "unsigned char*", "residual": "unsigned char*",
-            "global_out": "unsigned char*"}  # fmt: skip
+            "global_out": "unsigned char*", "qt": "unsigned char*",
+            "scales_t": "unsigned char*"}  # fmt: skip
 
 
 def _c_type(kind: str, name: str) -> str:

@@ -41,8 +41,8 @@ def describe(array, name: str) -> ArrayInfo:
         dtype = str(array.dtype).removeprefix("torch.")  # torch.bfloat16 -> bfloat16
         if array.device.type != "cuda":  # CPU tensors go through numpy views before this
             raise TypeError(
-                f"{name}: expected a torch tensor on the CPU or a CUDA device (with the call's "
-                f"other arrays on the same one), got one on device {array.device}"
+                f"{name}: expected a CUDA tensor like the call's other arrays, got one on device "
+                f"{array.device} (a call's arrays all live on one device)"
             )
         return ArrayInfo(
             TORCH,
@@ -56,27 +56,16 @@ def describe(array, name: str) -> ArrayInfo:
         )
     if isinstance(array, np.ndarray):
         itemsize = array.itemsize
-        strides = tuple(s // itemsize for s in array.strides)
-        if any(s % itemsize for s in array.strides):
-            raise ValueError(f"{name}: strides must be multiples of the item size")
-        return ArrayInfo(
-            NUMPY, array, array.ctypes.data, array.shape, strides, array.dtype.name, itemsize, None
-        )
+        strides = _element_strides(array.strides, itemsize, name)
+        return ArrayInfo(NUMPY, array, array.ctypes.data, array.shape, strides,
+                         dtype_name(array.dtype), itemsize, None)  # fmt: skip
     cupy = sys.modules.get("cupy")
     if cupy is not None and isinstance(array, cupy.ndarray):
-        itemsize = array.itemsize
-        if any(s % itemsize for s in array.strides):
-            raise ValueError(f"{name}: strides must be multiples of the item size")
-        return ArrayInfo(
-            CUPY,
-            array,
-            array.data.ptr,
-            array.shape,
-            tuple(s // itemsize for s in array.strides),
-            array.dtype.name,
-            itemsize,
-            array.device.id,
-        )
+        itemsize, data = array.itemsize, array.data
+        strides = _element_strides(array.strides, itemsize, name)
+        # NOTES: the pointer's device_id is a plain read; array.device builds a Device
+        return ArrayInfo(CUPY, array, data.ptr, array.shape, strides, dtype_name(array.dtype),
+                         itemsize, data.device_id)  # fmt: skip
     hint = ""
     if isinstance(array, (list, tuple, int, float)):
         dtype = ", numpy.float32" if name == "x" else ""
@@ -85,6 +74,32 @@ def describe(array, name: str) -> ArrayInfo:
         f"{name}: expected a numpy array, a torch tensor (CPU or CUDA) or a cupy array, "
         f"got {kind_of(array)}{hint}"
     )
+
+
+def _element_strides(byte_strides, itemsize: int, name: str) -> tuple[int, ...]:
+    """Strides in elements; ValueError naming the array where one is not a whole element."""
+    strides = tuple([s // itemsize for s in byte_strides])
+    if [s for s in byte_strides if s % itemsize]:
+        raise ValueError(f"{name}: strides must be multiples of the item size")
+    return strides
+
+
+_dtype_names: dict = {}
+MAX_DTYPE_NAMES = 256  # dtypes whose names are remembered; a program uses a handful
+
+
+def dtype_name(dtype) -> str:
+    """``dtype.name`` of a numpy dtype, remembered.
+
+    NOTES: numpy computes the name in Python at each read (0.5-1.7 us on the CI host, float16
+    and float32 the slowest), more than the rest of a description together.
+    """
+    name = _dtype_names.get(dtype)
+    if name is None:
+        name = dtype.name
+        if len(_dtype_names) < MAX_DTYPE_NAMES:
+            _dtype_names[dtype] = name
+    return name
 
 
 def library_of(array) -> str:
@@ -97,6 +112,22 @@ def kind_of(array) -> str:
     device = getattr(array, "device", None)
     where = f" on device {device}" if type(array).__module__.startswith("torch") else ""
     return f"{type(array).__module__}.{type(array).__name__}{where}"
+
+
+def check_companion(
+    info: ArrayInfo, other: ArrayInfo, name: str, leader: str = "x", what: str = "expected an array"
+) -> None:
+    """``other``, the argument ``name``, must be of the library of ``info`` (the argument
+    ``leader``; else a TypeError) and on its device (else a ValueError)."""
+    if other.kind != info.kind:
+        raise TypeError(
+            f"{name}: {what} of {leader}'s library ({info.kind}), got {kind_of(other.obj)}"
+        )
+    if other.device != info.device:
+        raise ValueError(
+            f"{name}: {what} on {leader}'s device ({info.kind} device {info.device}), got "
+            f"device {other.device}"
+        )
 
 
 def is_torch_cpu(array) -> bool:
@@ -237,7 +268,9 @@ def device_signature(x):
     """
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(x, torch.Tensor):
-        if not x.is_cuda:
+        # NOTES: under torch.compile a tensor has no pointer to read; the entry point then
+        # takes the custom op (api._dynamo_tracing)
+        if not x.is_cuda or is_dynamo_compiling(torch):
             return None
         ptr = x.data_ptr()
         return TORCH, x.dtype, x.shape, x.stride(), x.get_device(), ptr % 16 == 0, ptr
@@ -247,6 +280,13 @@ def device_signature(x):
         ptr = data.ptr
         return CUPY, x.dtype, x.shape, x.strides, data.device_id, ptr % 16 == 0, ptr
     return None
+
+
+def is_dynamo_compiling(torch) -> bool:
+    """Whether torch.compile's dynamo is tracing the caller (False in eager, where it costs a
+    call; older torch has no such function and no tracing of this package)."""
+    check = getattr(torch.compiler, "is_dynamo_compiling", None)
+    return check is not None and check()
 
 
 def pointer(array, kind: str) -> int:

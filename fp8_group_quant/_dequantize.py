@@ -17,6 +17,7 @@ from ._arrays import (
     NUMPY,
     TORCH,
     ArrayInfo,
+    check_companion,
     describe,
     is_torch_cpu,
     kind_of,
@@ -24,9 +25,11 @@ from ._arrays import (
     to_cupy,
     torch_cpu_to_numpy,
 )
-from ._layout import BLOCKED, SCALE_LAYOUTS, Geometry, scale_layout
+from ._layout import BLOCKED, SCALE_LAYOUTS, WEIGHT_BLOCK, Geometry, scale_layout
 from ._request import NVFP4_GROUP
-from ._spec import FORMATS_BY_DTYPE, OUTPUT_FORMATS, output_format
+from ._spec import FORMATS_BY_DTYPE, FP4_FORMATS, GROUP_SIZES, OUTPUT_FORMATS, output_format
+
+MXFP4_GROUP = FP4_FORMATS["mxfp4"].group_size
 
 _DECODE_TABLES: dict[str, np.ndarray] = {}
 
@@ -81,6 +84,8 @@ def _group_size(q_info: ArrayInfo, s_info: ArrayInfo, given) -> int:
     k = q_info.shape[-1]
     if s_info.dtype == "float32" and s_info.shape and s_info.shape[-1]:
         groups = s_info.shape[-1]
+        if given is not None and k % given and -(-k // given) == groups:
+            return given  # a partial last group (the column-wise result, section 4d)
         if k % groups:
             raise ValueError(
                 f"scales: expected a number of groups a row that divides q's K = {k}, got {groups}"
@@ -90,6 +95,12 @@ def _group_size(q_info: ArrayInfo, s_info: ArrayInfo, given) -> int:
                 f"group_size: {given} contradicts the shapes: q has K = {k} and scales hold "
                 f"{groups} groups a row, which makes group_size {k // groups}"
             )
+        if given is None and k // groups not in GROUP_SIZES:
+            raise ValueError(
+                f"scales: {groups} groups a row of q's K = {k} make group_size {k // groups}, "
+                f"which quantize never writes: pass group_size (a partial last group, as "
+                f"orientation='col' writes, needs it)"
+            )
         return k // groups
     if given is None:
         kind = "packed int32" if s_info.dtype == "int32" else "blocked uint8"
@@ -97,8 +108,6 @@ def _group_size(q_info: ArrayInfo, s_info: ArrayInfo, given) -> int:
             f"group_size: {kind} scales (padded to whole words or tiles) do not determine it; "
             f"pass the group_size quantize used"
         )
-    if k % given:
-        raise ValueError(f"q: last dimension must be a multiple of group_size={given}, got {k}")
     return given
 
 
@@ -153,13 +162,18 @@ def dequantize(q, scales, group_size: int | None = None, dtype=None, global_scal
     ``group_size`` is required. ``dtype`` names the format of uint8 codes (cupy's float8
     container), and is required for them; other dtypes say it themselves.
     NVFP4 (``dtype="e2m1"``, with its ``global_scale``; ``group_size`` 16): ``q`` ``[..., K/2]``
-    packed codes, float32 ``[..., K]`` of ``e2m1(code) * RN(S / global_scale)``.
+    packed codes, float32 ``[..., K]`` of ``e2m1(code) * RN(S / global_scale)``. MXFP4
+    (``dtype="e2m1"`` without a global scale; ``group_size`` 32): the same codes times
+    ``2^(e - 127)``, from float32 row scales or blocked UE8M0 bytes.
     """
     if isinstance(dtype, str) and dtype == "e2m1":
-        if group_size not in (None, NVFP4_GROUP) or global_scale is None:
+        if global_scale is None and group_size in (None, MXFP4_GROUP):
+            return dequantize_mxfp4(q, scales)
+        if global_scale is None or group_size not in (None, NVFP4_GROUP):
             raise ValueError(
-                f"dtype='e2m1': NVFP4 needs group_size=16 (or none) and its global_scale, got "
-                f"group_size={group_size!r} and global_scale={global_scale!r}"
+                f"dtype='e2m1': NVFP4 needs group_size=16 (or none) and its global_scale, MXFP4 "
+                f"group_size=32 (or none) and no global_scale; got group_size={group_size!r} "
+                f"and global_scale={global_scale!r}"
             )
         return dequantize_nvfp4(q, scales, global_scale)
     if global_scale is not None:
@@ -172,35 +186,77 @@ def dequantize(q, scales, group_size: int | None = None, dtype=None, global_scal
             torch_cpu_to_numpy(q, "q"), torch_cpu_to_numpy(scales, "scales"), group_size, dtype
         )
         return numpy_to_torch_cpu(np.ascontiguousarray(values))
-    q_info = describe(q, "q")
-    s_info = describe(scales, "scales")
-    if s_info.kind != q_info.kind or s_info.device != q_info.device:
-        raise TypeError(
-            f"scales: expected an array of q's library and device ({q_info.kind}, device "
-            f"{q_info.device}), got {s_info.kind} on device {s_info.device}"
-        )
+    q_info, s_info = _described_pair(q, scales)
     fmt_name = _format_of(q_info, dtype)
     group_size = _group_size(q_info, s_info, group_size)
-    groups = q_info.shape[-1] // group_size
+    k = q_info.shape[-1]
+    groups = -(-k // group_size)  # the last group partial where group_size does not divide K
     scales = _float_scales(scales, s_info, q_info, group_size, groups)
     expected = tuple(q_info.shape[:-1]) + (groups,)
     if tuple(scales.shape) != expected:
         raise ValueError(f"scales: expected shape {expected}, got {tuple(scales.shape)}")
+    return _decoded(q, q_info, fmt_name) * _spread(scales, q_info, group_size, k, -1)
+
+
+def _decoded(q, q_info: ArrayInfo, fmt_name: str):
+    """float32 values of codes ``q`` in format ``fmt_name``, in q's library."""
     if q_info.kind == TORCH:
         import torch
 
         if fmt_name == "int8":
-            decoded = q.to(torch.float32)
-        else:
-            table = torch.from_numpy(_decode_table(fmt_name)).to(q.device)
-            decoded = table[q.view(torch.uint8).to(torch.int64)]
-        return decoded * scales.repeat_interleave(group_size, dim=-1)
+            return q.to(torch.float32)
+        table = torch.from_numpy(_decode_table(fmt_name)).to(q.device)
+        return table[q.view(torch.uint8).to(torch.int64)]
     xp = _namespace(q_info)
     if fmt_name == "int8":
-        values = q.astype(xp.float32)
+        return q.astype(xp.float32)
+    return xp.asarray(_decode_table(fmt_name))[q.view(xp.uint8)]
+
+
+def _spread(scales, info: ArrayInfo, width: int, extent: int, axis: int):
+    """Each scale repeated ``width`` times along ``axis``, cut at ``extent`` (partial groups)."""
+    if info.kind == TORCH:
+        spread = scales.repeat_interleave(width, dim=axis)
+        return spread.narrow(axis, 0, extent)
+    spread = _namespace(info).repeat(scales, width, axis=axis)
+    return spread[..., :extent] if axis == -1 else spread[..., :extent, :]
+
+
+def dequantize_weight(q, scales, block=(128, 128), dtype=None):
+    """Float32 ``q_i * s`` of the 128x128 block each value lies in, shape of ``q``
+    ``[..., N, K]``, from any layout ``quantize_weight`` writes: float32 ``[..., nb, kb]``
+    (``row`` or ``col``), uint8 exponent bytes ``[..., nb, kb]`` (``bytes``) or packed int32
+    ``[..., N, ceil(kb / 4)]`` (``packed``, row ``n`` holding block row ``n // 128``)."""
+    if tuple(block) != (WEIGHT_BLOCK, WEIGHT_BLOCK):
+        raise ValueError(f"block: only (128, 128) blocks are supported, got {block!r}")
+    if is_torch_cpu(q) or is_torch_cpu(scales):
+        _same_host_library(q, scales)
+        values = dequantize_weight(torch_cpu_to_numpy(q, "q"),
+                                   torch_cpu_to_numpy(scales, "scales"), block, dtype)  # fmt: skip
+        return numpy_to_torch_cpu(np.ascontiguousarray(values))
+    q_info, s_info = _described_pair(q, scales)
+    if len(q_info.shape) not in (2, 3):
+        raise ValueError(f"q: expected [N, K] or [E, N, K] codes, got shape {q_info.shape}")
+    n, k = q_info.shape[-2:]
+    nb, kb = -(-n // WEIGHT_BLOCK), -(-k // WEIGHT_BLOCK)
+    if s_info.dtype == "int32":
+        rows = unpack_scales(scales, kb)  # already one row of scales per weight row
     else:
-        values = xp.asarray(_decode_table(fmt_name))[q.view(xp.uint8)]
-    return values * xp.repeat(scales, group_size, axis=-1)
+        if tuple(s_info.shape[-2:]) != (nb, kb):
+            raise ValueError(f"scales: expected [..., {nb}, {kb}] blocks, got {s_info.shape}")
+        blocks = _exponents_to_float(scales, s_info) if s_info.dtype == "uint8" else scales
+        rows = _spread(blocks, s_info, WEIGHT_BLOCK, n, -2)
+    if tuple(rows.shape) != tuple(q_info.shape[:-1]) + (kb,):
+        raise ValueError(f"scales: expected {n} rows of {kb} blocks, got shape {s_info.shape}")
+    return _decoded(q, q_info, _format_of(q_info, dtype)) * _spread(rows, q_info, WEIGHT_BLOCK,
+                                                                    k, -1)  # fmt: skip
+
+
+def _described_pair(q, scales) -> tuple[ArrayInfo, ArrayInfo]:
+    """The descriptions of codes and scales, which must share a library and a device."""
+    q_info, s_info = describe(q, "q"), describe(scales, "scales")
+    check_companion(q_info, s_info, "scales", leader="q")
+    return q_info, s_info
 
 
 def _same_host_library(q, scales) -> None:
@@ -222,7 +278,7 @@ def _float_scales(scales, s_info: ArrayInfo, q_info: ArrayInfo, group_size: int,
         _check_packed_width(scales, s_info, groups, group_size)
         values = unpack_scales(scales, groups)
     else:
-        values = _unblock_scales(scales, s_info, q_info, group_size)
+        values = _unblock_scales(scales, s_info, tuple(q_info.shape), group_size)
     if 0 not in values.shape and bool((values == 2.0**-127).any()):
         raise ValueError(
             f"group_size: {group_size} reads padding as scales (zero exponent bytes where "
@@ -231,20 +287,21 @@ def _float_scales(scales, s_info: ArrayInfo, q_info: ArrayInfo, group_size: int,
     return values
 
 
-def _unblock_scales(scales, s_info: ArrayInfo, q_info: ArrayInfo, group_size: int):
-    """The blocked layout's UE8M0 bytes as float32 scales ``[..., groups]`` for codes shaped
-    like ``q``: each group's byte gathered from its place in the 128x4 tiles."""
-    geometry = Geometry(tuple(q_info.shape), group_size, SCALE_LAYOUTS[BLOCKED], False)
+def _unblock_scales(scales, s_info: ArrayInfo, values_shape: tuple, group_size: int, what="q"):
+    """The blocked layout's UE8M0 bytes as float32 scales ``[..., groups]`` for values of
+    ``values_shape`` (``what`` has that shape): each group's byte gathered from its place in
+    the 128x4 tiles."""
+    geometry = Geometry(values_shape, group_size, SCALE_LAYOUTS[BLOCKED], False)
     if tuple(s_info.shape) != geometry.scale_shape:
         raise ValueError(
-            f"scales: blocked scales for q of shape {tuple(q_info.shape)} (G={group_size}) have "
+            f"scales: blocked scales for {what} of shape {values_shape} (G={group_size}) have "
             f"shape {geometry.scale_shape}, got {tuple(s_info.shape)}"
         )
     offsets = geometry.scale_byte_offsets().reshape(-1)
     padding = np.ones(geometry.scale_storage_bytes, bool)
     padding[offsets] = False  # the kernel writes zeros there
     padding = np.flatnonzero(padding)
-    shape = tuple(q_info.shape[:-1]) + (geometry.groups,)
+    shape = values_shape[:-1] + (geometry.groups,)
     if s_info.kind == TORCH:
         import torch
 
@@ -362,7 +419,8 @@ E2M1_VALUES = np.array(
 def dequantize_nvfp4(q, scales, global_scale):
     """Float32 ``[..., K]`` of NVFP4 codes ``q`` ``[..., K/2]`` and blocked e4m3 ``scales``:
     ``e2m1(code) * RN(S / global_scale)``, the ``d`` that quantize divided by."""
-    if is_torch_cpu(q):
+    if is_torch_cpu(q) or is_torch_cpu(scales):
+        _same_host_library(q, scales)
         g = (
             torch_cpu_to_numpy(global_scale, "global_scale")
             if is_torch_cpu(global_scale)
@@ -371,17 +429,10 @@ def dequantize_nvfp4(q, scales, global_scale):
         q_view, s_view = torch_cpu_to_numpy(q, "q"), torch_cpu_to_numpy(scales, "scales")
         values = dequantize_nvfp4(q_view, s_view, g)
         return numpy_to_torch_cpu(np.ascontiguousarray(values))
-    q_info, s_info = describe(q, "q"), describe(scales, "scales")
-    if q_info.dtype != "uint8" or s_info.dtype != "uint8":
-        raise TypeError(
-            f"q, scales: NVFP4 codes and e4m3 scale bytes are uint8, got {q_info.dtype} and "
-            f"{s_info.dtype}"
-        )
-    if not q_info.shape:
-        raise ValueError("q: expected [..., K/2] packed codes, got a 0-d array")
-    shape = (*q_info.shape[:-1], 2 * q_info.shape[-1])
-    if shape[-1] % NVFP4_GROUP:
-        raise ValueError(f"q: K = 2 * {q_info.shape[-1]} is not a multiple of {NVFP4_GROUP}")
+    q_info, s_info = _described_pair(q, scales)
+    if s_info.dtype != "uint8":
+        raise TypeError(f"scales: NVFP4's e4m3 scale bytes are uint8, got {s_info.dtype}")
+    shape = _fp4_shape(q_info, NVFP4_GROUP)
     geometry = Geometry(shape, NVFP4_GROUP, SCALE_LAYOUTS[BLOCKED], False)
     if tuple(s_info.shape) != geometry.scale_shape:
         raise ValueError(
@@ -411,9 +462,55 @@ def dequantize_nvfp4(q, scales, global_scale):
         np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32)
     )
     d = (table[scale_bytes] / g[0]).astype(xp.float32).reshape(*shape[:-1], geometry.groups, 1)
+    values = _e2m1_values(xp, q, shape, NVFP4_GROUP) * d
+    return values.reshape(shape).astype(xp.float32)
+
+
+def _fp4_shape(q_info: ArrayInfo, group_size: int) -> tuple:
+    """The shape ``[..., K]`` of the values of FP4 codes ``q`` ``[..., K/2]``, checked."""
+    if q_info.dtype != "uint8":
+        raise TypeError(f"q: e2m1 codes are uint8, two a byte, got {q_info.dtype}")
+    if not q_info.shape:
+        raise ValueError("q: expected [..., K/2] packed codes, got a 0-d array")
+    shape = (*q_info.shape[:-1], 2 * q_info.shape[-1])
+    if shape[-1] % group_size:
+        raise ValueError(f"q: K = 2 * {q_info.shape[-1]} is not a multiple of {group_size}")
+    return shape
+
+
+def _e2m1_values(xp, q, shape: tuple, group_size: int):
+    """float32 ``[..., groups, group_size]`` of packed e2m1 codes ``q`` (numpy or cupy) whose
+    values have ``shape``: the low nibble first."""
     codes = xp.ascontiguousarray(q)
-    nibbles = xp.stack([codes & 15, codes >> 4], axis=-1).reshape(
-        *shape[:-1], geometry.groups, NVFP4_GROUP
-    )
-    values = xp.asarray(E2M1_VALUES)[nibbles] * d
+    nibbles = xp.stack([codes & 15, codes >> 4], axis=-1)
+    groups = shape[-1] // group_size  # spelled out: -1 is not inferred from a 0 extent
+    return xp.asarray(E2M1_VALUES)[nibbles.reshape(*shape[:-1], groups, group_size)]
+
+
+# MXFP4 -------------------------------------------------------------------------------------------
+
+
+def dequantize_mxfp4(q, scales):
+    """Float32 ``[..., K]`` of MXFP4 codes ``q`` ``[..., K/2]`` and UE8M0 ``scales``: float32
+    ``[..., K/32]`` (the row layout) or the blocked layout's bytes; ``e2m1(code) * 2^(e-127)``."""
+    if is_torch_cpu(q) or is_torch_cpu(scales):
+        _same_host_library(q, scales)
+        values = dequantize_mxfp4(torch_cpu_to_numpy(q, "q"), torch_cpu_to_numpy(scales, "scales"))
+        return numpy_to_torch_cpu(np.ascontiguousarray(values))
+    q_info, s_info = _described_pair(q, scales)
+    if q_info.kind == TORCH:
+        import torch
+
+        return torch.from_dlpack(dequantize_mxfp4(to_cupy(q, "q"), to_cupy(scales, "scales")))
+    shape = _fp4_shape(q_info, MXFP4_GROUP)
+    row_shape = (*shape[:-1], shape[-1] // MXFP4_GROUP)
+    if s_info.dtype == "uint8":
+        scales = _unblock_scales(scales, s_info, shape, MXFP4_GROUP, "values")
+    elif s_info.dtype != "float32" or tuple(s_info.shape) != row_shape:
+        raise ValueError(
+            f"scales: MXFP4 scales are float32 {row_shape} (row) or blocked uint8 bytes, got "
+            f"{s_info.dtype} of shape {tuple(s_info.shape)}"
+        )
+    xp = _namespace(q_info)
+    values = _e2m1_values(xp, q, shape, MXFP4_GROUP) * scales[..., None]
     return values.reshape(shape).astype(xp.float32)

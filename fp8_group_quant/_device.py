@@ -19,8 +19,17 @@ from ._arrays import (
     pointer,
     stream_getter,
 )
-from ._outputs import check_disjoint, check_output, check_writes, specs
-from ._request import NVFP4_COMPUTED, Request
+from ._outputs import (
+    BothOrientations,
+    check_disjoint,
+    check_output,
+    check_writes,
+    output_pair,
+    specs,
+    transposed_specs,
+    weight_specs,
+)
+from ._request import BOTH, NVFP4_COMPUTED, Request, WeightRequest
 
 _thread_state = threading.local()
 _ONE = 0x3F800000  # float32 1.0: the computed global scale of an empty input
@@ -230,3 +239,65 @@ class PreparedQuantize:
         stream = self._stream(self._device)
         for launch in self._launches:
             launch.launch(x_ptr, self._q_ptr, self._scale_ptr, stream, self._extra)
+
+
+# 128x128 tiles: quantize_weight and orientation "col" / "both" (kernels/tile.cuh) -----------
+
+
+def _tile_outputs(kind: str, device: int, x_info: ArrayInfo, pairs) -> list:
+    """(array, pointer) of each (given array or None, name, spec) in ``pairs``: new arrays or
+    the caller's, checked against their specs, x and each other before anything is launched."""
+    results, given = [], []
+    for array, name, spec in pairs:
+        if array is None:
+            array = device_allocator(kind, device, *spec.allocation(kind))()
+            results.append((array, pointer(array, kind)))
+        else:
+            info = check_output(array, name, x_info, spec)
+            results.append((array, info.ptr))
+            given.append((name, info, spec))
+    check_disjoint(x_info, x_info.ptr, given)
+    return results
+
+
+def run_weight(request: WeightRequest, w_info: ArrayInfo, out, scale_out) -> tuple:
+    """quantize_weight of a GPU ``w``: (q, scales)."""
+    q_spec, s_spec = weight_specs(request)
+    device = w_info.device
+    assert device is not None  # a GPU array
+    pairs = [(out, "out", q_spec), (scale_out, "scale_out", s_spec)]
+    with _jit.current_device(device):
+        (q, q_ptr), (scales, s_ptr) = _tile_outputs(w_info.kind, device, w_info, pairs)
+        if request.output.empty:  # no block, and no padding: storage is empty too
+            return q, scales
+        _, tuning = _tuning.active()
+        launch = _plan.prepare_weight(request, request.x_aligned, device, tuning)
+        launch.launch(w_info.ptr, q_ptr, s_ptr, stream_getter(w_info.kind)(device))
+    return q, scales
+
+
+def run_oriented(request: Request, x_info: ArrayInfo, out, scale_out):
+    """orientation "col" ((qt, scales_t)) or "both" (BothOrientations) of a GPU ``x``;
+    ``out`` and ``scale_out`` are pairs (row, col) for "both"."""
+    both = request.orientation == BOTH
+    row_out, col_out = output_pair(out, "out", both)
+    row_s, col_s = output_pair(scale_out, "scale_out", both)
+    q_spec, s_spec = specs(request)
+    qt_spec, st_spec = transposed_specs(request)
+    pairs = [(col_out, "out", qt_spec), (col_s, "scale_out", st_spec)]
+    if both:
+        pairs += [(row_out, "out[0]", q_spec), (row_s, "scale_out[0]", s_spec)]
+    device = x_info.device
+    assert device is not None  # a GPU array
+    with _jit.current_device(device):
+        outputs = _tile_outputs(x_info.kind, device, x_info, pairs)
+        (qt, qt_ptr), (st, st_ptr) = outputs[:2]
+        q_ptr, s_ptr = (outputs[2][1], outputs[3][1]) if both else (0, 0)
+        if not request.output.empty:  # empty: every storage is empty, padding included
+            _, tuning = _tuning.active()
+            launch = _plan.prepare_columns(request, device, tuning)
+            stream = stream_getter(x_info.kind)(device)
+            launch.launch(x_info.ptr, q_ptr, s_ptr, stream, (("qt", qt_ptr), ("scales_t", st_ptr)))
+    if both:
+        return BothOrientations(outputs[2][0], outputs[3][0], qt, st)
+    return qt, st

@@ -12,7 +12,6 @@ instantiation compiles for sm_90, sm_100 and sm_120 on a machine without a GPU.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import hashlib
 import json
 import logging
@@ -37,7 +36,7 @@ __all__ = [
     "compute_capability",
     "current_device",
     "device_count",
-    "driver_entry_point",
+    "driver",
     "driver_error",
     "get_function",
     "kernel_dir",
@@ -258,77 +257,92 @@ def _raise_if_nvrtc_missing(error: BaseException) -> None:
 
 # devices, without a CUDA context ----------------------------------------------------------------
 
-_CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75
-_CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76
+# cudaDevAttrComputeCapabilityMajor / Minor (the runtime's numbers; CuPy names neither)
+_RUNTIME_CAPABILITY_MAJOR, _RUNTIME_CAPABILITY_MINOR = 75, 76
 
 
 @cache
-def _driver():
-    """The CUDA driver library, initialised, or None where there is none.
+def driver():
+    """NVIDIA's driver bindings (``cuda.bindings.driver``, the ``cuda12`` / ``cuda13`` extras),
+    initialised, or None where they or a usable driver are missing.
 
     NOTES: cuInit, cuDeviceGetCount and cuDeviceGetAttribute create no context and select no
     device, unlike the runtime calls CuPy makes to compile: importing the package must not
-    allocate on GPU 0 in a serving worker that has not chosen its device yet.
+    allocate on GPU 0 in a serving worker that has not chosen its device yet. Without a driver
+    library the bindings raise RuntimeError (cuda-pathfinder's DynamicLibNotFoundError).
     """
-    for name in ("libcuda.so.1", "libcuda.so", "nvcuda.dll"):
-        try:
-            library = ctypes.CDLL(name)
-        except OSError:
-            continue
-        return library if library.cuInit(0) == 0 else None
-    return None
+    try:
+        from cuda.bindings import driver as bindings
+    except ImportError:
+        return None
+    try:
+        (status,) = bindings.cuInit(0)
+    except RuntimeError:
+        return None
+    return None if status else bindings
+
+
+def _runtime():
+    """CuPy's runtime module, or None without CuPy: the device queries where the bindings are
+    missing (cudaGetDeviceCount and cudaDeviceGetAttribute create no context either)."""
+    try:
+        return cupy_module().cuda.runtime
+    except GpuUnavailableError:
+        return None
 
 
 def device_count() -> int:
     """CUDA devices visible to this process (0 without a driver); creates no context."""
-    driver = _driver()
-    count = ctypes.c_int(0)
-    if driver is None or driver.cuDeviceGetCount(ctypes.byref(count)) != 0:
+    bindings = driver()
+    if bindings is not None:
+        status, count = bindings.cuDeviceGetCount()
+        return 0 if status else count
+    runtime = _runtime()
+    if runtime is None:
         return 0
-    return count.value
+    try:
+        return runtime.getDeviceCount()
+    except runtime.CUDARuntimeError:  # no driver, or one older than CuPy's runtime
+        return 0
 
 
 def compute_capability(device: int) -> tuple[int, int]:
     """(major, minor) of ``device``; creates no context."""
-    driver = _driver()
-    if driver is None:
-        raise GpuUnavailableError("no CUDA driver: the CUDA kernels need an NVIDIA GPU and driver")
-    handle, major, minor = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
-    status = driver.cuDeviceGet(ctypes.byref(handle), device)
-    status = status or driver.cuDeviceGetAttribute(
-        ctypes.byref(major), _CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, handle
-    )
-    status = status or driver.cuDeviceGetAttribute(
-        ctypes.byref(minor), _CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, handle
-    )
+    bindings = driver()
+    if bindings is None:
+        runtime = _runtime()
+        if runtime is None or not device_count():
+            raise GpuUnavailableError(
+                "no CUDA driver: the CUDA kernels need an NVIDIA GPU and driver"
+            )
+        return (runtime.deviceGetAttribute(_RUNTIME_CAPABILITY_MAJOR, device),
+                runtime.deviceGetAttribute(_RUNTIME_CAPABILITY_MINOR, device))  # fmt: skip
+    status, handle = bindings.cuDeviceGet(device)
+    named = bindings.CUdevice_attribute
+    major = minor = 0
+    if not status:
+        status, major = bindings.cuDeviceGetAttribute(
+            named.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, handle
+        )
+    if not status:
+        status, minor = bindings.cuDeviceGetAttribute(
+            named.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, handle
+        )
     if status:
-        raise GpuUnavailableError(f"device {device}: the CUDA driver answered error {status}")
-    return major.value, minor.value
+        raise GpuUnavailableError(
+            f"device {device}: the CUDA driver answered {driver_error(status)}"
+        )
+    return major, minor
 
 
-@cache
-def driver_entry_point(name: str, arguments: int):
-    """A function of the CUDA driver library through ctypes, taking ``arguments`` pointer-sized
-    values and returning a CUresult, or None where there is no driver.
-
-    NOTES: the argument types must be declared: without them ctypes passes a Python int as a C
-    int and cuts 64-bit addresses to 32 bits.
-    """
-    driver = _driver()
-    function = getattr(driver, name, None) if driver is not None else None
-    if function is not None:
-        function.argtypes = [ctypes.c_void_p] * arguments
-        function.restype = ctypes.c_int
-    return function
-
-
-def driver_error(status: int) -> str:
+def driver_error(status) -> str:
     """The name of a CUresult, e.g. CUDA_ERROR_INVALID_VALUE."""
-    name = ctypes.c_char_p()
-    driver = _driver()
-    if driver is None or driver.cuGetErrorName(status, ctypes.byref(name)) != 0 or not name.value:
-        return f"CUresult {status}"
-    return name.value.decode()
+    bindings = driver()
+    if bindings is not None:
+        found, name = bindings.cuGetErrorName(int(status))
+        if not found and name:
+            return name.decode()
+    return f"CUresult {int(status)}"
 
 
 def _nvrtc():

@@ -1,4 +1,5 @@
-"""Carry out a plan: occupancy queries, and launches through the driver's cuLaunchKernelEx.
+"""Carry out a plan: occupancy queries, and launches through cuLaunchKernelEx of NVIDIA's
+driver bindings (``cuda.bindings``), or CuPy's launch where they are missing.
 
 No decisions are made here; ``_plan`` makes them. A ``Launch`` holds a kernel handle, its grid
 and one ``Params`` argument whose pointers are filled in at each call.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
+import warnings
 
 from . import _jit
 
@@ -45,47 +47,58 @@ def allow_shared(handle: int, shared: int) -> None:
     driver.funcSetAttribute(handle, max_dynamic_shared, shared)
 
 
-class _LaunchAttribute(ctypes.Structure):
-    """CUlaunchAttribute: an id, padding to 8 bytes, a 64-byte value union."""
-
-    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int * 16)]
-
-
-class _LaunchConfig(ctypes.Structure):
-    """CUlaunchConfig of cuLaunchKernelEx."""
-
-    _fields_ = [
-        ("grid", ctypes.c_uint * 3),
-        ("block", ctypes.c_uint * 3),
-        ("shared_bytes", ctypes.c_uint),
-        ("stream", ctypes.c_void_p),
-        ("attributes", ctypes.POINTER(_LaunchAttribute)),
-        ("attribute_count", ctypes.c_uint),
-    ]
-
-
-_PROGRAMMATIC_STREAM_SERIALIZATION = (
-    6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION (cuda.h)
-)
-
-
 def pdl_supported(device: int, enabled: bool = True) -> bool:
     """PDL for this device: ``enabled`` (the tuning table's pdl, FP8_GROUP_QUANT_PDL by
-    default), SM90 or newer, and the driver's cuLaunchKernelEx reachable."""
-    if not enabled or _jit.driver_entry_point("cuLaunchKernelEx", 4) is None:
+    default), SM90 or newer, and NVIDIA's driver bindings there to launch with the attribute."""
+    if not enabled or _jit.driver() is None:
         return False
     return _jit.compute_capability(device)[0] >= 9
+
+
+_warned = threading.Event()  # the missing bindings are reported once a process
+
+
+def _warn_without_bindings() -> None:
+    if not _warned.is_set():
+        _warned.set()
+        warnings.warn(
+            "fp8_group_quant: NVIDIA's cuda-bindings (cuda.bindings.driver) are not importable: "
+            "kernels launch through CuPy, without Programmatic Dependent Launch; pip install "
+            "'fp8_group_quant[cuda12]' (or [cuda13]) to get them",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+
+
+def launch_config(bindings, grid, block, shared: int, pdl: bool):
+    """A ``CUlaunchConfig`` of the bindings for a grid, a block, ``shared`` bytes of dynamic
+    shared memory and, with ``pdl``, the programmatic stream serialization attribute."""
+    config = bindings.CUlaunchConfig()
+    config.gridDimX, config.gridDimY, config.gridDimZ = grid
+    config.blockDimX, config.blockDimY, config.blockDimZ = block
+    config.sharedMemBytes = shared
+    if pdl:
+        attribute = bindings.CUlaunchAttribute()
+        attribute.id = (
+            bindings.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        )
+        attribute.value.programmaticStreamSerializationAllowed = 1
+        config.attrs = [attribute]  # copied into the config's own array
+        config.numAttrs = 1
+    return config
 
 
 class KernelLaunch:
     """A kernel, its grid and its arguments (ctypes values), launched on a given stream.
 
-    NOTES: the launch calls the driver's cuLaunchKernelEx through ctypes with a prepared
-    CUlaunchConfig; with ``pdl`` it carries the programmatic stream serialization attribute, so
-    the kernel may start while the previous kernel on the stream finishes (its
-    griddepcontrol.wait orders the memory). The attribute is recorded in CUDA-graph captures.
-    Without cuLaunchKernelEx (no ctypes driver), CuPy's cuLaunchKernel, without PDL. ``shared``:
-    bytes of dynamic shared memory a block.
+    NOTES: the launch is cuLaunchKernelEx of NVIDIA's bindings with a ``CUlaunchConfig`` built
+    once; a call changes only its stream (written when it differs from the last call's). The
+    arguments go as the address of one ``void*`` array that points at them, which the bindings
+    pass through as is (no packing per call). With ``pdl`` the config carries the programmatic
+    stream serialization attribute, so the kernel may start while the previous kernel on the
+    stream finishes (its griddepcontrol.wait orders the memory); the attribute is recorded in
+    CUDA-graph captures. Without the bindings: CuPy's cuLaunchKernel, without PDL, said once.
+    ``shared``: bytes of dynamic shared memory a block.
     """
 
     def __init__(self, handle: int, grid, block, args, pdl: bool = False, shared: int = 0):
@@ -93,30 +106,25 @@ class KernelLaunch:
         self.grid = tuple(grid)
         self.block = tuple(block)
         self.args = list(args)  # kept alive: the driver reads them at each launch
-        self.pdl = pdl
         self._pointers = (ctypes.c_void_p * len(self.args))(
             *[ctypes.addressof(a) for a in self.args]
         )
         self._pointers_address = ctypes.addressof(self._pointers)
-        self._attribute = _LaunchAttribute(id=_PROGRAMMATIC_STREAM_SERIALIZATION)
-        self._attribute.value[0] = 1
-        self._config = _LaunchConfig(
-            (ctypes.c_uint * 3)(*self.grid),
-            (ctypes.c_uint * 3)(*self.block),
-            shared,
-            None,
-            ctypes.pointer(self._attribute),
-            1 if pdl else 0,
-        )
-        self._config_address = ctypes.addressof(self._config)
-        self._launch_ex = _jit.driver_entry_point("cuLaunchKernelEx", 4)
-        if self._launch_ex is None:
+        self._lock = threading.Lock()
+        bindings = _jit.driver()
+        self.pdl = pdl and bindings is not None
+        self._stream: int | None = None  # the stream the config holds
+        if bindings is None:
             from cupy_backends.cuda.api import driver
 
-            self.pdl = False
+            _warn_without_bindings()
+            self._launch_ex = None
             self._launch_kernel = driver.launchKernel
             self._launch_args = (handle, *self.grid, *self.block, shared)
-        self._lock = threading.Lock()
+            return
+        self._config = launch_config(bindings, self.grid, self.block, shared, self.pdl)
+        self._function = bindings.CUfunction(handle)
+        self._launch_ex = bindings.cuLaunchKernelEx
 
     def __call__(self, stream: int) -> None:
         with self._lock:  # the configuration and arguments are shared: fill and launch at once
@@ -126,8 +134,10 @@ class KernelLaunch:
         if self._launch_ex is None:
             self._launch_kernel(*self._launch_args, stream, self._pointers_address, 0)
             return
-        self._config.stream = stream
-        status = self._launch_ex(self._config_address, self.handle, self._pointers_address, None)
+        if stream != self._stream:
+            self._config.hStream = stream
+            self._stream = stream
+        (status,) = self._launch_ex(self._config, self._function, self._pointers_address, 0)
         if status:
             raise RuntimeError(f"cuLaunchKernelEx failed: {_jit.driver_error(status)}")
 

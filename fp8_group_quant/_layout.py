@@ -69,12 +69,13 @@ class ScaleLayout:
 TMA_ROW_ALIGN = 4  # a TMA box reads 16 bytes: four float32 or int32 scales
 BLOCK_ROWS, BLOCK_COLUMNS = 128, 4  # the blocked layout's tile: 128 rows by 4 groups, 512 bytes
 # a test keeps LayoutName equal to LAYOUTS
-LayoutName = Literal["row", "col", "col_tma", "packed", "packed_row", "blocked"]
+LayoutName = Literal["row", "col", "col_tma", "packed", "packed_row", "packed_col", "blocked"]
 ROW: LayoutName = "row"
 COL: LayoutName = "col"
 COL_TMA: LayoutName = "col_tma"
 PACKED: LayoutName = "packed"
 PACKED_ROW: LayoutName = "packed_row"
+PACKED_COL: LayoutName = "packed_col"
 BLOCKED: LayoutName = "blocked"
 SCALE_LAYOUTS = {
     layout.name: layout
@@ -88,6 +89,8 @@ SCALE_LAYOUTS = {
                     "DeepGEMM on Blackwell (SM100)"),
         ScaleLayout(PACKED_ROW, "int32", 4, 1, False, "fgq::kPackedExponents",
                     "row-major packed consumers"),
+        ScaleLayout(PACKED_COL, "int32", 4, 1, True, "fgq::kPackedExponents",
+                    "vLLM's masked MoE scales for any T (packed, MN-major, no TMA alignment)"),
         ScaleLayout(BLOCKED, "uint8", 1, BLOCK_ROWS, False, "fgq::kBlockedExponents",
                     "Blackwell block-scaled MMA (cuBLAS, CUTLASS, FlashInfer, torch._scaled_mm)",
                     swizzled=True, col_align=BLOCK_COLUMNS, mx_only=True),
@@ -335,3 +338,87 @@ def row_strides(shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[int, 
     if geometry_batched and shape[0] == 1:
         batch_stride = 0
     return batch_stride, row_stride
+
+
+# 128x128 weight blocks and the column-wise orientation (docs/spec.md, sections 4c and 4d) -----
+
+WEIGHT_BLOCK = 128  # rows and columns of a weight block
+# a test keeps WeightLayoutName equal to WEIGHT_LAYOUTS
+WeightLayoutName = Literal["row", "col", "bytes", "packed"]
+WEIGHT_LAYOUTS: tuple[str, ...] = ("row", "col", "bytes", "packed")
+WEIGHT_BYTES = "bytes"  # one UE8M0 exponent byte a block, row-major
+WEIGHT_NEEDS_UE8M0 = ("bytes", "packed")
+
+
+@dataclass(frozen=True)
+class WeightGeometry:
+    """Where the outputs of ``quantize_weight`` live: ``shape`` is w's (and q's), ``[N, K]`` or
+    ``[E, N, K]``. The float and packed layouts store the bytes of an activation ``Geometry``
+    (``scales``): float ones over ``nb`` rows of ``kb`` groups, ``packed`` over ``N`` rows, row
+    ``n`` holding block row ``n // 128`` (DeepGEMM's SM100 weight layout); ``bytes`` is a
+    row-major uint8 matrix per batch."""
+
+    shape: tuple[int, ...]
+    layout: str
+
+    @property
+    def batched(self) -> bool:
+        return len(self.shape) == 3
+
+    @property
+    def batches(self) -> int:
+        return self.shape[0] if self.batched else 1
+
+    @property
+    def n(self) -> int:
+        return self.shape[-2]
+
+    @property
+    def k(self) -> int:
+        return self.shape[-1]
+
+    @property
+    def blocks(self) -> tuple[int, int]:
+        """(nb, kb): block rows and block columns."""
+        return -(-self.n // WEIGHT_BLOCK), -(-self.k // WEIGHT_BLOCK)
+
+    @property
+    def empty(self) -> bool:
+        return self.batches * self.n * self.k == 0
+
+    @property
+    def q_strides(self) -> tuple[int, ...]:
+        return ((self.n * self.k,) if self.batched else ()) + (self.k, 1)
+
+    @property
+    def scales(self) -> Geometry:
+        """The activation geometry whose scale storage this layout shares."""
+        nb, kb = self.blocks
+        rows = self.n if self.layout == PACKED else nb
+        base = ROW if self.layout == WEIGHT_BYTES else self.layout
+        lead = (self.batches,) if self.batched else ()
+        return Geometry((*lead, rows, kb * WEIGHT_BLOCK), WEIGHT_BLOCK, SCALE_LAYOUTS[base], False)
+
+    @property
+    def scale_dtype(self) -> str:
+        return "uint8" if self.layout == WEIGHT_BYTES else self.scales.layout.dtype
+
+    @property
+    def scale_shape(self) -> tuple[int, ...]:
+        return self.scales.scale_shape
+
+    @property
+    def scale_strides(self) -> tuple[int, ...]:
+        return self.scales.scale_strides
+
+    @property
+    def scale_storage(self) -> int:
+        """Elements of the scale storage (words, or bytes for ``bytes``)."""
+        return self.scales.scale_storage
+
+
+def transposed_geometry(m: int, k: int, group_size: int, layout) -> Geometry:
+    """The scales of the column-wise result of ``x [M, K]``: section 6's layout over ``K`` rows
+    of ``ceil(M / G)`` token groups (the last one partial where ``G`` does not divide ``M``)."""
+    groups = -(-m // group_size)
+    return Geometry((k, groups * group_size), group_size, scale_layout(layout), False)

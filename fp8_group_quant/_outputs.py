@@ -9,11 +9,13 @@ GPU) runs the same checks before it writes.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from ._arrays import CUPY, NUMPY, ArrayInfo, allocation_bytes, byte_extent, describe
-from ._request import VECTOR_ALIGNMENT, Request
+from ._layout import Geometry
+from ._request import VECTOR_ALIGNMENT, Request, WeightRequest
 from ._spec import FORMATS_BY_DTYPE
 
 
@@ -38,12 +40,43 @@ class OutputSpec:
         return self.shape, self.strides, self.storage, dtype
 
 
+class BothOrientations(NamedTuple):
+    """What ``quantize(..., orientation="both")`` returns (docs/spec.md, section 4d): the
+    row-wise codes and scales of ``x [M, K]`` and the column-wise ones of ``x`` transposed
+    (TransformerEngine's row-wise and column-wise data and scales). Unpacks as four."""
+
+    q: Any  # [M, K], groups of G channels
+    scales: Any  # the layout asked for, over [M, K / G]
+    qt: Any  # [K, M], groups of G tokens
+    scales_t: Any  # the layout asked for, over [K, ceil(M / G)]
+
+
+def _scale_spec(g: Geometry, dtype: str | None = None) -> OutputSpec:
+    dtype = dtype or g.layout.dtype
+    return OutputSpec(g.scale_shape, g.scale_strides, g.scale_storage, dtype, dtype)
+
+
+def transposed_specs(request: Request) -> tuple[OutputSpec, OutputSpec]:
+    """(qt, scales_t): the column-wise result of ``request``."""
+    m, k = request.input_shape
+    fmt = request.fmt
+    assert fmt is not None
+    q = OutputSpec((k, m), (m, 1), k * m, fmt.dtype_name, fmt.container)
+    return q, _scale_spec(request.transposed)
+
+
+def weight_specs(request: WeightRequest) -> tuple[OutputSpec, OutputSpec]:
+    """(q, scales) of a ``quantize_weight`` request."""
+    g, fmt = request.output, request.options.fmt
+    q = OutputSpec(g.shape, g.q_strides, g.batches * g.n * g.k, fmt.dtype_name, fmt.container)
+    return q, _scale_spec(g.scales, g.scale_dtype)
+
+
 def specs(request: Request) -> tuple[OutputSpec, OutputSpec]:
     """(q, scales) of ``request``."""
     g = request.output
-    scales = OutputSpec(g.scale_shape, g.scale_strides, g.scale_storage, g.layout.dtype,
-                        g.layout.dtype)  # fmt: skip
-    if request.nvfp4:  # e2m1 codes, two a byte; no padding rows
+    scales = _scale_spec(g)
+    if request.fp4 is not None:  # e2m1 codes, two a byte; no padding rows
         shape = (*g.shape[:-1], g.k // 2)
         strides = tuple(s // 2 for s in g.q_strides[:-1]) + (1,)
         return OutputSpec(shape, strides, g.rows * g.batches * g.k // 2, "uint8", "uint8"), scales
@@ -67,8 +100,8 @@ def check_output(given, name: str, x_info: ArrayInfo, spec: OutputSpec) -> Array
         raise ValueError(
             f"{name}: expected device {x_info.device} like x, got device {info.device}"
         )
-    allowed = tuple(dict.fromkeys((spec.dtype, spec.container)))
-    if info.dtype not in allowed:
+    if info.dtype != spec.dtype and info.dtype != spec.container:
+        allowed = dict.fromkeys((spec.dtype, spec.container))
         raise TypeError(f"{name}: expected dtype {' or '.join(allowed)}, got {info.dtype}")
     if tuple(info.shape) != tuple(spec.shape):
         raise ValueError(f"{name}: expected shape {tuple(spec.shape)}, got {tuple(info.shape)}")
@@ -144,3 +177,18 @@ def _check_ranges(ranges, reads: int, message: str = "{b}: its storage overlaps 
             name_b, (b0, b1) = ranges[j]
             if a0 < b1 and b0 < a1 and j >= reads:
                 raise ValueError(message.format(a=name_a, b=name_b))
+
+
+def output_pair(given, name: str, both: bool) -> tuple:
+    """(row, col) outputs of an oriented call: "both" takes a pair (either may be None),
+    "col" one array (its column-wise result)."""
+    if not both:
+        return None, given
+    if given is None:
+        return None, None
+    if not isinstance(given, tuple) or len(given) != 2:
+        raise TypeError(
+            f"{name}: orientation='both' takes a pair (row-wise, column-wise) of arrays or "
+            f"None, got {type(given).__name__}"
+        )
+    return given

@@ -11,19 +11,23 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from . import _abi, _jit
+import numpy as np
+
+from . import _abi, _jit, activation
 from ._abi import (
     LANE_BYTES,
     MASKED_THREADS,
     MAX_EXPERTS,
     MAX_NORM_LANES,
     MAX_THREADS,
+    NORM_ROUNDINGS,
     WARP,
     params_type,
 )
 from ._launch import STATIC_SHARED_LIMIT, Launch, allow_shared, pdl_supported, resident_blocks
 from ._layout import SCALE_LAYOUTS, Geometry, supported_combinations
 from ._spec import (
+    FP4_FORMATS,
     GROUP_SIZES,
     INPUT_MODES,
     INPUT_TYPES,
@@ -78,7 +82,11 @@ class KernelKey:
     norm_stash: bool = False  # the walking RMSNorm kernel with the weight in shared memory
     blocks_per_sm: int = 0  # quantize_groups' kBlocks: 256-thread blocks it fits an SM, 0: its rule
     flat: bool = False  # one pass, plain input, contiguous rows: slot s at x + s * G (flat_slots)
-    nvfp4: bool = False  # NVFP4: e2m1 codes, e4m3 block scales (only input_dtype matters)
+    fp4: str | None = None  # a key of _spec.FP4_FORMATS (only input_dtype and layout_trait matter)
+    # an upstream's arithmetic compiled in (instantiations of their own, so that the others'
+    # code stays as it was): "unfloored" or "multiplier" (plain quantize_groups), "reciprocal"
+    # (quantize_fp4)
+    arithmetic: str | None = None
 
     @property
     def lanes_per_group(self) -> int:
@@ -88,8 +96,10 @@ class KernelKey:
     def name_expression(self) -> str:
         """The template instantiation in kernels/quantize.cu, as NVRTC names it."""
         source = INPUT_TYPES[self.input_dtype].kernel_trait
-        if self.nvfp4:
-            return _template("quantize_nvfp4", source)
+        if self.fp4 is not None:
+            reciprocal = (True,) if self.arithmetic == RECIPROCAL else ()
+            return _template("quantize_fp4", source, FP4_FORMATS[self.fp4].kernel_trait,
+                             self.layout_trait, *reciprocal)  # fmt: skip
         common = (source, self.group_size, OUTPUT_FORMATS[self.output].kernel_trait,
                   SCALE_FORMATS[self.scale].kernel_trait, self.layout_trait)  # fmt: skip
         mode = INPUT_MODES[self.activation].kernel_trait
@@ -97,13 +107,24 @@ class KernelKey:
             return _template("quantize_norm", *common, self.norm_lanes, self.norm_stash)
         if self.masked:
             return _template("quantize_masked", *common, mode)
-        extra = (self.blocks_per_sm, True)[: 2 if self.flat else 1 if self.blocks_per_sm else 0]
-        return _template("quantize_groups", *common, self.vec16, self.one_pass, mode, *extra)
+        # the defaulted trailing arguments kBlocks, kFlat, kArith, up to the last one set
+        arithmetic = 0 if self.arithmetic is None else ARITHMETIC_TRAITS[self.arithmetic]
+        extra = (self.blocks_per_sm, self.flat, arithmetic)
+        used = max((i + 1 for i, value in enumerate(extra) if value), default=0)
+        return _template("quantize_groups", *common, self.vec16, self.one_pass, mode, *extra[:used])
 
 
 def _template(kernel: str, *arguments) -> str:
     spelled = [str(a).lower() if isinstance(a, bool) else str(a) for a in arguments]
     return f"fgq::{kernel}<{', '.join(spelled)}>"
+
+
+# the arithmetics with instantiations of their own, and kernels/group.cuh's ArithmeticMode of
+# each (quantize_fp4 takes "reciprocal" as a flag of its own)
+RECIPROCAL, UNFLOORED, MULTIPLIER = "reciprocal", "unfloored", "multiplier"
+ARITHMETIC_TRAITS = {UNFLOORED: "fgq::kUnflooredArith", RECIPROCAL: "fgq::kReciprocalArith",
+                     MULTIPLIER: "fgq::kMultiplierArith"}  # fmt: skip
+MULTIPLIER_GROUPS = (128, 256)  # arithmetic="multiplier"'s row-wise groups: torchao's blocks
 
 
 def nvfp4_amax_name(input_dtype: str) -> str:
@@ -137,6 +158,8 @@ def all_kernel_keys() -> list[KernelKey]:
         for one_pass in ((True, False) if activation is None and not masked else (True,))
     ]
     six = [dataclasses.replace(k, blocks_per_sm=SILU_SIX_BLOCKS) for k in keys if has_six_blocks(k)]
+    keys += [dataclasses.replace(k, arithmetic=UNFLOORED) for k in keys if takes_unfloored(k)]
+    keys += [dataclasses.replace(k, arithmetic=MULTIPLIER) for k in keys if takes_multiplier(k)]
     flat = [dataclasses.replace(k, flat=True) for k in keys if has_flat(k)]
     return (
         keys
@@ -169,6 +192,40 @@ def has_six_blocks(key: KernelKey) -> bool:
     )
 
 
+def takes_unfloored(key: KernelKey) -> bool:
+    """Whether ``key`` has an instantiation of arithmetic="unfloored": plain input in MXFP8's
+    groups (32 values, e4m3, UE8M0) in the layouts the MXFP8 drop-in writes (blocked, and
+    float words for its row-major bytes)."""
+    return (
+        key.group_size == 32
+        and key.output == "e4m3"
+        and key.scale == "ue8m0"
+        and key.layout_trait in ("fgq::kBlockedExponents", "fgq::kFloatWords")
+        and key.activation is None
+        and not key.masked
+        and not key.norm
+        and key.blocks_per_sm == 0
+        and key.arithmetic is None
+    )
+
+
+def takes_multiplier(key: KernelKey) -> bool:
+    """Whether ``key`` has an instantiation of arithmetic="multiplier" (torchao's
+    act_quant_lhs): plain input in groups of 128 or 256, e4m3 with float scales (in float
+    words: the row, col and col_tma layouts)."""
+    return (
+        key.group_size in MULTIPLIER_GROUPS
+        and key.output == "e4m3"
+        and key.scale == "float32"
+        and key.layout_trait == "fgq::kFloatWords"
+        and key.activation is None
+        and not key.masked
+        and not key.norm
+        and key.blocks_per_sm == 0
+        and key.arithmetic is None
+    )
+
+
 def has_flat(key: KernelKey) -> bool:
     """Whether ``key`` has the instantiation whose load is linear in the group slot (flat_slots):
     the one-pass kernels of plain, 16-byte aligned input."""
@@ -184,15 +241,28 @@ def has_flat(key: KernelKey) -> bool:
 
 
 def all_name_expressions() -> list[str]:
-    """Every instantiation of quantize.cu: the kernel keys', then NVFP4's."""
+    """Every instantiation of quantize.cu: the kernel keys', then the FP4 formats' (one per
+    input type and layout) and NVFP4's amax kernel."""
     names = [key.name_expression for key in all_kernel_keys()]
     for input_dtype in INPUT_TYPES:
-        names += [nvfp4_key(input_dtype).name_expression, nvfp4_amax_name(input_dtype)]
-    return names
+        names += [fp4_key(input_dtype, fp4, SCALE_LAYOUTS[layout], arithmetic).name_expression
+                  for arithmetic in (None, RECIPROCAL)
+                  for fp4 in FP4_FORMATS.values() for layout in fp4.layouts]  # fmt: skip
+        names.append(nvfp4_amax_name(input_dtype))
+    return names + tile_name_expressions()
 
 
-def nvfp4_key(input_dtype: str) -> KernelKey:
-    return KernelKey(input_dtype, 16, "e4m3", "ue8m0", "fgq::kBlockedExponents", True, nvfp4=True)
+def fp4_key(input_dtype: str, fp4, layout, arithmetic: str | None = None) -> KernelKey:
+    """The quantize_fp4 instantiation of an FP4 format (a _spec.Fp4Format) and a ScaleLayout;
+    ``arithmetic`` "reciprocal" or None."""
+    return KernelKey(input_dtype, fp4.group_size, "e4m3", "ue8m0", layout.kernel_trait, True,
+                     fp4=fp4.name.lower(), arithmetic=arithmetic)  # fmt: skip
+
+
+def compiled_arithmetic(arithmetic: str) -> str | None:
+    """The KernelKey.arithmetic of a call's ``arithmetic``: the ones with instantiations of
+    their own; None for the others (float32, and bfloat16's runtime mode)."""
+    return arithmetic if arithmetic in (RECIPROCAL, UNFLOORED, MULTIPLIER) else None
 
 
 # the default kernel as a contiguous input takes it (flat), and its other two paths: one pass
@@ -331,10 +401,16 @@ def norm_blocks(
     return max(1, rows if waves <= 0 else min(rows, int(waves * resident)))
 
 
-def norm_lanes(rows: int, per_sm: int, sms: int, residual: bool, tuning: Tuning) -> int:
+def norm_lanes(
+    rows: int, per_sm: int, sms: int, residual: bool, tuning: Tuning, unrounded_sum: bool = False
+) -> int:
     """32-byte lanes a thread of the RMSNorm kernel: two past one wave of the one-lane grid
     (fewer instructions a value, four 224-thread blocks an SM), one below (twice the warps on
-    each row's chain), and one with a residual in the window where its walking grid wins."""
+    each row's chain), and one with a residual in the window where its walking grid wins.
+    Always one for a residual's unrounded float32 sum (norm_rounding="twice_unrounded_sum"),
+    whatever the tuning: only the one-lane kernel has that path (kernels/norm.cuh)."""
+    if residual and unrounded_sum:
+        return 1
     if tuning.norm_lanes is not None:
         return tuning.norm_lanes
     wave = per_sm * sms
@@ -387,7 +463,8 @@ def _prepare_norm(request, key: KernelKey, device: int, tuning: Tuning) -> Launc
         return (threads, *_loaded(expression, device, threads, shared))
 
     one_lane = loaded(1)
-    per_thread = norm_lanes(rows, one_lane[2], one_lane[3], request.residual, tuning)
+    unrounded_sum = request.norm_rounding == "twice_unrounded_sum"
+    per_thread = norm_lanes(rows, *one_lane[2:], request.residual, tuning, unrounded_sum)
     threads, handle, per_sm, sms = one_lane if per_thread == 1 else loaded(per_thread)
     blocks = norm_blocks(rows, request.residual, per_sm, sms, per_thread, tuning)
     shared = 0
@@ -478,9 +555,12 @@ def make_params(request, tuning: Tuning, **pointers):
         scale_rows=geometry.scale_rows,
         batches=geometry.batches,
         groups_per_row=geometry.groups,
-        eps=request.eps,
+        eps=_scale_eps(request),
         fmax=fmt.fmax,
         inverse_fmax=fmt.inverse_fmax,
+        bf16_arithmetic=1 if request.arithmetic == "bfloat16" else 0,
+        norm_rounding=NORM_ROUNDINGS.index(request.norm_rounding),
+        clamp_limit=_clamp_limit(request),
         ue8m0_floor=UE8M0_FLOOR,
         nonfinite_codes=fmt.nonfinite_word,
         x_up_offset=request.x_up_offset,
@@ -493,10 +573,25 @@ def make_params(request, tuning: Tuning, **pointers):
     )
 
 
+def _scale_eps(request) -> float:
+    """eps as the kernel applies it: arithmetic='bfloat16' floors amax in bfloat16,
+    'unfloored' not at all."""
+    if request.arithmetic == "bfloat16":
+        return float(np.float32(request.eps).astype(INPUT_TYPES["bfloat16"].numpy_dtype))
+    return 0.0 if request.arithmetic == "unfloored" else request.eps
+
+
+def _clamp_limit(request) -> float:
+    """The gated input's clamp in x's dtype (activation.clamp_limit_value); +Inf without one."""
+    if request.clamp_limit is None:
+        return math.inf
+    return float(activation.clamp_limit_value(request.clamp_limit, request.input_dtype))
+
+
 def prepare(request, device: int, tuning: Tuning) -> list[Launch]:
     """The launches of ``request`` on ``device``, in order; pointers are given per call."""
-    if request.nvfp4:
-        return _prepare_nvfp4(request, device, tuning)
+    if request.fp4 is not None:
+        return _prepare_fp4(request, device, tuning)
     key = request.kernel_key()
     if key.masked:
         return [_prepare_masked(request, key, device, tuning)]
@@ -550,16 +645,17 @@ def _prepare_groups(request, key: KernelKey, device: int, tuning: Tuning) -> Lau
     return Launch(handle, grid, (threads, 1, 1), make_params(request, tuning), pdl)
 
 
-# NVFP4 ------------------------------------------------------------------------------------------
+# FP4 (NVFP4, MXFP4) ------------------------------------------------------------------------------
 
-NVFP4_THREADS = 128  # quantize_nvfp4's block, as the one-pass grid's
+FP4_THREADS = 128  # quantize_fp4's block, as the one-pass grid's
 NVFP4_AMAX_THREADS, NVFP4_AMAX_MAX_BLOCKS = 256, 2048
 
 
-def _nvfp4_params(request, for_amax: bool, **fields):
-    """Params of the NVFP4 kernels: one slot a group (quantize) or a lane (amax)."""
+def _fp4_params(request, for_amax: bool, **fields):
+    """Params of the FP4 kernels: one slot a group (quantize) or a lane (NVFP4's amax)."""
     geometry = request.output
-    lanes = 16 * INPUT_TYPES[request.input_dtype].itemsize // LANE_BYTES
+    fp4 = request.fp4
+    lanes = request.kernel_key().lanes_per_group
     per_row = geometry.groups * (lanes if for_amax else 1)
     magic, shift = divisor(per_row)
     rows_magic, rows_shift = divisor(max(1, geometry.rows))
@@ -572,36 +668,39 @@ def _nvfp4_params(request, for_amax: bool, **fields):
         tile_slots_magic=magic, batch_tiles=geometry.rows, batch_tiles_magic=rows_magic,
         tile_slots_shift=shift, batch_tiles_shift=rows_shift, s_batch_stride=s_batch,
         s_row_stride=s_row, s_word_stride=s_word, q_rows=geometry.rows,
-        scale_rows=geometry.scale_rows, **fields,
+        scale_rows=geometry.scale_rows, eps=request.eps, fmax=fp4.fmax,
+        ue8m0_floor=UE8M0_FLOOR, floor_emax=fp4.emax_elem if request.scale_rule == "floor" else 0,
+        **fields,
     )  # fmt: skip
 
 
-def _prepare_nvfp4(request, device: int, tuning: Tuning) -> list[Launch]:
-    """quantize_nvfp4 over one slot a group, after nvfp4_amax where the global scale is
+def _prepare_fp4(request, device: int, tuning: Tuning) -> list[Launch]:
+    """quantize_fp4 over one slot a group, after nvfp4_amax where NVFP4's global scale is
     computed (into a zeroed scratch word the call provides as global_ptr)."""
     pdl = pdl_supported(device, tuning.pdl)
-    lanes = 16 * INPUT_TYPES[request.input_dtype].itemsize // LANE_BYTES
+    lanes = request.kernel_key().lanes_per_group
     launches = []
-    if request.global_mode == 2:  # computed: the amax pass first
-        params = _nvfp4_params(request, True)
+    if request.nvfp4 and request.global_mode == 2:  # computed: the amax pass first
+        params = _fp4_params(request, True)
         blocks = max(1, min(-(-params.slots // NVFP4_AMAX_THREADS), NVFP4_AMAX_MAX_BLOCKS))
         handle = _loaded(nvfp4_amax_name(request.input_dtype), device, NVFP4_AMAX_THREADS)[0]
         launches.append(Launch(handle, (blocks, 1, 1), (NVFP4_AMAX_THREADS, 1, 1), params, pdl))
-    params = _nvfp4_params(request, False, global_mode=request.global_mode,
-                           global_scale=request.global_value)  # fmt: skip
-    blocks = -(-params.slots * lanes // NVFP4_THREADS)
-    handle = _loaded(request.kernel_key().name_expression, device, NVFP4_THREADS)[0]
-    launches.append(Launch(handle, (blocks, 1, 1), (NVFP4_THREADS, 1, 1), params, pdl))
+    params = _fp4_params(request, False, global_mode=request.global_mode,
+                         global_scale=request.global_value)  # fmt: skip
+    blocks = -(-params.slots * lanes // FP4_THREADS)
+    handle = _loaded(request.kernel_key().name_expression, device, FP4_THREADS)[0]
+    launches.append(Launch(handle, (blocks, 1, 1), (FP4_THREADS, 1, 1), params, pdl))
     return launches
 
 
 def warmup_keys(input_dtype: str, options) -> list[KernelKey]:
     """The instantiations a call of ``options`` on aligned ``input_dtype`` input may take."""
-    if options.nvfp4:
-        return [nvfp4_key(input_dtype)]
+    arithmetic = compiled_arithmetic(options.arithmetic)
+    if options.fp4 is not None:
+        return [fp4_key(input_dtype, options.fp4, options.layout, arithmetic)]
     fmt, scale, layout = options.fmt, options.scale, options.layout
     key = KernelKey(input_dtype, options.group_size, fmt.name, scale.name, layout.kernel_trait,
-                    vec16=True, activation=options.mode.name)  # fmt: skip
+                    vec16=True, activation=options.mode.name, arithmetic=arithmetic)  # fmt: skip
     if options.mode.name is not None:  # the fused modes have the one-pass kernel only
         return [dataclasses.replace(key, one_pass=True)]
     # every path: one pass for contiguous rows (the load linear in the slot, where the layout
@@ -610,3 +709,115 @@ def warmup_keys(input_dtype: str, options) -> list[KernelKey]:
     if tile_rows(options.layout, key.lanes_per_group) == 1:
         keys.insert(0, dataclasses.replace(key, one_pass=True, flat=True))
     return keys
+
+
+# 128x128 tiles: weight blocks, the column-wise orientation and "both" (kernels/tile.cuh) ------
+
+TILE = 128  # a tile's rows and columns: a weight block, a token group
+TILE_THREADS = 256  # threads of a tile block (kTileThreads)
+TILE_FORMAT = "e4m3"  # the one format the tile kernels are instantiated for
+# how quantize_weight_blocks stores a block's scale (WeightLayoutKind)
+WEIGHT_LAYOUT_CODES = {"row": 0, "col": 0, "bytes": 1, "packed": 2}
+# the column kernel's (scale, address function) pairs: float words, UE8M0 in them, packed
+COLUMN_LAYOUTS = (("float32", "fgq::kFloatWords"), ("ue8m0", "fgq::kFloatWords"),
+                  ("ue8m0", "fgq::kPackedExponents"))  # fmt: skip
+
+
+def _arithmetic_argument(arithmetic: str | None) -> tuple[str, ...]:
+    """A tile kernel's trailing kArith: none for the default arithmetic."""
+    return () if arithmetic is None else (ARITHMETIC_TRAITS[arithmetic],)
+
+
+def weight_name(input_dtype: str, scale: str, arithmetic: str | None = None) -> str:
+    """The quantize_weight_blocks instantiation of an input type and scale kind, and of a
+    compiled arithmetic (compiled_arithmetic) or None."""
+    return _template("quantize_weight_blocks", INPUT_TYPES[input_dtype].kernel_trait,
+                     OUTPUT_FORMATS[TILE_FORMAT].kernel_trait, SCALE_FORMATS[scale].kernel_trait,
+                     *_arithmetic_argument(arithmetic))  # fmt: skip
+
+
+def columns_name(input_dtype: str, scale: str, layout_trait: str,
+                 arithmetic: str | None = None) -> str:  # fmt: skip
+    """The quantize_columns instantiation of an input type, scale kind and address function,
+    and of a compiled arithmetic (compiled_arithmetic) or None."""
+    return _template("quantize_columns", INPUT_TYPES[input_dtype].kernel_trait,
+                     OUTPUT_FORMATS[TILE_FORMAT].kernel_trait, SCALE_FORMATS[scale].kernel_trait,
+                     layout_trait, *_arithmetic_argument(arithmetic))  # fmt: skip
+
+
+# section 3c's arithmetics of the tiles: DeepGEMM's ("reciprocal") and torchao's ("multiplier")
+# weight blocks, and torchao's columns ("multiplier"), float scales in float words
+WEIGHT_ARITHMETICS = (RECIPROCAL, MULTIPLIER)
+COLUMN_ARITHMETICS = (MULTIPLIER,)
+
+
+def tile_name_expressions() -> list[str]:
+    """Every tile instantiation: input types x scale kinds for weights (the layout is a
+    run-time store), and x the three (scale, address function) pairs for columns; then
+    section 3c's arithmetics (float scales)."""
+    names = [weight_name(i, s) for i in INPUT_TYPES for s in ("float32", "ue8m0")]
+    names += [columns_name(i, s, t) for i in INPUT_TYPES for s, t in COLUMN_LAYOUTS]
+    names += [weight_name(i, "float32", a) for i in INPUT_TYPES for a in WEIGHT_ARITHMETICS]
+    return names + [columns_name(i, "float32", "fgq::kFloatWords", a)
+                    for i in INPUT_TYPES for a in COLUMN_ARITHMETICS]  # fmt: skip
+
+
+def _common_tile_params(options, x_aligned: bool) -> dict:
+    """The Params fields of a tile launch that come from the format and the options."""
+    fmt = options.fmt
+    return dict(eps=options.eps, fmax=fmt.fmax, inverse_fmax=fmt.inverse_fmax,
+                ue8m0_floor=UE8M0_FLOOR, nonfinite_codes=fmt.nonfinite_word,
+                floor_emax=fmt.emax_elem if options.scale_rule == "floor" else 0,
+                x_aligned=int(x_aligned))  # fmt: skip
+
+
+def weight_params(request, x_aligned: bool):
+    """The Params of quantize_weight_blocks for a ``_request.WeightRequest``."""
+    g, options = request.output, request.options
+    scales = g.scales
+    batch, row, word = scales.scale_byte_strides
+    if g.layout == "bytes":  # one byte a block, row-major: the float layout's strides in bytes
+        batch, row, word = (v // 4 for v in (batch, row, word))
+    return params_type()(
+        rows=g.n, cols=g.k, groups_per_row=g.blocks[1], batches=g.batches,
+        x_batch_stride=request.batch_stride, x_row_stride=request.row_stride,
+        q_batch_stride=g.n * g.k, s_batch_stride=batch, s_row_stride=row, s_word_stride=word,
+        scale_rows=scales.scale_rows, weight_layout=WEIGHT_LAYOUT_CODES[g.layout],
+        **_common_tile_params(options, x_aligned),
+    )  # fmt: skip
+
+
+def prepare_weight(request, x_aligned: bool, device: int, tuning: Tuning) -> Launch:
+    """quantize_weight_blocks over a (kb, nb, E) grid; a ``_request.WeightRequest``."""
+    g, options = request.output, request.options
+    nb, kb = g.blocks
+    params = weight_params(request, x_aligned)
+    name = weight_name(request.input_dtype, options.scale.name,
+                       compiled_arithmetic(options.arithmetic))  # fmt: skip
+    handle = _loaded(name, device, TILE_THREADS)[0]
+    pdl = pdl_supported(device, tuning.pdl)
+    return Launch(handle, (kb, nb, g.batches), (TILE_THREADS, 1, 1), params, pdl)
+
+
+def columns_params(request, tuning: Tuning):
+    """The Params of quantize_columns: the row-wise result's (make_params) and the t_* fields
+    of the column-wise one's scales."""
+    params = make_params(request, tuning)
+    t = request.transposed
+    _, t_row, t_word = t.scale_byte_strides
+    params.cols, params.x_aligned = request.input_shape[1], int(request.x_aligned)
+    params.t_row_stride, params.t_word_stride = t_row, t_word
+    params.t_groups, params.t_scale_rows = t.groups, t.scale_rows
+    return params
+
+
+def prepare_columns(request, device: int, tuning: Tuning) -> Launch:
+    """quantize_columns over a (K / 128, ceil(M / 128)) grid: the row-wise Params of the
+    request (used where q is given: "both") and the column-wise result's t_* fields."""
+    m, k = request.input_shape
+    params = columns_params(request, tuning)
+    name = columns_name(request.input_dtype, request.scale.name, request.layout.kernel_trait,
+                        compiled_arithmetic(request.arithmetic))  # fmt: skip
+    handle = _loaded(name, device, TILE_THREADS)[0]
+    grid = (k // TILE, -(-m // TILE), 1)
+    return Launch(handle, grid, (TILE_THREADS, 1, 1), params, pdl_supported(device, tuning.pdl))

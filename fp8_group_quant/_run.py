@@ -25,8 +25,17 @@ from ._arrays import (
     to_cupy,
     torch_cpu_to_numpy,
 )
-from ._outputs import check_writes
-from ._request import NVFP4_ON_DEVICE, Operands, Options, Request, make_request
+from ._outputs import BothOrientations, check_writes
+from ._request import (
+    NVFP4_ON_DEVICE,
+    ROW_WISE,
+    Operands,
+    Options,
+    Request,
+    WeightOptions,
+    make_request,
+    make_weight_request,
+)
 
 OPERANDS = ("masked_m", "weight", "residual", "global_scale")  # a call's arrays besides x
 
@@ -53,6 +62,10 @@ def quantize(x, call: Call, out, scale_out):
             if given is not None:
                 raise ValueError(f"{name}: not supported with dtype='e2m1' (NVFP4)")
     info, request, described = _request_of(x, call)
+    if request.orientation != ROW_WISE:
+        if info.kind == NUMPY:
+            return _host.run_oriented(request, x, info, out, scale_out)
+        return _device.run_oriented(request, info, out, scale_out)
     if info.kind == NUMPY:
         return _host.run(request, x, info, out, scale_out, call.arrays)
     plan, info, request, described = device_plan(x, call, out, scale_out, info, request, described)
@@ -72,6 +85,11 @@ def device_plan(x, call: Call, out, scale_out, info=None, request=None, describe
     checked; the plan is made once per input layout, options and other arrays' layout."""
     if info is None:
         info, request, described = _request_of(x, call)
+    if request.orientation != ROW_WISE:
+        raise ValueError(
+            f"orientation: prepare binds the row-wise kernel; call quantize for "
+            f"orientation={request.orientation!r}"
+        )
     if request.residual:
         _check_residual_writes(info, described, out, scale_out)
     key = (*device_signature(x)[:-1], call.raw, *_operand_key(request, described))
@@ -86,7 +104,7 @@ def _name(operand: str) -> str:
 def _operand_key(request: Request, described: dict) -> tuple:
     """What of the call's other arrays the plan depends on (their pointers are per call);
     nothing for a plain call, whose key the entry point's cache lookup also builds."""
-    if request.masked is None and not request.norm and not request.nvfp4:
+    if request.masked is None and not request.norm and not request.takes_global:
         return ()
     masked = described.get("masked_m")
     return (masked.dtype if masked is not None else None, request.residual,
@@ -102,7 +120,7 @@ def extra_pointers(request: Request, described: dict) -> tuple:
         residual = described.get("residual")
         return (("weight", described["weight"].ptr),
                 ("residual", residual.ptr if residual is not None else 0))  # fmt: skip
-    if request.nvfp4 and request.global_mode == NVFP4_ON_DEVICE:
+    if request.takes_global and request.global_mode == NVFP4_ON_DEVICE:
         return (("global_ptr", described["global_scale"].ptr),)
     return ()
 
@@ -118,13 +136,41 @@ def _check_residual_writes(info, described: dict, out, scale_out) -> None:
 def _on_torch_cpu(x, call: Call, out, scale_out):
     """The NumPy backend on numpy views of torch CPU tensors' memory, results back as torch
     tensors (the caller's own tensors when given)."""
-    for given, name in [(out, "out"), (scale_out, "scale_out"), *_named(call.arrays)]:
+    for given, name in [*_outputs_given(out, scale_out), *_named(call.arrays)]:
         if given is not None and not is_torch_cpu(given):
             raise TypeError(f"{name}: expected a torch CPU tensor like x, got {kind_of(given)}")
     view = lambda a, name: None if a is None else torch_cpu_to_numpy(a, name)  # noqa: E731
     arrays = {n: view(a, _name(n)) for n, a in call.arrays.items()}
     results = quantize(view(x, "x"), Call(call.options, call.raw, arrays, call.global_value),
-                       view(out, "out"), view(scale_out, "scale_out"))  # fmt: skip
+                       _views(out, "out", view), _views(scale_out, "scale_out", view))  # fmt: skip
+    return _as_torch(results, out, scale_out)
+
+
+def _outputs_given(out, scale_out) -> list:
+    """(array, name) of each output a caller gave, pairs ("both") taken apart."""
+    found = []
+    for given, name in ((out, "out"), (scale_out, "scale_out")):
+        if isinstance(given, tuple):
+            found += [(a, f"{name}[{i}]") for i, a in enumerate(given)]
+        else:
+            found.append((given, name))
+    return found
+
+
+def _views(given, name: str, view):
+    """A caller's output as a numpy view, or a pair of them ("both")."""
+    if isinstance(given, tuple):
+        return tuple(view(a, f"{name}[{i}]") for i, a in enumerate(given))
+    return view(given, name)
+
+
+def _as_torch(results, out, scale_out):
+    """Host results as torch CPU tensors: the caller's own where given."""
+    if isinstance(results, BothOrientations):
+        row_out, col_out = out if isinstance(out, tuple) else (None, None)
+        row_s, col_s = scale_out if isinstance(scale_out, tuple) else (None, None)
+        return BothOrientations(*_as_torch(results[:2], row_out, row_s),
+                                *_as_torch(results[2:], col_out, col_s))  # fmt: skip
     given = (out, scale_out)
     return tuple(
         given[i] if i < 2 and given[i] is not None else numpy_to_torch_cpu(result)
@@ -151,6 +197,23 @@ def _on_foreign(x, library: str, call: Call, out, scale_out):
         else from_cupy(result, library, float8 if i == 0 else None)
         for i, result in enumerate(results)
     )  # fmt: skip
+
+
+def quantize_weight(w, options: WeightOptions, out, scale_out):
+    """``quantize_weight`` on the backend of ``w``'s library (docs/spec.md, section 4c)."""
+    if is_torch_cpu(w):
+        for given, name in ((out, "out"), (scale_out, "scale_out")):
+            if given is not None and not is_torch_cpu(given):
+                raise TypeError(f"{name}: expected a torch CPU tensor like w, got {kind_of(given)}")
+        view = lambda a, name: None if a is None else torch_cpu_to_numpy(a, name)  # noqa: E731
+        results = quantize_weight(view(w, "w"), options, view(out, "out"),
+                                  view(scale_out, "scale_out"))  # fmt: skip
+        return _as_torch(results, out, scale_out)
+    info = describe(w, "w")
+    request = make_weight_request(info, options)
+    if info.kind != NUMPY:
+        return _device.run_weight(request, info, out, scale_out)
+    return _host.run_weight(request, w, info, out, scale_out)
 
 
 def _named(arrays: dict) -> list:

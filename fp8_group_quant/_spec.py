@@ -147,9 +147,38 @@ FormatName = Literal[
     "e4m3", "float8_e4m3fn", "fp8_e4m3", "e5m2", "float8_e5m2", "fp8_e5m2", "int8",
     "e4m3fnuz", "float8_e4m3fnuz", "fp8_e4m3fnuz",
 ]  # fmt: skip
-# ``dtype=`` takes a name or a numpy / ml_dtypes / torch dtype of one of the formats, or NVFP4's
-# "e2m1" (fp8_group_quant.nvfp4, outside the registry: two codes a byte, e4m3 block scales)
+# ``dtype=`` takes a name or a numpy / ml_dtypes / torch dtype of one of the formats, or "e2m1"
+# (the FP4 formats of FP4_FORMATS below: two codes a byte, chosen by ``scale=``)
 OutputDType = Union[FormatName, Literal["e2m1"], np.dtype, type, "torch.dtype"]
+
+
+@dataclass(frozen=True)
+class Fp4Format:
+    """One FP4 format: e2m1 codes two to a byte, first value in the low nibble (``dtype="e2m1"``),
+    told apart by ``scale=``. The kernel gets fmax and emax_elem through Params and selects its
+    scale rule by the C++ trait (kernels/fp4.cuh)."""
+
+    name: str  # what messages call it; lower-cased, its key in FP4_FORMATS
+    group_size: int  # values a scale
+    scale: str  # the ``scale=`` that selects it
+    layouts: tuple[str, ...]  # the scale layouts it is written in (_layout.SCALE_LAYOUTS keys)
+    global_scale: bool  # a float32 tensor scale besides the block scales (NVFP4)
+    options: tuple[str, ...]  # the options it takes besides the layout ("eps", "scale_rule")
+    kernel_trait: str  # the Fp4Kind code in kernels/fp4.cuh
+    fmax: float = 6.0  # e2m1's largest value
+    emax_elem: int = 2  # e2m1's largest normal is 1.5 * 2^2 (scale_rule="floor")
+
+
+E2M1 = "e2m1"  # the dtype= of every FP4 format
+FP4_FORMATS = {
+    f.name.lower(): f
+    for f in (
+        Fp4Format("NVFP4", 16, "e4m3", ("blocked",), True, (), "fgq::kNvfp4"),
+        Fp4Format("MXFP4", 32, "ue8m0", ("row", "blocked"), False, ("eps", "scale_rule"),
+                  "fgq::kMxfp4"),
+    )
+}  # fmt: skip
+FP4_BY_SCALE = {f.scale: f for f in FP4_FORMATS.values()}
 
 
 def output_format(dtype) -> OutputFormat:
@@ -259,10 +288,11 @@ def check_eps(eps) -> float:
 
 
 ScaleRuleName = Literal["rceil", "floor"]
+OrientationName = Literal["row", "col", "both"]  # docs/spec.md, section 4d
 SCALE_RULES = ("rceil", "floor")  # the UE8M0 exponent rules (docs/spec.md, section 3)
 
 
-def check_scale_rule(scale_rule, fmt: OutputFormat, scale: ScaleFormat) -> str:
+def check_scale_rule(scale_rule, fmt: OutputFormat | Fp4Format, scale: ScaleFormat) -> str:
     """A valid ``scale_rule`` for the output format and scale format."""
     if not isinstance(scale_rule, str) or scale_rule not in SCALE_RULES:
         raise ValueError(

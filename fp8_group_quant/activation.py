@@ -29,6 +29,7 @@ canonical positive NaN, as GPUs produce it: the quantizer then writes the code o
 from __future__ import annotations
 
 import decimal
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -39,11 +40,12 @@ __all__ = [
     "exp_parts",
     "silu",
     "silu_mul",
+    "clamp_gate_up",
     "round_to",
     "EXP_TABLE",
-    "silu_band_entries",
-    "silu_band_table",
-    "silu_bf16_by_table",
+    "BandTable",
+    "SILU_BAND",
+    "GELU_BAND",
 ]
 
 F32 = np.float32
@@ -198,13 +200,34 @@ def round_to(values: np.ndarray, input_dtype: str) -> np.ndarray:
 GATES = {"silu_mul": silu, "gelu_tanh_mul": gelu_tanh}  # activation= -> the gate's function
 
 
-def gated_mul(name: str, gate: np.ndarray, up: np.ndarray, input_dtype: str) -> np.ndarray:
+def gated_mul(
+    name: str, gate: np.ndarray, up: np.ndarray, input_dtype: str, clamp_limit=None
+) -> np.ndarray:
     """``round(round(f(gate)) * up)`` in ``input_dtype`` for the activation ``name``, as float32
-    values: the activation rounded to the input dtype, then the product rounded again."""
-    s = round_to(GATES[name](np.asarray(gate).astype(F32)), input_dtype)
+    values: the activation rounded to the input dtype, then the product rounded again; with
+    ``clamp_limit``, gate and up clamped first (``clamp_gate_up``)."""
+    gate, up = np.asarray(gate).astype(F32), np.asarray(up).astype(F32)
+    if clamp_limit is not None:
+        gate, up = clamp_gate_up(gate, up, clamp_limit, input_dtype)
+    s = round_to(GATES[name](gate), input_dtype)
     with np.errstate(over="ignore", under="ignore", invalid="ignore"):
         y = _canonical_nan(s * np.asarray(up).astype(F32))
     return _canonical_nan(round_to(y, input_dtype))
+
+
+def clamp_limit_value(clamp_limit: float, input_dtype: str) -> np.float32:
+    """The limit as the kernel holds it: float32(clamp_limit) rounded to the input dtype."""
+    return round_to(np.array([clamp_limit], F32), input_dtype)[0]
+
+
+def clamp_gate_up(gate: np.ndarray, up: np.ndarray, clamp_limit: float, input_dtype: str):
+    """(min(gate, L), min(max(up, -L), L)) for float32 values of ``input_dtype``, with ``L`` the
+    limit rounded to that dtype (docs/spec.md, section 2a, clamp_limit); NaN stays NaN."""
+    limit = clamp_limit_value(clamp_limit, input_dtype)
+    with np.errstate(invalid="ignore"):
+        gate = np.where(gate > limit, limit, gate).astype(F32)
+        up = np.where(up > limit, limit, np.where(up < -limit, -limit, up)).astype(F32)
+    return gate, up
 
 
 def silu_mul(gate: np.ndarray, up: np.ndarray, input_dtype: str) -> np.ndarray:
@@ -217,78 +240,99 @@ def _canonical_nan(values: np.ndarray) -> np.ndarray:
     return np.where(np.isnan(values), CANONICAL_NAN, bits).view(F32)
 
 
-# bfloat16 SiLU through a table -------------------------------------------------------------------
-# For a bfloat16 gate, round_to(silu(g), "bfloat16") is one of 65,536 values, and outside two
-# bands of exponents a rule gives it without exp (git show edcea8b:docs/experiments/silu_band.py
-# measured every gate): RN(g / 2) for |g| < 2^-8, and above the bands max(g, -0) with NaN
-# propagated (g for g >= 8, Inf included; -0 for g <= -128, -Inf included; NaN for NaN). Inside
-# the band 2^-8 <= |g| < 128 the kernel reads the definition's result from a table of 3,840 entries
-# (for 8 <= g < 128 the entry is g itself, which lets both signs share one range check),
-# generated into kernels/silu_band_bf16.cuh by tools/gen_silu_band.py and held in shared
-# memory as 4,096 entries (8 KB, silu_band_entries): the positive gates' from entry 0, the
-# negative gates' from entry 2048, so a gate's entry is its sign bit and 11 bits of |g|'s.
-# silu_bf16_by_table is that lookup in NumPy; tests check it against silu for every gate.
+# bfloat16 gates through a table of results --------------------------------------------------------
+# For a bfloat16 gate, round_to(f(g), "bfloat16") is one of 65,536 values, and for SiLU and GELU
+# two rules give it outside a band of gates first <= |g| < end, checked for every gate by the
+# tests: RN(g / 2) below the band (f(g) ~ g / 2 + g^2 / 4 for SiLU, g / 2 + 0.4 g^2 for GELU),
+# max(g, -0) with NaN propagated above it (g for large positive gates, Inf included; -0 for large
+# negative ones, -Inf included; NaN for NaN). Inside the band the kernel reads the definition's
+# result from a table (for the positive gates past the rule's threshold the entry is g itself,
+# which lets both signs share one range check), generated into kernels/band_tables_bf16.cuh by
+# tools/gen_band_tables.py and held in shared memory as 4,096 entries (8 KB,
+# BandTable.entries): the positive gates' from entry 0, the negative gates' from entry 2048, so
+# a gate's entry is its sign bit and 11 bits of |g|'s. BandTable.lookup is that lookup in
+# NumPy. The bands (git show edcea8b:docs/experiments/silu_band.py measured SiLU's):
+# - SiLU: 2^-8 <= |g| < 128, 3,840 entries;
+# - GELU: 2^-9 <= |g| < 16, 3,328 entries. RN(g / 2) holds for |g| < 0x1.96p-9 (0.4 g^2 moves
+#   the rounding from there), g from 2.75 up; gelu(g) < 0 rounds to bfloat16 values as small
+#   as 2^-133 down to g = -10.3 (exp(-|2v|) underflows later than SiLU's e^g), -0 below.
 
-BAND_FIRST = 0x3B80  # bits of 2^-8, the smallest |g| in the band
-BAND = 0x4300 - BAND_FIRST  # 2^-8 <= |g| < 128: 15 exponents of 128 mantissas, per sign
 NEGATIVE_ENTRY = 2048  # where the negative gates' entries start (the sign is index bit 11)
 BAND_ENTRIES = 4096  # the kernel's copy: any 12-bit index reads inside it
 
 
-def silu_band_table() -> np.ndarray:
-    """uint16 [2 * BAND]: the bfloat16 bits of round(silu(g)) for the band's positive gates in
-    order of their bits, then its negative gates in order of |g|'s bits."""
-    magnitudes = np.arange(BAND_FIRST, BAND_FIRST + BAND, dtype=np.uint32)
-    gates = np.concatenate([magnitudes, magnitudes | 0x8000]).astype(np.uint16)
-    bf16 = INPUT_TYPES["bfloat16"].numpy_dtype
-    y = round_to(silu(gates.view(bf16).astype(F32)), "bfloat16")
-    return y.astype(bf16).view(np.uint16)
+@dataclass(frozen=True)
+class BandTable:
+    """A gated activation's bfloat16 results over the band ``first <= |g| < end`` (bits of
+    |g|), and the lookup with its two rules outside it."""
+
+    activation: str  # its activation= name (GATES)
+    first: int  # bits of the smallest |g| in the band
+    end: int  # bits of the smallest |g| past it
+
+    @property
+    def size(self) -> int:
+        """Entries per sign."""
+        return self.end - self.first
+
+    def results(self) -> np.ndarray:
+        """uint16 [2 * size]: the bfloat16 bits of round(f(g)) for the band's positive gates in
+        order of their bits, then its negative gates in order of |g|'s bits."""
+        magnitudes = np.arange(self.first, self.end, dtype=np.uint32)
+        gates = np.concatenate([magnitudes, magnitudes | 0x8000]).astype(np.uint16)
+        bf16 = INPUT_TYPES["bfloat16"].numpy_dtype
+        y = round_to(GATES[self.activation](gates.view(bf16).astype(F32)), "bfloat16")
+        return y.astype(bf16).view(np.uint16)
+
+    def entries(self, results: np.ndarray | None = None) -> np.ndarray:
+        """uint16 [BAND_ENTRIES]: ``results`` (the layout of results()) as the kernel holds
+        them, the positive half from entry 0, the negative half from NEGATIVE_ENTRY, zeros
+        elsewhere."""
+        results = self.results() if results is None else results
+        entries = np.zeros(BAND_ENTRIES, np.uint16)
+        entries[: self.size] = results[: self.size]
+        entries[NEGATIVE_ENTRY : NEGATIVE_ENTRY + self.size] = results[self.size : 2 * self.size]
+        return entries
+
+    def lookup(self, gate_bits: np.ndarray, results: np.ndarray | None = None) -> np.ndarray:
+        """uint16 bits of round(f(g)) for bfloat16 gates given as uint16 bits, by the kernel's
+        lookup (kernels/activation.cuh, BandTable): two gates a 32-bit word in its integer
+        steps, the table inside the band, the two rules outside it (a NaN stays NaN)."""
+        entries = self.entries(results)
+        bf16 = INPUT_TYPES["bfloat16"].numpy_dtype
+        flat = np.asarray(gate_bits, np.uint16).reshape(-1)
+        h = np.zeros(flat.size + flat.size % 2, np.uint32)
+        h[: flat.size] = flat
+        word = h[0::2] | (h[1::2] << 16)  # the lower index in the low half, as the kernel loads
+        pair = np.uint32(0x10001)
+        # t: 0x8000 + |h| - first per half, no carry between them (|h| <= 0x7fff); bit 15 set
+        # from the band up, and below 0x8000 + size (the low 11 bits the offset) inside it
+        t = (word & np.uint32(0x7FFF7FFF)) + pair * np.uint32(0x8000 - self.first)
+        u = t - pair * np.uint32(self.size)  # bit 15: |h| past the band (t >= size: no borrow)
+        not_below, in_band = _halves_signs(t), _halves_signs(t & ~u)
+        index = t | ((word >> 4) & np.uint32(0x08000800))  # the sign bits to bit 11 of each half
+        looked_up = entries[index & 0xFFF].astype(np.uint32)
+        looked_up |= entries[(index >> 16) & 0xFFF].astype(np.uint32) << 16
+        g = (h << 16).view(F32)
+        with np.errstate(invalid="ignore"):
+            half = (g * F32(0.5)).astype(bf16).view(np.uint16).astype(np.uint32)
+            above = np.maximum(g, F32(-0.0)).astype(bf16).view(np.uint16).astype(np.uint32)
+        half_word = half[0::2] | (half[1::2] << 16)
+        above_word = above[0::2] | (above[1::2] << 16)
+        outside = (not_below & above_word) | (~not_below & half_word)
+        result = (in_band & looked_up) | (~in_band & outside)
+        halves = np.stack([result & 0xFFFF, result >> 16], axis=-1).reshape(-1)
+        return halves[: flat.size].astype(np.uint16).reshape(np.shape(gate_bits))
 
 
-def silu_band_entries(table: np.ndarray | None = None) -> np.ndarray:
-    """uint16 [BAND_ENTRIES]: ``table`` (silu_band_table's layout) as the kernel holds it, the
-    positive half from entry 0, the negative half from NEGATIVE_ENTRY, zeros elsewhere."""
-    table = silu_band_table() if table is None else table
-    entries = np.zeros(BAND_ENTRIES, np.uint16)
-    entries[:BAND] = table[:BAND]
-    entries[NEGATIVE_ENTRY : NEGATIVE_ENTRY + BAND] = table[BAND : 2 * BAND]
-    return entries
+SILU_BAND = BandTable("silu_mul", 0x3B80, 0x4300)  # 2^-8 <= |g| < 128
+GELU_BAND = BandTable("gelu_tanh_mul", 0x3B00, 0x4180)  # 2^-9 <= |g| < 16
+BAND_TABLES = (SILU_BAND, GELU_BAND)  # the order of kernels/band_tables_bf16.cuh
 
 
 def _halves_signs(words: np.ndarray) -> np.ndarray:
     """0xffff in each 16-bit half of ``words`` whose bit 15 is set, else 0 (prmt 0xbb99)."""
     return ((words >> 15) & 1) * np.uint32(0xFFFF) | ((words >> 31) & 1) * np.uint32(0xFFFF0000)
-
-
-def silu_bf16_by_table(gate_bits: np.ndarray, table: np.ndarray | None = None) -> np.ndarray:
-    """uint16 bits of round(silu(g)) for bfloat16 gates given as uint16 bits, by the kernel's
-    lookup (kernels/activation.cuh, SiluBandTable): two gates a 32-bit word in its integer
-    steps, the table inside the band, the two rules outside it (a NaN stays NaN)."""
-    entries = silu_band_entries(table)
-    bf16 = INPUT_TYPES["bfloat16"].numpy_dtype
-    flat = np.asarray(gate_bits, np.uint16).reshape(-1)
-    h = np.zeros(flat.size + flat.size % 2, np.uint32)
-    h[: flat.size] = flat
-    word = h[0::2] | (h[1::2] << 16)  # the lower index in the low half, as the kernel loads
-    pair = np.uint32(0x10001)
-    # t: 0x8000 + |h| - BAND_FIRST per half, no carry between them (|h| <= 0x7fff); bit 15 set
-    # from the band up, and below 0x8000 + BAND (the low 11 bits the offset) inside it
-    t = (word & np.uint32(0x7FFF7FFF)) + pair * np.uint32(0x8000 - BAND_FIRST)
-    u = t - pair * np.uint32(BAND)  # bit 15: |h| past the band (t >= 0x4480: no borrow)
-    not_below, in_band = _halves_signs(t), _halves_signs(t & ~u)
-    index = t | ((word >> 4) & np.uint32(0x08000800))  # the sign bits to bit 11 of each half
-    looked_up = entries[index & 0xFFF].astype(np.uint32)
-    looked_up |= entries[(index >> 16) & 0xFFF].astype(np.uint32) << 16
-    g = (h << 16).view(F32)
-    with np.errstate(invalid="ignore"):
-        half = (g * F32(0.5)).astype(bf16).view(np.uint16).astype(np.uint32)
-        above = np.maximum(g, F32(-0.0)).astype(bf16).view(np.uint16).astype(np.uint32)
-    half_word = half[0::2] | (half[1::2] << 16)
-    above_word = above[0::2] | (above[1::2] << 16)
-    outside = (not_below & above_word) | (~not_below & half_word)
-    result = (in_band & looked_up) | (~in_band & outside)
-    halves = np.stack([result & 0xFFFF, result >> 16], axis=-1).reshape(-1)
-    return halves[: flat.size].astype(np.uint16).reshape(np.shape(gate_bits))
 
 
 # fused RMSNorm ------------------------------------------------------------------------------------
@@ -300,7 +344,10 @@ def silu_bf16_by_table(gate_bits: np.ndarray, table: np.ndarray | None = None) -
 # totals are folded in half over 32 slots; missing lanes and warps count as +0, which changes no
 # sum of squares. Then mean = total / K, d = mean + eps_norm, r = 1 / sqrt(d) (sqrt and divide
 # each correctly rounded: r is within 1 ulp of the exact reciprocal square root), and
-# y = round(RN(x * r) * weight). NaN results are the canonical +NaN.
+# y = round(RN(x * r) * weight). NaN results are the canonical +NaN. The other norm_roundings
+# are vLLM's arithmetic: "twice" rounds RN(x * r) to the input dtype before the weight, and
+# "twice_unrounded_sum" also normalises the float32 sum x + residual unrounded (the sum written
+# back is still rounded).
 
 
 def _fold_in_half(a: np.ndarray, width: int) -> np.ndarray:
@@ -342,20 +389,26 @@ def rms_norm(
     eps_norm: float,
     input_dtype: str,
     residual: np.ndarray | None = None,
+    rounding: str = "once",
 ) -> tuple[np.ndarray, np.ndarray | None]:
-    """(y as float32 values of ``input_dtype``, the new residual or None) for ``x`` [..., K]."""
+    """(y as float32 values of ``input_dtype``, the new residual or None) for ``x`` [..., K];
+    ``rounding``: a ``norm_rounding`` value (docs/spec.md, section 2b)."""
     k = x.shape[-1]
     values = np.asarray(x).astype(F32).reshape(-1, k)
     new_residual = None
     if residual is not None:
         with np.errstate(over="ignore", invalid="ignore"):
-            added = values + np.asarray(residual).astype(F32).reshape(-1, k)
-        values = _canonical_nan(round_to(added.astype(F32), input_dtype))
-        new_residual = values.reshape(x.shape)
+            added = (values + np.asarray(residual).astype(F32).reshape(-1, k)).astype(F32)
+        rounded = _canonical_nan(round_to(added, input_dtype))
+        new_residual = rounded.reshape(x.shape)
+        values = added if rounding == "twice_unrounded_sum" else rounded
     itemsize = INPUT_TYPES[input_dtype].itemsize
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         mean = (sum_of_squares(values, itemsize) / F32(k)).astype(F32)
         r = rsqrt((mean + F32(eps_norm)).astype(F32))
-        y = ((values * r[:, None]).astype(F32) * np.asarray(weight).astype(F32)).astype(F32)
+        normalized = (values * r[:, None]).astype(F32)
+        if rounding != "once":
+            normalized = round_to(normalized, input_dtype)
+        y = (normalized * np.asarray(weight).astype(F32)).astype(F32)
     y = _canonical_nan(round_to(_canonical_nan(y), input_dtype))
     return y.reshape(x.shape), new_residual

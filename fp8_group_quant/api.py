@@ -4,18 +4,21 @@ them into a Request (``_request``), and runs the NumPy backend or a GPU plan."""
 from __future__ import annotations
 
 import dataclasses
+import sys
 from typing import Any, TypeVar
 
 from . import _device, _jit, _plan, _run, _settings
-from ._arrays import device_signature, kind_of
-from ._dequantize import as_float8, dequantize, scale_offsets, unpack_scales
+from ._arrays import device_signature, is_dynamo_compiling, kind_of
+from ._dequantize import as_float8, dequantize, dequantize_weight, scale_offsets, unpack_scales
 from ._device import PreparedQuantize
-from ._layout import PACKED, LayoutName
-from ._request import Options, check_options
+from ._layout import PACKED, WEIGHT_BLOCK, LayoutName, WeightLayoutName
+from ._outputs import BothOrientations
+from ._request import Options, check_options, check_weight_options
 from ._spec import (
     DEFAULT_EPS,
     INPUT_TYPES,
     ActivationName,
+    OrientationName,
     OutputDType,
     ScaleName,
     ScaleRuleName,
@@ -24,12 +27,15 @@ from ._spec import (
 Array = TypeVar("Array", bound=Any)  # numpy, cupy, torch (CPU or CUDA), JAX or numba
 
 __all__ = [
+    "BothOrientations",
     "PreparedQuantize",
     "as_float8",
     "dequantize",
+    "dequantize_weight",
     "prepare",
     "quantize",
     "quantize_packed",
+    "quantize_weight",
     "scale_offsets",
     "unpack_scales",
     "warmup",
@@ -54,6 +60,10 @@ def quantize(
     residual=None,
     scale_rule: ScaleRuleName = "rceil",
     global_scale=None,
+    orientation: OrientationName = "row",
+    clamp_limit: float | None = None,
+    arithmetic: str = "float32",
+    norm_rounding: str = "once",
 ) -> tuple[Array, ...]:
     """Quantize ``x`` per token in groups of ``group_size`` channels.
 
@@ -75,8 +85,11 @@ def quantize(
     group_size : {32, 64, 128, 256}
     dtype : {"e4m3", "e5m2", "int8", "e4m3fnuz", "e2m1"}
         Output format: float8_e4m3fn (fmax 448), float8_e5m2 (57344), int8 (127) or
-        float8_e4m3fnuz (AMD; clamped at 224 as vLLM and SGLang do on ROCm); "e2m1" is NVFP4
-        (see ``global_scale``).
+        float8_e4m3fnuz (AMD; clamped at 224 as vLLM and SGLang do on ROCm); "e2m1" is FP4,
+        codes two to a byte in uint8 ``[..., K/2]`` (first value in the low nibble): NVFP4 with
+        ``scale="e4m3"`` (see ``global_scale``), MXFP4 with ``scale="ue8m0"``
+        (``group_size=32``, layout ``"row"`` or ``"blocked"``, ``eps`` and ``scale_rule`` apply;
+        ``docs/spec.md``, section 4b).
     scale : {"float32", "ue8m0", "e4m3"}
         Float scales, or power-of-two scales (as float32 in float layouts, as exponent bytes in
         the packed layouts).
@@ -118,9 +131,9 @@ def quantize(
     scale_rule : {"rceil", "floor"}
         How a UE8M0 scale's exponent is chosen. ``"rceil"`` (default): the exact ceiling of
         ``amax / fmax``, so no value saturates. ``"floor"``: OCP MX v1.0, the exponent of
-        ``amax`` minus the format's ``emax_elem`` (8 for e4m3, 15 for e5m2), at least 2^-126;
-        values beyond ``fmax`` saturate. Needs ``scale="ue8m0"`` and e4m3 or e5m2
-        (``docs/spec.md``, section 3).
+        ``amax`` minus the format's ``emax_elem`` (8 for e4m3, 15 for e5m2, 2 for e2m1), at
+        least 2^-126; values beyond ``fmax`` saturate. Needs ``scale="ue8m0"`` and e4m3, e5m2
+        or MXFP4's e2m1 (``docs/spec.md``, section 3).
     norm : (weight, eps_norm), optional
         Fused RMSNorm: quantize ``round(x * rsqrt(mean(x^2) + eps_norm) * weight)`` over each
         row (``weight`` ``[K]`` of x's dtype; the float32 steps and the order of the row's sum
@@ -137,7 +150,41 @@ def quantize(
         ``v / (s / global)`` (``docs/spec.md``, section 4a). A device array stays on the device
         (never read on the host; it must hold a positive finite value). None computes
         ``448 * 6 / amax(x)`` on the device (one extra pass over ``x``) and returns it as a
-        third output, a one-element float32 array. No other option applies to NVFP4.
+        third output, a one-element float32 array. No other option applies to NVFP4 but
+        ``arithmetic``. MXFP4 takes one with ``arithmetic="reciprocal"`` only (None: 1).
+    orientation : {"row", "col", "both"}
+        ``"row"``: groups of channels (everything above). ``"col"``: ``x [M, K]`` quantized
+        transposed, for the weight-gradient GEMM: ``qt [K, M]`` with each value in its group
+        of ``group_size`` consecutive tokens of one channel (the last group partial when
+        ``M % group_size``: its maximum over the tokens that exist), scales in ``layout``
+        over ``[K, ceil(M / group_size)]`` (``"col"``: strides ``(1, K)``, what
+        ``torch._scaled_mm`` reads). ``"both"``: ``BothOrientations(q, scales, qt,
+        scales_t)`` from one read of ``x``; ``out`` and ``scale_out`` are then pairs (row,
+        col). Not with ``pad_rows``, ``activation``, ``norm``, ``masked_m``, FP4 or
+        ``layout="blocked"`` (``docs/spec.md``, section 4d).
+    clamp_limit : float, optional
+        With a gated ``activation``: the clamped SwiGLU of gpt-oss-style models, the gate
+        clamped from above and the up value on both sides at ``clamp_limit`` (rounded to x's
+        dtype) before the activation (``docs/spec.md``, section 2a).
+    arithmetic : {"float32", "bfloat16", "unfloored", "reciprocal", "multiplier"}
+        ``"float32"`` (default): sections 3, 4a and 4b. The others are upstream kernels'
+        steps, for drop-ins that must match them bit for bit. ``"bfloat16"``: bfloat16 input
+        only, the group maximum, scale, reciprocal and scaled values rounded to bfloat16 as
+        vLLM's masked SiLU kernel does (section 3a). ``"unfloored"``: MXFP8 (e4m3, UE8M0,
+        ``group_size=32``) as FlashInfer's ``mxfp8_quantize`` computes it: no floor under
+        the scale (a zero group has byte 0 and zero codes), infinities in the maximum
+        (section 3b). ``"reciprocal"``: NVFP4 and MXFP4 as vLLM's ``scaled_fp4_quant`` and
+        FlashInfer's ``fp4_quantize`` compute them, multiplying by ``RN(1/6)`` and by
+        reciprocals where section 4a divides; MXFP4 then takes ``global_scale`` too
+        (default 1) (section 4a). ``"multiplier"``: e4m3 with float scales in groups of 128
+        or 256, as torchao's blockwise training quantizers compute it: each value times
+        ``r = RN(448 / amax)``, the scale stored ``RN(1 / r)`` (``eps >= 2**-64``; section 3c).
+    norm_rounding : {"once", "twice", "twice_unrounded_sum"}
+        With ``norm``: ``"once"`` (default) rounds ``x * r * weight`` once (section 2b);
+        ``"twice"`` rounds ``x * r`` to x's dtype before the weight, as vLLM's RMSNorm does;
+        ``"twice_unrounded_sum"`` is ``"twice"`` that, with ``residual``, normalises the
+        float32 sum ``x + residual`` unrounded, as vLLM's add-RMSNorm does (the sum written
+        back to ``residual`` is rounded to x's dtype in every mode).
 
     Returns
     -------
@@ -147,32 +194,65 @@ def quantize(
     scales : array of ``x``'s library, shape ``x.shape[:-1] + (ng or kp,)``, strides as above.
     global_scale : NVFP4 with ``global_scale=None`` only: the computed global scale.
     """
-    if masked_m is None and norm is None and residual is None and global_scale is None:
-        # NOTES: the hot path: a plan made for the same input layout and options serves the
-        # call without validating again (the options were, when it was made)
-        signature = device_signature(x)
+    plain = clamp_limit is None and arithmetic == "float32" and norm_rounding == "once"
+    # NOTES: the hot path: a plan made for the same input layout and options serves the call
+    # without validating again (the options were, when it was made). Only for the numeric
+    # options' own types: 128.0 == 128 and 1 == True would find the plan of a valid call and
+    # skip the check that refuses them.
+    exact = type(group_size) is int and type(pad_rows) is bool and type(eps) is float
+    if masked_m is None and norm is None and residual is None and global_scale is None and plain:
+        signature = device_signature(x) if exact else None
         if signature is not None and expected_m is None:
-            raw = (group_size, dtype, scale, layout, eps, pad_rows, activation, scale_rule)
+            raw = (group_size, dtype, scale, layout, eps, pad_rows, activation, scale_rule,
+                   orientation)  # fmt: skip
             plan = _device.cached((*signature[:-1], raw))
             if plan is not None:
                 return plan.run(signature[-1], out, scale_out)
+    if _dynamo_tracing(x):  # torch.compile: the custom op, which dynamo traces
+        from . import torch_ops
+
+        if orientation != "row":
+            raise ValueError(
+                f"orientation: torch.compile traces the row-wise quantizer only, got "
+                f"{orientation!r}; call it outside the compiled region"
+            )
+
+        return torch_ops.quantize_traced(
+            x, group_size, out, scale_out, dtype=dtype, scale=scale, layout=layout, eps=eps,
+            pad_rows=pad_rows, activation=activation, masked_m=masked_m, expected_m=expected_m,
+            norm=norm, residual=residual, scale_rule=scale_rule, global_scale=global_scale,
+            clamp_limit=clamp_limit, arithmetic=arithmetic, norm_rounding=norm_rounding,
+        )  # fmt: skip
     call = _call(group_size, dtype, scale, layout, eps, pad_rows, activation, scale_rule,
-                 masked_m, expected_m, norm, residual, global_scale)  # fmt: skip
+                 masked_m, expected_m, norm, residual, global_scale, orientation,
+                 (clamp_limit, arithmetic, norm_rounding))  # fmt: skip
     return _run.quantize(x, call, out, scale_out)
 
 
+def _dynamo_tracing(x) -> bool:
+    """``x`` is a torch tensor that torch.compile's dynamo is tracing (a folded constant there)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor) and is_dynamo_compiling(torch)
+
+
 def _call(group_size, dtype, scale, layout, eps, pad_rows, activation, scale_rule, masked_m,
-          expected_m, norm, residual, global_scale) -> _run.Call:  # fmt: skip
-    """The validated options of a call and its other arrays."""
+          expected_m, norm, residual, global_scale, orientation="row",
+          modes=(None, "float32", "once")) -> _run.Call:  # fmt: skip
+    """The validated options of a call and its other arrays; ``modes``: (clamp_limit,
+    arithmetic, norm_rounding)."""
     weight, eps_norm = _norm_argument(norm, residual)
     options = check_options(group_size, dtype, scale, layout, eps, pad_rows, activation,
-                            scale_rule, expected_m, eps_norm)  # fmt: skip
-    raw: tuple = (group_size, dtype, scale, layout, eps, pad_rows, activation, scale_rule)
-    if expected_m is not None or eps_norm is not None:
-        raw += (expected_m, eps_norm)
+                            scale_rule, expected_m, eps_norm, orientation, *modes)  # fmt: skip
+    raw: tuple = (group_size, dtype, scale, layout, eps, pad_rows, activation, scale_rule,
+                  orientation)  # fmt: skip
+    if expected_m is not None or eps_norm is not None or modes != (None, "float32", "once"):
+        raw += (expected_m, eps_norm, *modes)
     arrays, global_value = _run.global_scale_arguments(global_scale)
-    if global_scale is not None and not options.nvfp4:
-        raise ValueError("global_scale: only NVFP4 (dtype='e2m1', scale='e4m3') takes one")
+    if global_scale is not None and not options.takes_global:
+        raise ValueError(
+            "global_scale: only NVFP4 (dtype='e2m1', scale='e4m3') takes one, and MXFP4 with "
+            "arithmetic='reciprocal'"
+        )
     given = {"masked_m": masked_m, "weight": weight, "residual": residual, **arrays}
     arrays = {name: array for name, array in given.items() if array is not None}
     return _run.Call(options, raw, arrays, global_value)
@@ -188,6 +268,60 @@ def _norm_argument(norm, residual) -> tuple:
         got = f"a tuple of {len(norm)} items" if isinstance(norm, tuple) else type(norm).__name__
         raise TypeError(f"norm: expected a (weight, eps_norm) tuple, got {got}")
     return norm
+
+
+def quantize_weight(
+    w: Array,
+    block: tuple[int, int] = (WEIGHT_BLOCK, WEIGHT_BLOCK),
+    *,
+    dtype: OutputDType = "e4m3",
+    scale: ScaleName = "float32",
+    layout: WeightLayoutName = "row",
+    eps: float = DEFAULT_EPS,
+    scale_rule: ScaleRuleName = "rceil",
+    out=None,
+    scale_out=None,
+    arithmetic: str = "float32",
+) -> tuple[Array, Array]:
+    """Quantize a weight ``w [N, K]`` (or experts ``[E, N, K]``) in 128x128 blocks.
+
+    For each block ``v`` of 128 rows by 128 columns (cut at ``N`` and ``K``: a partial edge
+    block's maximum is over the values that exist): ``amax = max(eps, max|v_i| over finite
+    v_i)``, ``s = amax / fmax`` or its UE8M0 power of two, ``q_i = RNE(clamp(v_i / s))``: the
+    arithmetic of ``quantize`` (``docs/spec.md``, section 4c), bit for bit.
+
+    Parameters
+    ----------
+    w : numpy.ndarray or torch CPU tensor, ``[N, K]`` or ``[E, N, K]``
+        bfloat16, float16 or float32; last dimension contiguous; any ``N`` and ``K``.
+    block : (128, 128)
+    dtype : {"e4m3", "e5m2"}
+    scale : {"float32", "ue8m0"}
+    layout : {"row", "col", "bytes", "packed"}
+        With ``nb = ceil(N/128)``, ``kb = ceil(K/128)``: ``row`` float32 ``[nb, kb]`` strides
+        ``(kb, 1)`` (DeepGEMM on SM90; ``torch._scaled_mm`` takes its ``.t()``); ``col``
+        float32 ``[nb, kb]`` strides ``(1, nb)``; ``bytes`` uint8 exponent bytes ``[nb, kb]``
+        (UE8M0); ``packed`` int32 ``[N, ceil(kb/4)]`` strides ``(1, align(N, 4))``, row ``n``
+        holding block row ``n // 128``'s exponents four to a word (UE8M0; DeepGEMM on SM100).
+        Batched weights put the expert dimension first (stride ``nb*kb``, or
+        ``align(N, 4) * ceil(kb/4)`` for ``packed``).
+    eps, scale_rule : as for ``quantize``.
+    out, scale_out : optional, with exactly the shapes, dtypes and strides returned.
+    arithmetic : {"float32", "reciprocal", "multiplier"}
+        ``"float32"`` (default): section 3's. The others multiply each value where the default
+        divides by the scale, for drop-ins that must match an upstream bit for bit (e4m3,
+        float scales, ``eps >= 2**-64``; section 3c): ``"reciprocal"`` by ``RN(1 / s)`` of
+        ``s = RN(amax * RN(1 / 448))``, as DeepGEMM's ``per_block_cast_to_fp8`` on CUDA;
+        ``"multiplier"`` by ``r = RN(448 / amax)``, storing ``s = RN(1 / r)``, as torchao's
+        blockwise quantizers.
+
+    Returns
+    -------
+    q : ``w``'s shape, float8 codes (numpy ``ml_dtypes``, torch ``float8``).
+    scales : as ``layout`` says.
+    """
+    options = check_weight_options(block, dtype, scale, layout, eps, scale_rule, arithmetic)
+    return _run.quantize_weight(w, options, out, scale_out)
 
 
 def prepare(

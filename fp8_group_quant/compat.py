@@ -15,16 +15,24 @@ fp8_group_quant's contract (see the README). Swap by changing an import::
 
     # from vllm._custom_ops import scaled_fp4_quant
     from fp8_group_quant.compat import scaled_fp4_quant
+
+    # from deep_gemm.utils.math import per_block_cast_to_fp8
+    from fp8_group_quant.compat import per_block_cast_to_fp8
+
+    # from torchao.prototype.blockwise_fp8_training.kernels import (
+    #     triton_fp8_blockwise_act_quant_lhs, ...)
+    from fp8_group_quant.compat import act_quant_lhs, act_quant_rhs, act_quant_transposed_lhs
 """
 
 from __future__ import annotations
 
 import math
+import sys
 
 from ._arrays import kind_of, library_of
-from ._layout import COL, COL_TMA, PACKED, ROW, Geometry, LayoutName, scale_layout
+from ._layout import COL, COL_TMA, PACKED, PACKED_COL, ROW, Geometry, LayoutName, scale_layout
 from ._spec import ScaleName
-from .api import quantize
+from .api import quantize, quantize_weight
 
 __all__ = [
     "per_token_group_quant_fp8",
@@ -36,6 +44,12 @@ __all__ = [
     "mxfp8_quantize",
     "fp4_quantize",
     "scaled_fp4_quant",
+    "per_block_cast_to_fp8",
+    "act_quant_lhs",
+    "act_quant_rhs",
+    "act_quant_transposed_lhs",
+    "weight_quant_rhs",
+    "weight_quant_transposed_rhs",
 ]
 
 
@@ -158,7 +172,7 @@ def sglang_per_token_group_quant_fp8(
 _SCALE_FMTS: dict[str, tuple[ScaleName, LayoutName]] = {  # DeepGemmQuantScaleFMT: (scale, layout)
     "FLOAT32": ("float32", COL),
     "FLOAT32_CEIL_UE8M0": ("ue8m0", COL),
-    "UE8M0": ("ue8m0", PACKED),
+    "UE8M0": ("ue8m0", PACKED_COL),
 }
 
 
@@ -171,17 +185,16 @@ def persistent_masked_m_silu_mul_quant(
 ):
     """vLLM's ``persistent_masked_m_silu_mul_quant`` (batched DeepGEMM MoE experts).
 
-    ``y`` ``[E, T, 2H]`` (gate then up) and ``tokens_per_expert`` ``[E]``: the SiLU-and-multiply
-    of the first ``tokens_per_expert[e]`` tokens of each expert, quantized to e4m3 ``[E, T, H]``.
-    Scales as vLLM allocates them: ``quant_scale_fmt`` ``FLOAT32`` (or
+    ``y`` ``[E, T, 2H]`` bfloat16 (gate then up) and ``tokens_per_expert`` ``[E]``: the
+    SiLU-and-multiply of the first ``tokens_per_expert[e]`` tokens of each expert, quantized to
+    e4m3 ``[E, T, H]``. Scales as vLLM allocates them: ``quant_scale_fmt`` ``FLOAT32`` (or
     ``FLOAT32_CEIL_UE8M0``, powers of two) gives float32 ``[E, T, H/G]`` with strides
     ``(T*H/G, 1, T)``; ``UE8M0`` gives int32 ``[E, T, ceil(H/G/4)]`` with strides
-    ``(T*ceil(H/G/4), 1, T)`` (``T`` a multiple of 4 here: this library pads the packed layout
-    to TMA alignment). As in vLLM, the scales of tokens past the counts are zero and their codes
-    unwritten. ``quant_scale_fmt`` is vLLM's ``DeepGemmQuantScaleFMT`` or its name;
-    ``num_parallel_tokens`` is vLLM's tuning knob and is ignored. Values follow this library's
-    contract: vLLM's kernel computes the maximum, scale and scaled values in bfloat16, so 3.7%
-    of its codes (0.49% with UE8M0 scales) differ on random data (docs/spec.md, section 8).
+    ``(T*ceil(H/G/4), 1, T)`` for any T (the ``packed_col`` layout). As in vLLM, the scales of
+    tokens past the counts are zero and their codes unwritten. ``quant_scale_fmt`` is vLLM's
+    ``DeepGemmQuantScaleFMT`` or its name; ``num_parallel_tokens`` is vLLM's tuning knob and is
+    ignored. Values are vLLM's kernel's, bit for bit: ``arithmetic="bfloat16"``
+    (docs/spec.md, section 3a).
     """
     name = getattr(quant_scale_fmt, "name", quant_scale_fmt)
     if name not in _SCALE_FMTS:
@@ -192,10 +205,6 @@ def persistent_masked_m_silu_mul_quant(
     shape = tuple(getattr(y, "shape", ()))
     if len(shape) != 3:
         raise ValueError(f"y: expected [E, T, 2H], got shape {shape}")
-    if layout == PACKED and shape[1] % 4:
-        raise ValueError(
-            f"y: quant_scale_fmt=UE8M0 needs T to be a multiple of 4 here, got T={shape[1]}"
-        )
     geometry = Geometry(
         (shape[0], shape[1], shape[2] // 2), group_size, scale_layout(layout), False
     )
@@ -209,6 +218,7 @@ def persistent_masked_m_silu_mul_quant(
         scale_out=scale_out,
         activation="silu_mul",
         masked_m=tokens_per_expert,
+        arithmetic="bfloat16",
     )
 
 
@@ -250,15 +260,17 @@ def silu_mul_per_token_group_quant_fp8_colmajor(
 
     ``input`` ``[M, 2N]`` holds gate then up; returns ``(output [M, N] e4m3, scales)`` with
     float32 scales ``[M, N/G]`` column-major, strides ``(1, M)``; ``use_ue8m0`` makes them
-    powers of two (None means False here; vLLM reads its DeepGEMM setting). Values follow this
-    library's contract: vLLM scales by a rounded ``1/448`` and takes ``exp`` from Triton, so a
-    few codes differ (0.07% on random data, float scales; docs/spec.md, section 8). The gate
-    variants vLLM adds (``clamp_limit``, ``alpha``/``beta`` for SwiGLU-OAI) and the expert-ends
-    layout are not implemented and raise NotImplementedError; unlike vLLM, ``M`` need not be a
-    multiple of 8.
+    powers of two (None means False here; vLLM reads its DeepGEMM setting). ``clamp_limit``:
+    the clamped SwiGLU (gate clamped from above, up on both sides, before the activation;
+    ``docs/spec.md``, section 2a). Values follow this library's contract, which equals vLLM's
+    test reference (its ``silu_and_mul`` then its Triton quantizer); vLLM's fused kernel scales
+    by a rounded ``1/448`` and takes ``exp`` from Triton, so a few of its codes differ (0.07% on
+    random data, float scales; docs/spec.md, section 8). SwiGLU-OAI's ``alpha``/``beta`` and
+    the expert-ends layout are not implemented and raise NotImplementedError; unlike vLLM,
+    ``M`` need not be a multiple of 8.
     """
     for name, value, default in (
-        ("clamp_limit", clamp_limit, None), ("alpha", alpha, 1.0), ("beta", beta, 0.0),
+        ("alpha", alpha, 1.0), ("beta", beta, 0.0),
         ("expert_ends", expert_ends, None), ("expert_alignment", expert_alignment, 0),
     ):  # fmt: skip
         if value != default if default is not None else value is not None:
@@ -276,6 +288,7 @@ def silu_mul_per_token_group_quant_fp8_colmajor(
         eps=eps,
         out=output,
         activation="silu_mul",
+        clamp_limit=clamp_limit,
     )
 
 
@@ -297,7 +310,9 @@ def rms_norm_per_block_quant(
     ``[rows, K/G]`` row-major, with ``is_scale_transposed`` column-major ``(1, rows)`` (rows =
     every leading dimension flattened), or with ``tma_alignment=4`` TMA-aligned and per batch
     for 3-D input. ``residual`` is updated in place to ``input + residual``. Values follow
-    ``docs/spec.md`` section 2b (one rounding after the weight; vLLM rounds before it too).
+    ``docs/spec.md`` section 2b with ``norm_rounding="twice_unrounded_sum"``, vLLM's
+    arithmetic: ``x * r`` rounded to the input dtype before the weight multiply, and with a
+    residual the float32 sum ``input + residual`` normalised unrounded (written back rounded).
     Runs on every backend (CUDA tensors through the fused kernel); ``scale_ub`` is not
     implemented.
     """
@@ -316,9 +331,9 @@ def rms_norm_per_block_quant(
     flatten = len(shape) > 2 and layout != COL_TMA  # vLLM's row and col scales are 2-D
     x = input.reshape(-1, shape[-1]) if flatten else input
     r = residual.reshape(-1, shape[-1]) if flatten and residual is not None else residual
-    q, scales = quantize(
-        x, group_size[1], dtype=quant_dtype, layout=layout, norm=(weight, epsilon), residual=r
-    )
+    q, scales = quantize(x, group_size[1], dtype=quant_dtype, layout=layout,
+                         norm=(weight, epsilon), residual=r,
+                         norm_rounding="twice_unrounded_sum")  # fmt: skip
     if r is not None and r is not residual:  # a reshape may have copied: write the sum back
         if hasattr(residual, "copy_"):
             residual.copy_(r.reshape(shape))
@@ -353,34 +368,69 @@ def _scale_bytes_view(scales, float8: str):
     return scales  # cupy has no float8 dtype: the bytes
 
 
-def _linear_scales(blocked, rows: int, groups: int, group_size: int):
-    """The scale bytes of the blocked storage as a row-major ``[rows, groups]`` uint8 array."""
+def _in_library_of(array, values):
+    """NumPy ``values`` (an index array) as an array of ``array``'s library and device."""
     import numpy as np
 
-    geometry = Geometry((rows, groups * group_size), group_size, scale_layout("blocked"), False)
-    offsets = geometry.scale_byte_offsets().reshape(rows, groups)
-    library = library_of(blocked)
-    flat = blocked.reshape(-1)
+    library = library_of(array)
     if library == "torch":
         import torch
 
-        return flat[torch.from_numpy(offsets).to(flat.device)]
+        return torch.from_numpy(np.ascontiguousarray(values)).to(array.device)
     if library == "cupy":
         import cupy
 
-        return flat[cupy.asarray(offsets)]
-    return flat[np.asarray(offsets)]
+        return cupy.asarray(values)
+    return np.asarray(values)
+
+
+def _linear_scales(blocked, rows: int, groups: int, group_size: int):
+    """The scale bytes of the blocked storage as a row-major ``[rows, groups]`` uint8 array."""
+    geometry = Geometry((rows, groups * group_size), group_size, scale_layout("blocked"), False)
+    offsets = geometry.scale_byte_offsets().reshape(rows, groups)
+    flat = blocked.reshape(-1)
+    return flat[_in_library_of(flat, offsets)]
+
+
+def _tiles_8x4(linear):
+    """FlashInfer's 8x4 layout of row-major scale bytes ``[rows, groups]``: flat uint8 of
+    ``align(rows, 8) * align(groups, 4)`` bytes, scale ``(r, c)`` at ``(r // 8) * 8 *
+    align(groups, 4) + (c // 4) * 32 + (r % 8) * 4 + c % 4``, padding zero."""
+    import numpy as np
+
+    rows, groups = linear.shape
+    cols = -(-groups // 4) * 4
+    r, c = np.arange(rows)[:, None], np.arange(groups)[None, :]
+    offsets = (r // 8) * (8 * cols) + (c // 4) * 32 + (r % 8) * 4 + c % 4
+    out = _zeros_like(linear, (-(-rows // 8) * 8 * cols,))
+    out[_in_library_of(out, offsets.reshape(-1))] = linear.reshape(-1)
+    return out
+
+
+def _zeros_like(array, shape: tuple):
+    """Zeros of ``shape`` in ``array``'s library, dtype and device."""
+    if library_of(array) == "torch":
+        return array.new_zeros(shape)
+    return sys.modules[library_of(array)].zeros(shape, array.dtype)
 
 
 def _check_layout_name(value, name: str) -> str:
-    """FlashInfer's SfLayout (an enum or its name): 'layout_128x4' or 'layout_linear'."""
+    """FlashInfer's SfLayout (an enum or its name): 'layout_128x4', 'layout_8x4' or
+    'layout_linear'."""
     text = getattr(value, "name", value)
-    if text in ("layout_128x4", "layout_linear"):
+    if text in ("layout_128x4", "layout_8x4", "layout_linear"):
         return text
-    raise NotImplementedError(
-        f"{name}: {value!r}: the 128x4 (blocked) and linear layouts are implemented; the 8x4 "
-        "layout is not"
+    raise ValueError(
+        f"{name}: expected an SfLayout or its name (layout_128x4, layout_8x4, layout_linear), "
+        f"got {value!r}"
     )
+
+
+def _pad_columns(x, columns: int):
+    """``x [..., K]`` with zero columns appended up to ``columns`` (a copy)."""
+    padded = _zeros_like(x, (*x.shape[:-1], columns))
+    padded[..., : x.shape[-1]] = x
+    return padded
 
 
 def mxfp8_quantize(
@@ -393,32 +443,37 @@ def mxfp8_quantize(
 ):
     """FlashInfer's ``mxfp8_quantize`` (flashinfer/quantization/fp8_quantization.py): MXFP8.
 
-    Returns ``(x_q, sf)``: ``x_q`` float8_e4m3fn shaped like ``input``; ``sf`` a flat uint8
-    array of UE8M0 bytes, the 128x4 blocked tiles of ``align(M, 128) * align(K/32, 4)`` bytes
-    (every leading dimension flattened into M), or with ``is_sf_swizzled_layout=False`` the
-    row-major ``M * K/32`` bytes. Values follow this library's ``scale_rule="rceil"`` (the
-    exact ceiling of ``amax / 448``); FlashInfer multiplies by an approximate reciprocal of
-    448 first, which can differ where the quotient sits at a power of two. ``enable_pdl`` and
-    ``backend`` are accepted and ignored (PDL is on where the device has it). K must be a
-    multiple of ``alignment`` (FlashInfer pads K; padding is not implemented).
+    Returns ``(x_q, sf)``: ``x_q`` float8_e4m3fn shaped like ``input`` with K padded with
+    zero columns to a multiple of ``alignment`` (a multiple of 32; the padding is a copy of
+    ``input``); ``sf`` a flat uint8 array of UE8M0 bytes, the 128x4 blocked tiles of
+    ``align(M, 128) * align(K/32, 4)`` bytes (every leading dimension flattened into M), or
+    with ``is_sf_swizzled_layout=False`` the row-major ``M * K/32`` bytes;
+    ``sf_swizzle_layout`` (an SfLayout or its name) overrides it and also takes FlashInfer's
+    8x4 layout (``align(M, 8) * align(K/32, 4)`` bytes, written from the row-major ones).
+    Values are FlashInfer's, bit for bit: ``arithmetic="unfloored"`` (``docs/spec.md``,
+    section 3b: no floor under the scale, infinities in the maximum). ``enable_pdl`` and
+    ``backend`` are accepted and ignored (PDL is on where the device has it).
     """
+    layout = "layout_128x4" if is_sf_swizzled_layout else "layout_linear"
     if sf_swizzle_layout is not None:
-        is_sf_swizzled_layout = _check_layout_name(sf_swizzle_layout, "sf_swizzle_layout") == (
-            "layout_128x4"
-        )
-    k = input.shape[-1]
-    if alignment < 32 or alignment % 32 or k % alignment:
-        raise NotImplementedError(
-            f"alignment: K = {k} must be a multiple of alignment={alignment} (a multiple of "
-            "32); padding K is not implemented"
-        )
+        layout = _check_layout_name(sf_swizzle_layout, "sf_swizzle_layout")
+    valid = isinstance(alignment, int) and not isinstance(alignment, bool)
+    if not valid or alignment < 32 or alignment % 32:
+        raise ValueError(f"alignment: expected a positive multiple of 32, got {alignment!r}")
     x = _rows_2d(input)
-    layout = "blocked" if is_sf_swizzled_layout else ROW
-    q, scales = quantize(x, 32, dtype="e4m3", scale="ue8m0", layout=layout)
-    if not is_sf_swizzled_layout:  # float32 powers of two -> their exponent bytes
+    k = x.shape[1]
+    padded_k = -(-k // alignment) * alignment
+    if padded_k != k:
+        x = _pad_columns(x, padded_k)
+    blocked = layout == "layout_128x4"
+    q, scales = quantize(x, 32, dtype="e4m3", scale="ue8m0", layout="blocked" if blocked else ROW,
+                         arithmetic="unfloored")  # fmt: skip
+    if not blocked:  # float32 powers of two (0 for byte 0) -> their exponent bytes
         bits = scales.view("int32") if library_of(scales) != "torch" else _torch_int32(scales)
         scales = _exponent_bytes(bits)
-    return q.reshape(input.shape), scales.reshape(-1)
+        if layout == "layout_8x4":
+            scales = _tiles_8x4(scales)
+    return q.reshape(*input.shape[:-1], padded_k), scales.reshape(-1)
 
 
 def _torch_int32(scales):
@@ -448,21 +503,23 @@ def fp4_quantize(
     enable_pdl=None,
     backend: str = "cuda",
 ):
-    """FlashInfer's ``fp4_quantize`` (flashinfer/quantization/fp4_quantization.py): NVFP4.
+    """FlashInfer's ``fp4_quantize`` (flashinfer/quantization/fp4_quantization.py): NVFP4
+    (``sf_vec_size=16``), or MXFP4 (``sf_vec_size=32, sf_use_ue8m0=True``).
 
     Returns ``(x_q, sf)``: ``x_q`` uint8 ``[..., K/2]`` (first value in the low nibble);
-    ``sf`` uint8 e4m3 bytes, the blocked tiles as ``[align(M, 128), align(K/16, 4)]`` or with
-    ``is_sf_swizzled_layout=False`` row-major ``[M, K/16]`` (M: every leading dimension
-    flattened). ``global_scale`` (a one-element float32 tensor, as FlashInfer requires for
-    NVFP4) multiplies: ``s = e4m3(global * amax / 6)``. Values follow ``docs/spec.md``
-    section 4a (correctly rounded divisions; FlashInfer multiplies by approximate reciprocals,
-    section 4a says how often that differs). MXFP4 (``sf_vec_size=32``, ``sf_use_ue8m0``), the
+    ``sf`` uint8 scale bytes (e4m3, or UE8M0 for MXFP4), the blocked tiles as
+    ``[align(M, 128), align(K/G, 4)]`` or with ``is_sf_swizzled_layout=False`` row-major
+    ``[M, K/G]`` (M: every leading dimension flattened). ``global_scale`` (a float or a
+    one-element float32 tensor) multiplies the scale; NVFP4 needs it, MXFP4 takes 1 without
+    one, as FlashInfer's own MXFP4 calls pass. Values are FlashInfer's reference's, bit for
+    bit: ``arithmetic="reciprocal"`` (``docs/spec.md``, section 4a: ``RN(1/6)`` and
+    reciprocals where the default divides; its kernels take approximate reciprocals). The
     8x4 layout and an inverted global scale are not implemented.
     """
-    if sf_vec_size != 16 or sf_use_ue8m0:
+    if (sf_vec_size, bool(sf_use_ue8m0)) not in ((16, False), (32, True)):
         raise NotImplementedError(
-            f"sf_vec_size={sf_vec_size}, sf_use_ue8m0={sf_use_ue8m0}: only NVFP4 (16, False) is "
-            "implemented"
+            f"sf_vec_size={sf_vec_size}, sf_use_ue8m0={sf_use_ue8m0}: NVFP4 (16, False) and "
+            "MXFP4 (32, True) are implemented"
         )
     if is_sf_8x4_layout:
         raise NotImplementedError("is_sf_8x4_layout: the 8x4 scale layout is not implemented")
@@ -470,13 +527,13 @@ def fp4_quantize(
         raise NotImplementedError(
             "is_global_scale_inversed: an inverted global scale is not implemented"
         )
-    if global_scale is None:
+    if global_scale is None and not sf_use_ue8m0:
         raise ValueError(
             "global_scale: FlashInfer's fp4_quantize needs it for NVFP4 (sf_vec_size=16)"
         )
     if backend not in ("cuda", "cute-dsl"):
         raise ValueError(f"backend: expected 'cuda' or 'cute-dsl', got {backend!r}")
-    q, scales = _nvfp4(input, global_scale, is_sf_swizzled_layout)
+    q, scales = _fp4(input, global_scale, is_sf_swizzled_layout, sf_vec_size)
     return q.reshape(*input.shape[:-1], input.shape[-1] // 2), scales
 
 
@@ -492,10 +549,10 @@ def scaled_fp4_quant(
     Returns ``(output, output_scale)``: ``output`` uint8 ``[m, n/2]`` (``input`` reshaped to
     ``[-1, n]``); ``output_scale`` the blocked e4m3 bytes ``[align(m, 128), align(n/16, 4)]``
     viewed as float8_e4m3fn (vLLM's int32 storage, viewed), or with
-    ``is_sf_swizzled_layout=False`` ``[m, n/16]`` (also viewed). Values follow ``docs/spec.md``
-    section 4a (see ``fp4_quantize`` for how they differ from the upstream kernels). The
-    TensorRT-LLM backend's 8x4 layout (vLLM takes it for m <= 32) and ``padded_n`` past ``n``
-    are not implemented.
+    ``is_sf_swizzled_layout=False`` ``[m, n/16]`` (also viewed). Values are vLLM's
+    reference's, bit for bit: ``arithmetic="reciprocal"`` (``docs/spec.md``, section 4a).
+    The TensorRT-LLM backend's 8x4 layout (vLLM takes it for m <= 32) and ``padded_n`` past
+    ``n`` are not implemented.
     """
     rows = 1 if len(input.shape) == 1 else math.prod(input.shape[:-1])
     if "trtllm" in backend and rows <= 32:  # where vLLM switches to FlashInfer's 8x4 layout
@@ -506,15 +563,146 @@ def scaled_fp4_quant(
         raise NotImplementedError(f"padded_n={padded_n}: padding n is not implemented")
     if input_global_scale is None:
         raise ValueError("input_global_scale: vLLM's scaled_fp4_quant needs it")
-    q, scales = _nvfp4(input, input_global_scale, is_sf_swizzled_layout)
+    q, scales = _fp4(input, input_global_scale, is_sf_swizzled_layout, 16)
     return q, _scale_bytes_view(scales, "float8_e4m3fn")  # vLLM views both layouts as fp8
 
 
-def _nvfp4(input, global_scale, swizzled: bool):
-    """(q ``[rows, K/2]``, uint8 scale bytes, blocked or row-major) of input as ``[rows, K]``."""
+def _fp4(input, global_scale, swizzled: bool, group_size: int):
+    """(q ``[rows, K/2]``, uint8 scale bytes, blocked or row-major) of input as ``[rows, K]``:
+    NVFP4 (16) or MXFP4 (32) by upstream's arithmetic."""
     x = _rows_2d(input)
-    q, scales = quantize(x, 16, dtype="e2m1", scale="e4m3", layout="blocked",
-                         global_scale=global_scale)  # fmt: skip
+    q, scales = quantize(x, group_size, dtype="e2m1", scale="e4m3" if group_size == 16 else
+                         "ue8m0", layout="blocked", global_scale=global_scale,
+                         arithmetic="reciprocal")  # fmt: skip
     if not swizzled:
-        return q, _linear_scales(scales, x.shape[0], x.shape[1] // 16, 16)
+        return q, _linear_scales(scales, x.shape[0], x.shape[1] // group_size, group_size)
     return q, scales
+
+
+# 128x128 weights and the training orientations (docs/spec.md, sections 3c, 4c and 4d) -------
+
+DEEPGEMM_EPS = 1e-4  # the clamp of DeepGEMM's amax (deep_gemm/utils/math.py)
+TORCHAO_EPS = 1e-12  # torchao's blockwise training kernels' EPS
+
+
+def per_block_cast_to_fp8(x, use_ue8m0: bool, gran_k: int = 128):
+    """DeepGEMM's ``per_block_cast_to_fp8`` (deep_gemm/utils/math.py at commit 38939a4, the
+    same function vLLM and SGLang copy): e4m3 codes ``[m, n]`` and float32 block scales
+    ``[ceil(m/128), ceil(n/128)]`` of 128x128 blocks, partial edge blocks allowed, the block
+    maximum clamped at 1e-4. ``use_ue8m0`` makes the scales powers of two (the ceiling of
+    ``amax / 448``).
+
+    Values are DeepGEMM's as it runs on CUDA tensors, bit for bit: with float scales
+    ``s = RN(amax * RN(1 / 448))`` (torch's CUDA division by a Python number) and each value
+    multiplied by ``RN(1 / s)``, ``arithmetic="reciprocal"`` (docs/spec.md, section 3c: 45% of
+    the scales and 0.025% of the codes of random bfloat16 weights differ from section 3's);
+    with ``use_ue8m0`` the default arithmetic is DeepGEMM's (the same powers of two, by which
+    both multiply exactly). A NaN in a block makes DeepGEMM's whole block NaN (its maximum is
+    NaN); here it stays in its own code (section 5).
+    ``gran_k`` other than 128 is refused (the blocks here are 128x128).
+    """
+    if gran_k != 128:
+        raise ValueError(f"gran_k: only 128 (128x128 blocks) is supported, got {gran_k!r}")
+    if len(tuple(x.shape)) != 2:
+        raise ValueError(f"x: expected a 2-D weight [m, n], got shape {tuple(x.shape)}")
+    if use_ue8m0:
+        return quantize_weight(x, scale="ue8m0", eps=DEEPGEMM_EPS)
+    return quantize_weight(x, eps=DEEPGEMM_EPS, arithmetic="reciprocal")
+
+
+TORCHAO_GROUPS = (128, 256)  # torchao's block sizes the activation drop-ins take
+TORCHAO_BLOCKS = (128,)  # and the weight drop-ins (quantize_weight's 128x128 blocks)
+
+
+def _torchao_checks(block_size, dtype, sizes: tuple[int, ...]) -> None:
+    """torchao's arguments: a ``block_size`` of ``sizes``, and e4m3 (as torchao asserts)."""
+    if isinstance(block_size, bool) or block_size not in sizes:
+        raise ValueError(f"block_size: expected {' or '.join(map(str, sizes))}, got {block_size!r}")
+    if dtype is not None and "float8_e4m3fn" not in str(dtype):
+        raise ValueError(f"dtype: torchao's blockwise kernels write float8_e4m3fn, got {dtype}")
+
+
+# NOTES: torchao's kernels take the multiplier 448 / amax first and store its reciprocal
+# (docs/spec.md, section 3c: 30% of the scales of random groups differ by an ulp from
+# amax / 448, and a few codes); each drop-in below takes that arithmetic
+TORCHAO_ARITHMETIC = "multiplier"
+
+
+def act_quant_lhs(x, block_size: int = 128, dtype=None):
+    """torchao's ``triton_fp8_blockwise_act_quant_lhs`` (torchao/prototype/blockwise_fp8_training/
+    kernels.py at commit 0598012): ``x [M, K]`` in 1 x ``block_size`` groups (128 or 256);
+    codes ``[M, K]`` row-major, scales ``[M, K/block_size]`` column-major (strides ``(1, M)``),
+    the layout ``torch._scaled_mm`` reads. The scale is the dequantization factor (torchao
+    calls it the reciprocal scale).
+
+    Values are torchao's torch reference's, bit for bit: ``arithmetic="multiplier"``
+    (docs/spec.md, section 3c: each value times ``r = RN(448 / amax)``, the scale stored
+    ``RN(1 / r)``), with torchao's ``EPS`` (1e-12). NaN and Inf follow section 5.
+    """
+    _torchao_checks(block_size, dtype, TORCHAO_GROUPS)
+    return quantize(x, block_size, layout=COL, eps=TORCHAO_EPS, arithmetic=TORCHAO_ARITHMETIC)
+
+
+def act_quant_transposed_lhs(x, block_size: int = 128, dtype=None):
+    """torchao's ``triton_fp8_blockwise_act_quant_transposed_lhs`` (same file and commit):
+    ``x [M, K]`` quantized transposed, groups of ``block_size`` tokens of one channel; codes
+    ``[K, M]`` row-major, scales ``[K, M/block_size]`` strides ``(1, K)``: ``quantize(x,
+    block_size, orientation="col", layout="col")``. torchao requires M to be a multiple of
+    ``block_size``; here the last token group may be partial. Any K, as torchao: where K is
+    not a multiple of ``block_size``, a copy of x padded with zero channels is quantized and
+    the scales are copied to strides ``(1, K)``. Values as ``act_quant_lhs``'s; on the GPU
+    ``block_size`` is 128 (the column kernel's tiles), on the host 128 or 256."""
+    _torchao_checks(block_size, dtype, TORCHAO_GROUPS)
+    k = x.shape[-1] if len(tuple(x.shape)) == 2 else 0
+    padded_k = -(-k // block_size) * block_size
+    if padded_k == k:
+        return quantize(x, block_size, layout=COL, eps=TORCHAO_EPS, orientation="col",
+                        arithmetic=TORCHAO_ARITHMETIC)  # fmt: skip
+    qt, scales_t = quantize(_pad_columns(x, padded_k), block_size, layout=COL, eps=TORCHAO_EPS,
+                            orientation="col", arithmetic=TORCHAO_ARITHMETIC)  # fmt: skip
+    return qt[:k], _contiguous(scales_t[:k].T).T
+
+
+def act_quant_rhs(x, block_size: int = 128, dtype=None):
+    """torchao's ``triton_fp8_blockwise_act_quant_rhs`` (same file and commit): ``x [M, K]`` in
+    ``block_size`` x 1 groups (tokens of one channel); codes ``[M, K]`` column-major (strides
+    ``(1, M)``), scales ``[M/block_size, K]`` row-major: the column-wise result's transposes,
+    no copy. torchao returns ``1 / (448 / amax)`` here too (its docstring says scales).
+    Values and block sizes as ``act_quant_transposed_lhs``'s."""
+    _torchao_checks(block_size, dtype, TORCHAO_GROUPS)
+    qt, scales_t = quantize(x, block_size, layout=COL, eps=TORCHAO_EPS, orientation="col",
+                            arithmetic=TORCHAO_ARITHMETIC)  # fmt: skip
+    return qt.T, scales_t.T
+
+
+def weight_quant_rhs(x, block_size: int = 128, dtype=None):
+    """torchao's ``triton_fp8_blockwise_weight_quant_rhs`` (same file and commit): 128x128
+    blocks of ``x [M, N]``; codes ``[M, N]`` column-major (strides ``(1, M)``), scales
+    ``[M/128, N/128]`` strides ``(1, M/128)``. Column-major codes are those of ``x``
+    transposed, so ``x.T`` is quantized (a copy of the input where it is not already
+    column-major). Values as ``act_quant_lhs``'s; ``block_size`` 128 only (torchao also takes
+    256: no 256x256 block kernel here)."""
+    _torchao_checks(block_size, dtype, TORCHAO_BLOCKS)
+    q, scales = quantize_weight(_contiguous(x.T), (block_size, block_size), eps=TORCHAO_EPS,
+                                arithmetic=TORCHAO_ARITHMETIC)  # fmt: skip
+    return q.T, scales.T
+
+
+def weight_quant_transposed_rhs(x, block_size: int = 128, dtype=None):
+    """torchao's ``triton_fp8_blockwise_weight_quant_transposed_rhs`` (same file and commit):
+    128x128 blocks of ``x [M, N]``, returned transposed: codes ``[N, M]`` column-major (strides
+    ``(1, N)``), scales ``[N/128, M/128]`` strides ``(1, N/128)``: the transposes of
+    ``quantize_weight(x)``, no copy. Values and block sizes as ``weight_quant_rhs``'s."""
+    _torchao_checks(block_size, dtype, TORCHAO_BLOCKS)
+    q, scales = quantize_weight(x, (block_size, block_size), eps=TORCHAO_EPS,
+                                arithmetic=TORCHAO_ARITHMETIC)  # fmt: skip
+    return q.T, scales.T
+
+
+def _contiguous(array):
+    """``array`` row-major: torch's ``contiguous()``, or its library's ``ascontiguousarray``
+    (numpy, cupy); no copy where it already is."""
+    if hasattr(array, "contiguous"):
+        return array.contiguous()
+    library = sys.modules[library_of(array)]
+    return library.ascontiguousarray(array)

@@ -46,13 +46,14 @@ class Format:
     inf_codes: tuple[int, int]  # +Inf, -Inf
     negative_zero: int  # the code of a result that would be -0
     element: Any  # ml_dtypes type decoding the codes, or None for int8
+    sign_bit: int = 0x80  # the code's sign bit (e2m1's is bit 3)
 
     @cached_property
     def grid(self) -> tuple[list[float], list[int]]:
         """(values, codes) of the non-negative finite values up to fmax, ascending."""
         if self.element is None:
             return [float(i) for i in range(128)], list(range(128))
-        decoded = np.arange(128, dtype=np.uint8).view(self.element).astype(np.float64)
+        decoded = np.arange(self.sign_bit, dtype=np.uint8).view(self.element).astype(np.float64)
         pairs = sorted(
             (float(v), code) for code, v in enumerate(decoded) if np.isfinite(v) and v <= self.fmax
         )
@@ -77,7 +78,7 @@ class Format:
             return code
         if code == 0:
             return self.negative_zero
-        return (-code) & 0xFF if self.element is None else code | 0x80
+        return (-code) & 0xFF if self.element is None else code | self.sign_bit
 
 
 FORMATS = {
@@ -87,6 +88,8 @@ FORMATS = {
         Format("e5m2", 57344.0, (0x7E, 0xFE), (0x7C, 0xFC), 0x80, ml_dtypes.float8_e5m2),
         Format("int8", 127.0, (0x00, 0x00), (0x7F, 0x81), 0x00, None),
         Format("e4m3fnuz", 224.0, (0x80, 0x80), (0x7E, 0xFE), 0x00, ml_dtypes.float8_e4m3fnuz),
+        # section 4b's element format: codes 0-15, NaN +0, +-Inf +-6
+        Format("e2m1", 6.0, (0x0, 0x0), (0x7, 0xF), 0x8, ml_dtypes.float4_e2m1fn, sign_bit=0x8),
     )
 }
 
@@ -102,11 +105,12 @@ def ue8m0_exponent(scale: float) -> int:
 
 
 # the OCP MX emax_elem of the formats scale_rule="floor" takes (section 3, item 6)
-EMAX_ELEM = {"e4m3": 8, "e5m2": 15}
+EMAX_ELEM = {"e4m3": 8, "e5m2": 15, "e2m1": 2}
 
 
-def scalar_group(values, fmt, ue8m0, eps, rule="rceil"):
-    """Codes (ints) and scale (a float) of one group of float32 ``values`` (Python floats)."""
+def scalar_group(values, fmt, ue8m0, eps, rule="rceil", arithmetic="float32"):
+    """Codes (ints) and scale (a float) of one group of float32 ``values`` (Python floats);
+    ``arithmetic`` "reciprocal" or "multiplier" takes section 3c's steps for float scales."""
     spec = FORMATS[fmt]
     amax = max([f32(eps)] + [abs(v) for v in values if math.isfinite(v)])
     y = f32(amax / spec.fmax)  # double rounding is innocuous for one division
@@ -121,6 +125,14 @@ def scalar_group(values, fmt, ue8m0, eps, rule="rceil"):
         power = exponent - 1 if mantissa == 0.5 else exponent  # the exact ceiling
         scale = 2.0**power
         scaled = [f32(v * 2.0**-power) for v in values]  # exact in double, then rounded
+    elif arithmetic == "reciprocal":  # section 3c: s = RN(amax * RN(1 / fmax)), times RN(1 / s)
+        scale = f32(amax * f32(1.0 / spec.fmax))
+        factor = f32(1.0 / scale)
+        scaled = [f32(v * factor) for v in values]
+    elif arithmetic == "multiplier":  # section 3c: times r = RN(fmax / amax), s = RN(1 / r)
+        factor = f32(spec.fmax / amax)
+        scale = f32(1.0 / factor)
+        scaled = [f32(v * factor) for v in values]
     else:
         scale = y
         scaled = [f32(v / scale) for v in values]
@@ -178,7 +190,7 @@ class Storage:
 
     @property
     def packed(self) -> bool:
-        return self.layout in ("packed", "packed_row")
+        return self.layout in ("packed", "packed_row", "packed_col")
 
     @property
     def words(self) -> int:
@@ -240,27 +252,34 @@ class Storage:
         return 4 * (b * batch + m * row + g * word)
 
 
-def quantize(x, group_size, fmt, scale, eps, rule="rceil"):
+def quantize(x, group_size, fmt, scale, eps, rule="rceil", arithmetic="float32"):
     """(codes, scales) of ``x`` [..., K]: uint8 codes of ``x``'s shape and the float scales
-    [..., K / group_size], group by group."""
+    [..., K / group_size], group by group (``arithmetic``: scalar_group's)."""
     values = np.asarray(x).astype(np.float32)
     k = values.shape[-1]
     groups = values.reshape(-1, group_size).tolist() if k else []
     codes = np.zeros(values.size, np.uint8).reshape(-1, group_size)
     scales = np.zeros(len(groups), np.float64)
     for i, group in enumerate(groups):
-        codes[i], scales[i] = scalar_group(group, fmt, scale == "ue8m0", eps, rule)
+        codes[i], scales[i] = scalar_group(group, fmt, scale == "ue8m0", eps, rule, arithmetic)
     return codes.reshape(values.shape), scales.reshape(values.shape[:-1] + (k // group_size,))
 
 
 def expected_storage(codes, scales, storage: Storage):
     """(q bytes, scale bytes): every byte of the storage a call owns, padding zero, with the
     model's ``codes`` and ``scales`` at the places section 6 gives them."""
-    b, m, ng = storage.batches, storage.rows, storage.groups
+    b, m = storage.batches, storage.rows
     q = np.zeros((b, storage.q_rows, storage.k), np.uint8)
     q[:, :m] = codes.reshape(b, m, storage.k)
+    return q.reshape(-1), expected_scale_bytes(scales, storage)
+
+
+def expected_scale_bytes(scales, storage: Storage) -> np.ndarray:
+    """Every byte of the scale storage of ``storage``, padding zero, ``scales`` (floats, one per
+    group) at the places section 6 gives them."""
+    b, m, ng = storage.batches, storage.rows, storage.groups
     scale_bytes = np.zeros(storage.scale_words * 4, np.uint8)
-    scales = scales.reshape(b, m, ng)
+    scales = np.asarray(scales).reshape(b, m, ng)
     for bi, mi, gi in np.ndindex(b, m, ng):
         offset = storage.scale_offset(bi, mi, gi)
         s = float(scales[bi, mi, gi])
@@ -268,7 +287,68 @@ def expected_storage(codes, scales, storage: Storage):
             scale_bytes[offset] = ue8m0_exponent(s)
         else:
             scale_bytes[offset : offset + 4] = list(struct.pack("<f", s))
-    return q.reshape(-1), scale_bytes
+    return scale_bytes
+
+
+# sections 4c and 4d: weight blocks and token groups -----------------------------------------
+
+WEIGHT_BLOCK = 128
+
+
+def quantize_weight(w, fmt, scale, eps, rule="rceil", arithmetic="float32"):
+    """(codes uint8 [E, N, K], block scales float64 [E, nb, kb]) of ``w`` ``[N, K]`` or
+    ``[E, N, K]``: each block of 128 x 128 values that exist is one group of section 3 (or of
+    section 3c's ``arithmetic``)."""
+    values = np.asarray(w).astype(np.float32)
+    values = values.reshape((values.shape[0] if values.ndim == 3 else 1, *values.shape[-2:]))
+    e, n, k = values.shape
+    nb, kb = -(-n // WEIGHT_BLOCK), -(-k // WEIGHT_BLOCK)
+    codes = np.zeros((e, n, k), np.uint8)
+    scales = np.zeros((e, nb, kb))
+    for b, i, j in np.ndindex(e, nb, kb):
+        rows = slice(i * WEIGHT_BLOCK, (i + 1) * WEIGHT_BLOCK)
+        columns = slice(j * WEIGHT_BLOCK, (j + 1) * WEIGHT_BLOCK)
+        block = values[b, rows, columns]
+        group, scales[b, i, j] = scalar_group(block.reshape(-1).tolist(), fmt, scale == "ue8m0",
+                                              eps, rule, arithmetic)  # fmt: skip
+        codes[b, rows, columns] = np.array(group, np.uint8).reshape(block.shape)
+    return codes, scales
+
+
+def weight_scale_bytes(scales, n: int, layout: str) -> np.ndarray:
+    """Every byte of a weight's scale storage in ``layout`` (section 4c's table), from the
+    block scales ``[E, nb, kb]`` of a weight of ``n`` rows; padding zero."""
+    e, nb, kb = scales.shape
+    if layout == "packed":  # row r holds block row r // 128, then section 6's packed layout
+        rows = np.repeat(scales, WEIGHT_BLOCK, axis=1)[:, :n]
+        storage = Storage((e, n, kb * WEIGHT_BLOCK), WEIGHT_BLOCK, "packed", False)
+        return expected_scale_bytes(rows, storage)
+    out = np.zeros(e * nb * kb * (1 if layout == "bytes" else 4), np.uint8)
+    for b, i, j in np.ndindex(e, nb, kb):
+        s = float(scales[b, i, j])
+        if layout == "bytes":
+            out[b * nb * kb + i * kb + j] = ue8m0_exponent(s)
+            continue
+        index = b * nb * kb + (j * nb + i if layout == "col" else i * kb + j)
+        out[4 * index : 4 * index + 4] = list(struct.pack("<f", s))
+    return out
+
+
+def quantize_columns(x, group_size, fmt, scale, eps, rule="rceil", arithmetic="float32"):
+    """(codes uint8 [K, M], scales float64 [K, cg]) of ``x [M, K]`` column-wise: channel ``k``'s
+    tokens ``j*G .. j*G + G - 1`` that exist are one group of section 3 (or of section 3c's
+    ``arithmetic``)."""
+    values = np.asarray(x).astype(np.float32)
+    m, k = values.shape
+    groups = -(-m // group_size)
+    codes = np.zeros((k, m), np.uint8)
+    scales = np.zeros((k, groups))
+    for c, j in np.ndindex(k, groups):
+        tokens = slice(j * group_size, (j + 1) * group_size)
+        group = values[tokens, c].tolist()
+        codes[c, tokens], scales[c, j] = scalar_group(group, fmt, scale == "ue8m0", eps, rule,
+                                                      arithmetic)  # fmt: skip
+    return codes, scales
 
 
 # section 2a: the fused SiLU, one value at a time ---------------------------------------------
@@ -375,11 +455,16 @@ def _fold_in_half(values: list[float], width: int) -> float:
     return values[0]
 
 
-def rms_norm_row(x, weight, eps_norm: float, input_dtype: str, residual=None):
+def rms_norm_row(x, weight, eps_norm: float, input_dtype: str, residual=None, rounding="once"):
     """Section 2b for one row of Python floats (values of ``input_dtype``): the values that are
-    quantized, and with ``residual`` the sum written back (else None)."""
+    quantized, and with ``residual`` the sum written back (else None). ``rounding`` is a
+    ``norm_rounding`` value: "twice" rounds RN(x * r) to the input dtype before the weight;
+    "twice_unrounded_sum" does too, and normalises the float32 sums unrounded."""
+    written = None
     if residual is not None:
-        x = [round_to_input(f32(a + b), input_dtype) for a, b in zip(x, residual)]
+        sums = [f32(a + b) for a, b in zip(x, residual)]
+        written = [round_to_input(v, input_dtype) for v in sums]
+        x = sums if rounding == "twice_unrounded_sum" else written
     per_lane = 32 // _INPUT_BYTES[input_dtype]
     lanes = [
         _fold_in_half([f32(v * v) for v in x[i : i + per_lane]], per_lane)
@@ -389,8 +474,13 @@ def rms_norm_row(x, weight, eps_norm: float, input_dtype: str, residual=None):
     mean = f32(_fold_in_half(warps, 32) / len(x))
     d = f32(mean + f32(eps_norm))
     r = f32(1.0 / f32(math.sqrt(d))) if not math.isnan(d) else math.nan
-    y = [round_to_input(f32(f32(v * r) * w), input_dtype) for v, w in zip(x, weight)]
-    return y, (x if residual is not None else None)
+    y = []
+    for v, w in zip(x, weight):
+        normalized = f32(v * r)
+        if rounding != "once":
+            normalized = round_to_input(normalized, input_dtype)
+        y.append(round_to_input(f32(normalized * w), input_dtype))
+    return y, written
 
 
 # section 6: the blocked layout, one scale at a time ----------------------------------------------
@@ -436,3 +526,12 @@ def nvfp4_group(values, global_scale: float) -> tuple[list[int], int]:
         else:
             codes.append(e2m1_code(f32(v / d) if d > 0 else v * 0.0))
     return codes, scale_code
+
+
+# section 4b: MXFP4, section 3 with the e2m1 row ----------------------------------------------
+
+
+def mxfp4_group(values, eps: float, rule: str = "rceil") -> tuple[list[int], int]:
+    """Section 4b for 32 float32 values (Python floats): (e2m1 codes, the UE8M0 byte)."""
+    codes, scale = scalar_group(values, "e2m1", True, eps, rule)
+    return codes, ue8m0_exponent(scale)

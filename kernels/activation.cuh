@@ -1,6 +1,7 @@
 // Activations: what turns the loaded bytes into the values quantized. The kernels call the
-// activation trait at the end of this file; the rest is the fused SiLU-and-multiply input,
-// y = round(round(silu(gate)) * up), op by op in float32, and its shared-memory tables.
+// activation trait at the end of this file; the rest are the gated inputs,
+// y = round(round(f(gate)) * up) with f SiLU or GELU, op by op in float32, and their
+// shared-memory tables.
 //
 // NOTES: the definition is fp8_group_quant/activation.py (docs/spec.md, section 2a); every step
 // here is the same IEEE operation in the same order (mul.rn / add.rn / div.rn, never contracted
@@ -10,7 +11,7 @@
 #pragma once
 #include "common.cuh"
 #include "formats.cuh"
-#include "silu_band_bf16.cuh"
+#include "band_tables_bf16.cuh"
 
 namespace fgq {
 
@@ -76,7 +77,7 @@ struct ExpTable {
     }
     __syncthreads();
   }
-  // as SiluBandTable's; the one-pass kernel starts before its loads and waits after them, so
+  // as BandTable's; the one-pass kernel starts before its loads and waits after them, so
   // the fill and its barrier go in wait()
   __device__ __forceinline__ void start(bool) {}
   __device__ __forceinline__ void wait(bool) { fill(); }
@@ -133,26 +134,47 @@ __device__ __forceinline__ float silu(float g, const ExpTable& table) {
   return canonical_nan(s);
 }
 
-// round_to_input(silu(g)): the tables a block holds in shared memory for kSiluMul -----------------
+// round_to_input(f(g)) * up: the tables a block holds in shared memory for the gated inputs -------
 
 // float16 and float32 gates: the arithmetic, with its exp table
 struct SiluByArithmetic : ExpTable {
+  // SiLU(gate) * up for a lane: gate words in, y words out (the input's encoding), given the
+  // matching up words
   template <int kIn>
-  __device__ __forceinline__ float silu_rounded(float g) const {
-    return round_to_input<kIn>(silu(g, *this));
+  __device__ __forceinline__ void mul_lane(u32 (&words)[kLaneWords],
+                                           const u32 (&up)[kLaneWords]) const {
+    u32 gate[kLaneWords];
+#pragma unroll
+    for (int w = 0; w < kLaneWords; ++w) gate[w] = words[w];
+    map_lane<kIn>(words, [&](int i) {
+      return mul_rn(round_to_input<kIn>(silu(value_of<kIn>(gate, i), *this)), value_of<kIn>(up, i));
+    });
   }
 };
 
-// bfloat16 gates: the definition's result read from a table inside the band 2^-8 <= |g| < 128
-// (silu_band_bf16.cuh), two rules outside it; activation.silu_bf16_by_table is the same lookup
-// in NumPy, checked there against the definition for every gate
+// the constant of the band tables' bfloat16x2 products
+// NOTES: a struct of its own name for what the module carries: under CuPy's
+// --device-as-default-execution-space its static member is a device variable, and removing or
+// renaming it moves the constant-bank slots the kernels read table addresses from
+// (tools/same_code.py)
+struct SiluBandTable {
+  // NOTES: products as fma with -0 added (exact, and it keeps a product's -0), which sm_80 and
+  // newer have; mul.bf16x2 needs sm_90
+  static constexpr u32 kMinusZeros = 0x80008000u;
+};
+
+// bfloat16 gates of SiLU and GELU: the definition's result read from a table inside the
+// activation's band (Band: SiluBand, GeluBand in band_tables_bf16.cuh), two rules outside it;
+// activation.BandTable.lookup is the same lookup in NumPy, checked there against the
+// definition for every gate
 // NOTES: two values a step, in bfloat16x2 arithmetic where it gives the same bits: RN(g / 2) is
 // one correctly rounded bf16 multiply, max.NaN(g, -0) the rule above the band, and
 // RN_bf16(RN_f32(s * up)) equals the one correctly rounded bf16 product, since the exact product
 // of two bfloat16 values has at most 16 significant bits (docs/spec.md, section 2a). A NaN
 // this makes may carry a sign; quantize_group then encodes every NaN as +NaN (kUnsignedNaN).
-// About 10 instructions a value, against 23 for the float32 arithmetic (docs/perf.md).
-struct SiluBandTable {
+// About 10 instructions a value, against 23 for SiLU's float32 arithmetic (docs/perf.md).
+template <typename Band>
+struct BandTable {
   static_assert(kSiluBandWords == 2048, "the band table: 4,096 entries, any 12-bit index");
   uint4 vectors[kSiluBandWords / 4];
   unsigned long long barrier;  // the bulk copy's mbarrier (sm_90 and newer)
@@ -170,7 +192,7 @@ struct SiluBandTable {
   // NOTES: several copies, since with one, read by every block of a one-pass grid from the
   // same L2 lines, the grid ran 0.1-0.4 us longer at M = 1024-2048, N = 7168 (docs/perf.md)
   __device__ __forceinline__ void start(bool by_threads) {
-    copy(by_threads, reinterpret_cast<const uint4*>(kSiluBandBF16[blockIdx.x % kSiluBandReplicas]));
+    copy(by_threads, reinterpret_cast<const uint4*>(Band::replica(blockIdx.x % kSiluBandReplicas)));
   }
   __device__ __forceinline__ void copy(bool by_threads, const uint4* source) {
 #if __CUDA_ARCH__ >= 900
@@ -222,7 +244,7 @@ struct SiluBandTable {
     asm volatile("cp.async.commit_group;" ::: "memory");
   }
   __device__ __forceinline__ void fill() {
-    copy(false, reinterpret_cast<const uint4*>(kSiluBandBF16[0]));
+    copy(false, reinterpret_cast<const uint4*>(Band::replica(0)));
     wait(false);
   }
   __device__ __forceinline__ u32 shared_base() const {
@@ -242,16 +264,15 @@ struct SiluBandTable {
     asm("prmt.b32 %0, %1, 0, 0xbb99;" : "=r"(mask) : "r"(w));
     return mask;
   }
-  // NOTES: products as fma with -0 added (exact, and it keeps a product's -0), which sm_80 and
-  // newer have; mul.bf16x2 needs sm_90
-  static constexpr u32 kMinusZeros = 0x80008000u;
   // NOTES: both gates of the word at once, each step one instruction for the pair but the
   // two reads and their addresses: the band classes as masks of the halves, the result chosen
-  // by bitwise selects (activation.silu_bf16_by_table replays it)
-  __device__ __forceinline__ u32 silu_mul_pair(u32 base, u32 gate, u32 up) const {
-    static_assert(kSiluBand <= 0x800u && kSiluNegativeEntry == 0x800u && kSiluBandFirst <= 0x8000u - kSiluBand,
+  // by bitwise selects (activation.BandTable.lookup replays it)
+  __device__ __forceinline__ u32 mul_pair(u32 base, u32 gate, u32 up) const {
+    static_assert(Band::kSize <= 0x800u && kSiluNegativeEntry == 0x800u &&
+                      Band::kFirst <= 0x8000u - Band::kSize,
                   "an entry is the sign at bit 11 and 11 bits of offset");
     constexpr u32 kPair = 0x10001u;
+    constexpr u32 kMinusZeros = SiluBandTable::kMinusZeros;
     u32 half, above;  // RN(g * 0.5) and max.NaN(g, -0), both halves
     constexpr u32 kHalves = 0x3f003f00u;  // bfloat16 0.5 in both halves
     asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(half) : "r"(gate), "r"(kHalves), "r"(kMinusZeros));
@@ -259,39 +280,29 @@ struct SiluBandTable {
     // per half t = 0x8000 + |h| - first, with no carry between the halves (|h| <= 0x7fff):
     // bit 15 set from the band's first gate up, and inside the band its low 11 bits are the
     // offset; u = t - band (no borrow: t >= 0x8000 - first > band) has bit 15 past the band
-    const u32 t = (gate & kHalfMagnitudes) + kPair * (0x8000u - kSiluBandFirst);
-    const u32 u = t - kPair * kSiluBand;
+    const u32 t = (gate & kHalfMagnitudes) + kPair * (0x8000u - Band::kFirst);
+    const u32 u = t - kPair * Band::kSize;
     const u32 not_below = halves_signs(t);
     const u32 in_band = halves_signs(t & ~u);
     const u32 outside = (not_below & above) | (~not_below & half);
     const u32 index = t | ((gate >> 4) & 0x08000800u);  // each half's sign to its bit 11
     const u32 table = __byte_perm(entry(base, (index << 1) & 0x1ffeu),
                                   entry(base, (index >> 15) & 0x1ffeu), 0x5410);
-    const u32 silu = (in_band & table) | (~in_band & outside);
+    const u32 s = (in_band & table) | (~in_band & outside);
     u32 y;
-    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(y) : "r"(silu), "r"(up), "r"(kMinusZeros));
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(y) : "r"(s), "r"(up), "r"(kMinusZeros));
     return y;
   }
-};
-
-// SiLU(gate) * up for a lane: gate words in, y words out (the input's encoding), given the
-// matching up words
-template <int kIn, typename Table>
-__device__ __forceinline__ void silu_mul_lane(u32 (&words)[kLaneWords], const u32 (&up)[kLaneWords],
-                                              const Table& table) {
-  if constexpr (kIn == kBF16) {
-    const u32 base = table.shared_base();
+  // f(gate) * up for a lane: gate words in, y words out, given the matching up words
+  template <int kIn>
+  __device__ __forceinline__ void mul_lane(u32 (&words)[kLaneWords],
+                                           const u32 (&up)[kLaneWords]) const {
+    static_assert(kIn == kBF16, "a table of bfloat16 results");
+    const u32 base = shared_base();
 #pragma unroll
-    for (int w = 0; w < kLaneWords; ++w) words[w] = table.silu_mul_pair(base, words[w], up[w]);
-  } else {
-    u32 gate[kLaneWords];
-#pragma unroll
-    for (int w = 0; w < kLaneWords; ++w) gate[w] = words[w];
-    map_lane<kIn>(words, [&](int i) {
-      return mul_rn(table.template silu_rounded<kIn>(value_of<kIn>(gate, i)), value_of<kIn>(up, i));
-    });
+    for (int w = 0; w < kLaneWords; ++w) words[w] = mul_pair(base, words[w], up[w]);
   }
-}
+};
 
 // the activation trait ----------------------------------------------------------------------------
 // What the kernels ask of an activation: one struct per activation, and ActivationTrait<kAct>
@@ -335,31 +346,67 @@ struct IdentityActivation {
                                                const u32 (&up)[kLaneWords], const Shared& table) {}
 };
 
-// SiLU(gate) * up. Its table: bfloat16's band of results, the exponential's for float16 and
-// float32. kMaskedSlots: two slots of gate and up (64 bytes each) fit the 64 registers of
-// eight resident blocks without a spill, as three of x alone do
-template <int kIn> struct SiluTable {
-  typedef SiluByArithmetic Type;
+// f(gate) * up, f SiLU or GELU. Its table: bfloat16's band of results (BandTable<Band>),
+// `Arithmetic` for float16 and float32; either computes a lane (mul_lane). kMaskedSlots: two
+// slots of gate and up (64 bytes each) fit the 64 registers of eight resident blocks without a
+// spill, as three of x alone do
+template <int kIn, typename Band, typename Arithmetic> struct GateTable {
+  typedef Arithmetic Type;
 };
-template <> struct SiluTable<kBF16> {
-  typedef SiluBandTable Type;
+template <typename Band, typename Arithmetic> struct GateTable<kBF16, Band, Arithmetic> {
+  typedef BandTable<Band> Type;
 };
 
-struct SiluMulActivation {
+// clamp_limit (docs/spec.md, section 2a): gate <= L and -L <= up <= L, L in the input's type;
+// NaN stays NaN (min.NaN / max.NaN), as the definition's comparisons leave it
+template <int kIn>
+__device__ __forceinline__ void clamp_gate_up(float limit, u32 (&gate)[kLaneWords],
+                                              u32 (&up)[kLaneWords]) {
+#pragma unroll
+  for (int w = 0; w < kLaneWords; ++w) {
+    if constexpr (kIn == kF32) {
+      float g = __uint_as_float(gate[w]), u = __uint_as_float(up[w]);
+      asm("min.NaN.f32 %0, %0, %1;" : "+f"(g) : "f"(limit));
+      asm("{ min.NaN.f32 %0, %0, %1; max.NaN.f32 %0, %0, %2; }" : "+f"(u) : "f"(limit), "f"(-limit));
+      gate[w] = __float_as_uint(g);
+      up[w] = __float_as_uint(u);
+    } else {
+      // exact conversions: the limit is a value of the input type
+      const u32 high = input_pair<kIn>(limit, limit), low = input_pair<kIn>(-limit, -limit);
+      if constexpr (kIn == kBF16) {
+        asm("min.NaN.bf16x2 %0, %0, %1;" : "+r"(gate[w]) : "r"(high));
+        asm("{ min.NaN.bf16x2 %0, %0, %1; max.NaN.bf16x2 %0, %0, %2; }"
+            : "+r"(up[w]) : "r"(high), "r"(low));
+      } else {
+        asm("min.NaN.f16x2 %0, %0, %1;" : "+r"(gate[w]) : "r"(high));
+        asm("{ min.NaN.f16x2 %0, %0, %1; max.NaN.f16x2 %0, %0, %2; }"
+            : "+r"(up[w]) : "r"(high), "r"(low));
+      }
+    }
+  }
+}
+
+template <typename Band, typename Arithmetic>
+struct GatedMulActivation {
   enum : int { kInputs = 2, kMaskedSlots = kMaskedUnrollSilu };
   enum : bool { kUnsignedNaN = true, kSixBlocks = false };
-  template <int kIn> using Table = typename SiluTable<kIn>::Type;
+  template <int kIn> using Table = typename GateTable<kIn, Band, Arithmetic>::Type;
   template <int kIn, bool kVec16>
   __device__ static __forceinline__ void load(const Params& p,
                                               const typename Input<kIn>::Storage* src,
                                               u32 (&words)[kLaneWords], u32 (&up)[kLaneWords]) {
     load_lane<kIn, kVec16>(src, words);
     load_lane<kIn, kVec16>(src + p.x_up_offset, up);
+    // NOTES: a runtime value under a uniform branch: the unclamped calls pay one compare a
+    // lane, and no instantiation is added
+    if (__builtin_expect(p.clamp_limit < __uint_as_float(kF32Inf), 0)) {
+      clamp_gate_up<kIn>(p.clamp_limit, words, up);
+    }
   }
   template <int kIn, typename Shared>
   __device__ static __forceinline__ void apply(u32 (&words)[kLaneWords],
                                                const u32 (&up)[kLaneWords], const Shared& table) {
-    silu_mul_lane<kIn>(words, up, table);
+    table.template mul_lane<kIn>(words, up);
   }
 };
 
@@ -400,47 +447,37 @@ __device__ __forceinline__ float gelu_tanh(float g, const ExpTable& table) {
   return div_rn(s, add_rn(1.0f, e));
 }
 
-// GELU-tanh(gate) * up for a lane. 16-bit input: two GELUs rounded into one word by one cvt,
-// times the up word in one x2 fma with -0 added, which is RN(RN_f32(s * up)): the float32
-// product of two 16-bit values is exact (for bfloat16 below 2^-126 the rounding agrees too,
-// docs/spec.md, section 2a), as in SiluBandTable::silu_mul_pair
-// NOTES: a NaN may carry either sign here; quantize_group encodes every NaN as +NaN
-// (kUnsignedNaN), so no value is canonicalised
-template <int kIn>
-__device__ __forceinline__ void gelu_tanh_mul_lane(u32 (&words)[kLaneWords],
-                                                   const u32 (&up)[kLaneWords],
-                                                   const ExpTable& table) {
-  constexpr u32 kMinusZeros = SiluBandTable::kMinusZeros;
+// float16 and float32 gates: the arithmetic, with section 2a's exp table
+struct GeluByArithmetic : ExpTable {
+  // GELU-tanh(gate) * up for a lane. float16: two GELUs rounded into one word by one cvt, times
+  // the up word in one x2 fma with -0 added, which is RN(RN_f32(s * up)): the float32 product of
+  // two float16 values is exact
+  // NOTES: a NaN may carry either sign here; quantize_group encodes every NaN as +NaN
+  // (kUnsignedNaN), so no value is canonicalised
+  template <int kIn>
+  __device__ __forceinline__ void mul_lane(u32 (&words)[kLaneWords],
+                                           const u32 (&up)[kLaneWords]) const {
+    constexpr u32 kMinusZeros = SiluBandTable::kMinusZeros;
 #pragma unroll
-  for (int w = 0; w < kLaneWords; ++w) {
-    if constexpr (kIn == kF32) {
-      const float g = __uint_as_float(words[w]);
-      words[w] = __float_as_uint(mul_rn(gelu_tanh(g, table), __uint_as_float(up[w])));
-    } else {
-      const float lo = gelu_tanh(value_of<kIn>(words, 2 * w), table);
-      const float hi = gelu_tanh(value_of<kIn>(words, 2 * w + 1), table);
-      const u32 s = input_pair<kIn>(lo, hi);
-      u32 y;
-      if constexpr (kIn == kBF16) {
-        asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(y) : "r"(s), "r"(up[w]), "r"(kMinusZeros));
+    for (int w = 0; w < kLaneWords; ++w) {
+      if constexpr (kIn == kF32) {
+        const float g = __uint_as_float(words[w]);
+        words[w] = __float_as_uint(mul_rn(gelu_tanh(g, *this), __uint_as_float(up[w])));
       } else {
-        asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(y) : "r"(s), "r"(up[w]), "r"(kMinusZeros));
+        static_assert(kIn == kF16, "bfloat16 reads a table of results");
+        const float lo = gelu_tanh(value_of<kIn>(words, 2 * w), *this);
+        const float hi = gelu_tanh(value_of<kIn>(words, 2 * w + 1), *this);
+        u32 y;
+        asm("fma.rn.f16x2 %0, %1, %2, %3;"
+            : "=r"(y) : "r"(input_pair<kIn>(lo, hi)), "r"(up[w]), "r"(kMinusZeros));
+        words[w] = y;
       }
-      words[w] = y;
     }
   }
-}
-
-// GELU-tanh(gate) * up: as SiluMul, with the exponential's table (SiLU's for float16 and
-// float32: filled and waited for the same way) at every input type
-struct GeluTanhMulActivation : SiluMulActivation {
-  template <int kIn> using Table = ExpTable;
-  template <int kIn, typename Shared>
-  __device__ static __forceinline__ void apply(u32 (&words)[kLaneWords],
-                                               const u32 (&up)[kLaneWords], const Shared& table) {
-    gelu_tanh_mul_lane<kIn>(words, up, table);
-  }
 };
+
+struct SiluMulActivation : GatedMulActivation<SiluBand, SiluByArithmetic> {};
+struct GeluTanhMulActivation : GatedMulActivation<GeluBand, GeluByArithmetic> {};
 
 template <int kAct> struct ActivationTrait;
 template <> struct ActivationTrait<kIdentity> : IdentityActivation {};

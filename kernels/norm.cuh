@@ -59,14 +59,15 @@ __device__ __forceinline__ void fold_in_half(float* a) {
   }
 }
 
-// the lane's squares RN(v * v), folded in half: value i plus value i + n/2, down to one
-template <int kIn>
-__device__ __forceinline__ float lane_sum_of_squares(const u32 (&words)[kLaneWords]) {
+// the lane's squares RN(v * v), folded in half: value i plus value i + n/2, down to one;
+// value(i) is the lane's value i as float32
+template <int kIn, typename Value>
+__device__ __forceinline__ float lane_sum_of_squares(Value value) {
   constexpr int kValues = kLaneWords * 4 / Input<kIn>::kBytes;
   float a[kValues];
 #pragma unroll
   for (int i = 0; i < kValues; ++i) {
-    const float v = value_of<kIn>(words, i);
+    const float v = value(i);
     a[i] = mul_rn(v, v);
   }
   fold_in_half<kValues / 2>(a);
@@ -81,25 +82,36 @@ __device__ __forceinline__ float warp_fold(float v) {
   return v;
 }
 
-// y = round(RN(x * r) * w), in the input type; weight(i) is w's value i as float32 (from the
-// loaded words, or from the float32 copy a walking block keeps: kStash); `maybe_nan` false
-// promises that no product is NaN (norm_rows)
-template <int kIn, typename Weight>
-__device__ __forceinline__ void normalize_lane(u32 (&words)[kLaneWords], Weight weight, float r, bool maybe_nan) {
-  u32 x[kLaneWords];
-#pragma unroll
-  for (int w = 0; w < kLaneWords; ++w) x[w] = words[w];
-  map_lane<kIn, false>(words, [&](int i) { return mul_rn(mul_rn(value_of<kIn>(x, i), r), weight(i)); }, maybe_nan);
+// RN(x * r), rounded to the input type first with norm_rounding "twice" and
+// "twice_unrounded_sum" (vLLM's, docs/spec.md section 2b; a runtime value: one select a value)
+template <int kIn>
+__device__ __forceinline__ float normalized(float x, float r, bool twice) {
+  const float n = mul_rn(x, r);
+  return twice ? round_to_input<kIn>(n) : n;
+}
+
+// y = round(RN(x * r) * w), in the input type, into `words`; x(i) is the lane's value i as
+// float32 (it may read `words`: map_lane writes them last); weight(i) is w's value i as float32
+// (from the loaded words, or from the float32 copy a walking block keeps: kStash); `maybe_nan`
+// false promises that no product is NaN (norm_rows)
+template <int kIn, typename Value, typename Weight>
+__device__ __forceinline__ void normalize_lane(u32 (&words)[kLaneWords], Value x, Weight weight,
+                                               float r, bool twice, bool maybe_nan) {
+  map_lane<kIn, false>(words, [&](int i) {
+    return mul_rn(normalized<kIn>(x(i), r, twice), weight(i));
+  }, maybe_nan);
 }
 
 // y = round(RN(x * r) * w) for each value of a lane, rounded to the input type and kept as
 // float32 for the quantizer (FloatLane, whose NaN it encodes as +NaN, the canonical NaN the
-// definition gives); weight as above
-template <int kIn, int kValues, typename Weight>
-__device__ __forceinline__ void normalize_lane(const u32 (&x)[kLaneWords], Weight weight, float r,
+// definition gives); x and weight as above
+template <int kIn, int kValues, typename Value, typename Weight>
+__device__ __forceinline__ void normalize_lane(Value x, Weight weight, float r, bool twice,
                                                FloatLane<kValues>& y) {
 #pragma unroll
-  for (int i = 0; i < kValues; ++i) y.v[i] = round_to_input<kIn>(mul_rn(mul_rn(value_of<kIn>(x, i), r), weight(i)));
+  for (int i = 0; i < kValues; ++i) {
+    y.v[i] = round_to_input<kIn>(mul_rn(normalized<kIn>(x(i), r, twice), weight(i)));
+  }
 }
 
 // the walk over rows ------------------------------------------------------------------------------
@@ -138,15 +150,31 @@ constexpr bool norm_float_lanes() {
   return kPer == 1 || kLayout != kBlockedExponents;
 }
 
-// quantize_norm's body: kAdd adds the residual (and writes the sum back), kStash keeps the
-// weight as float32 in shared memory (norm_stash)
-template <int kIn, int kGroup, int kOut, int kScale, int kLayout, int kPer, bool kAdd, bool kStash>
+// what norm_rows normalises: x; round(x + residual), the sum it writes back (docs/spec.md,
+// section 2b, step 1); or, for norm_rounding="twice_unrounded_sum" (vLLM's add-RMSNorm), the
+// float32 sum x + residual unrounded, writing back the rounded sum all the same
+enum NormSum : int { kNoResidual, kRoundedSum, kUnroundedSum };
+
+// quantize_norm's body: kSum as above; kStash keeps the weight as float32 in shared memory
+// (norm_stash)
+// NOTES: kUnroundedSum holds x and the residual until the row is normalised (the rounded sum
+// only while it is written back) and adds them where a float32 sum is read (twice a value):
+// 32 bytes a lane more than kRoundedSum. As its own path it leaves the others' code as it was;
+// it is compiled for one lane a thread only, where every instantiation fits its cap with no
+// spill and no more registers than before (sm_90). At two lanes (72 registers) it spilled in
+// a third of the 16-bit instantiations (4-52 bytes; reading x and the residual again from L1
+// instead of holding them spilled too), so _plan.norm_lanes gives it one lane. Float32 input
+// takes kRoundedSum: its sum is the float32 sum
+template <int kIn, int kGroup, int kOut, int kScale, int kLayout, int kPer, int kSum, bool kStash>
 __device__ __forceinline__ void norm_rows(const Params& p, float (&warp_sums)[2][32], float (&row_r)[2],
                                           float4* norm_stash) {
   typedef Input<kIn> In;
   typedef typename In::Storage Storage;
   constexpr int kValues = kLaneWords * 4 / In::kBytes;
   constexpr int kLanes = kGroup / kValues;
+  constexpr bool kAdd = kSum != kNoResidual;
+  constexpr bool kUnrounded = kSum == kUnroundedSum;
+  static_assert(!kUnrounded || (In::kBytes == 2 && kPer == 1), "16-bit input, one lane a thread");
   constexpr int kOtherLanes = kAdd ? kPer : 1;
   constexpr bool kFloat = norm_float_lanes<kIn, kGroup, kOut, kLayout, kPer>();
 
@@ -225,28 +253,42 @@ __device__ __forceinline__ void norm_rows(const Params& p, float (&warp_sums)[2]
     const bool more = flat + gridDim.x < total_rows;
     if (!more) signal_dependents();  // this block's last loads are issued
 
-    // x + residual
-    if constexpr (kAdd) {
+    // x + residual (kUnrounded: x and the residual stay, the rounded sum is made to write back)
+    if constexpr (kSum == kRoundedSum) {
 #pragma unroll
       for (int j = 0; j < kPer; ++j) add_residual<kIn>(words[j], other[j]);
     }
+    // value i of lane j, the one normalised, as float32: kUnrounded adds the residual's
+    auto value = [&](int j, int i) {
+      if constexpr (kUnrounded) return add_rn(value_of<kIn>(words[j], i), value_of<kIn>(other[j], i));
+      return value_of<kIn>(words[j], i);
+    };
     // the mean square: lanes, then warps of lanes, then the 32 slots, each folded in half
     float lane_sums[kPer];
 #pragma unroll
-    for (int j = 0; j < kPer; ++j) lane_sums[j] = in_row[j] ? lane_sum_of_squares<kIn>(words[j]) : 0.0f;
+    for (int j = 0; j < kPer; ++j) {
+      lane_sums[j] = in_row[j] ? lane_sum_of_squares<kIn>([&](int i) { return value(j, i); }) : 0.0f;
+    }
     if constexpr (kAdd) {
       // write x + residual back
       // NOTES: with NaN as the positive quiet NaN; a lane holding NaN has a NaN sum of squares,
       // so only a lane whose sum is not finite looks for it (a test in add_residual costs
-      // about 3 instructions a pair)
+      // about 3 instructions a pair). The float32 sums are NaN where the rounded ones are
       Storage* r_row = residual_lane + batch * p.r_batch_stride + row * p.r_row_stride;
 #pragma unroll
       for (int j = 0; j < kPer; ++j) {
-        if (__builtin_expect(!(lane_sums[j] <= float32_max()), 0)) canonicalise_nan<kIn>(words[j]);
+        u32 sum[kLaneWords];  // kUnrounded: the rounded sum, only to write back
+        u32(&back)[kLaneWords] = kUnrounded ? sum : words[j];
+        if constexpr (kUnrounded) {
+#pragma unroll
+          for (int w = 0; w < kLaneWords; ++w) sum[w] = words[j][w];
+          add_residual<kIn>(sum, other[j]);
+        }
+        if (__builtin_expect(!(lane_sums[j] <= float32_max()), 0)) canonicalise_nan<kIn>(back);
         if (in_row[j]) {
           uint4* dst = reinterpret_cast<uint4*>(r_row + j * second);
-          dst[0] = make_uint4(words[j][0], words[j][1], words[j][2], words[j][3]);
-          dst[1] = make_uint4(words[j][4], words[j][5], words[j][6], words[j][7]);
+          dst[0] = make_uint4(back[0], back[1], back[2], back[3]);
+          dst[1] = make_uint4(back[4], back[5], back[6], back[7]);
         }
       }
     }
@@ -297,11 +339,13 @@ __device__ __forceinline__ void norm_rows(const Params& p, float (&warp_sums)[2]
       const bool maybe_nan =
           !(lane_sums[j] <= float32_max() && r <= float32_max()) || weight_nonfinite[j];
       FloatLane<kValues> y;
+      const bool twice = kUnrounded || p.norm_rounding != 0u;
       auto normalize = [&](auto weight_of) {
+        auto x_of = [&](int i) { return value(j, i); };
         if constexpr (kFloat) {
-          normalize_lane<kIn>(words[j], weight_of, r, y);
+          normalize_lane<kIn>(x_of, weight_of, r, twice, y);
         } else {
-          normalize_lane<kIn>(words[j], weight_of, r, maybe_nan);
+          normalize_lane<kIn>(words[j], x_of, weight_of, r, twice, maybe_nan);
         }
       };
       if constexpr (kStash) {

@@ -22,7 +22,7 @@ namespace fgq {
 // tiles, rows K apart, batches rows * K apart): slot s's values start at x + s * G, so the load
 // is issued before the divisions, which only the stores need
 template <int kIn, int kGroup, int kOut, int kScale, int kLayout, bool kVec16, int kAct, bool kFlat,
-          typename Table>
+          int kArith, typename Table>
 __device__ __forceinline__ void one_pass_group(const Params& p, Table& table) {
   typedef ActivationTrait<kAct> Act;
   typedef typename Input<kIn>::Storage Storage;
@@ -40,7 +40,7 @@ __device__ __forceinline__ void one_pass_group(const Params& p, Table& table) {
   // load
   // NOTES: PDL: nothing global is read or written before the producer of x is done (the
   // previous kernel may also still read q and the scales), but the activation's table,
-  // constant data copied before the loads (SiluBandTable); once our loads are issued the next
+  // constant data copied before the loads (BandTable); once our loads are issued the next
   // kernel may start its prologue
   table.start(p.table_by_threads != 0u);
   wait_for_producer();
@@ -88,7 +88,7 @@ __device__ __forceinline__ void one_pass_group(const Params& p, Table& table) {
     zero_padding_rows<kValues, kLanes, kLayout>(p, q_batch, k, batch, row, group, lane);
   }
   // quantize and store
-  quantize_group<kIn, kGroup, kOut, kScale, kLayout, true, Act::kUnsignedNaN, true>(
+  quantize_group<kIn, kGroup, kOut, kScale, kLayout, true, Act::kUnsignedNaN, true, kArith>(
       p, words, kAllLanes, true, q_dst, stores & 1u, scale_at, stores & 2u, group);
 }
 

@@ -1,14 +1,16 @@
 // The kernels' entry points: the __global__ templates that Python instantiates by name
-// (_plan.KernelKey.name_expression, _plan.nvfp4_names). What they are built from:
+// (_plan.KernelKey.name_expression, _plan.nvfp4_amax_name). What they are built from:
 //   common.cuh      integer types, numbers, exact float32 arithmetic, warp and launch helpers
 //   formats.cuh     input types, the lanes of values the quantizer reads, output encodings,
 //                   UE8M0 scales
 //   layouts.cuh     where the scale of (batch, row, group) is stored, and the padding zeros
-//   activation.cuh  the activation trait (kIdentity, kSiluMul): SiLU's arithmetic and tables
+//   activation.cuh  the activation trait (kIdentity, kSiluMul, kGeluTanhMul): the gated
+//                   activations' arithmetic and tables
 //   group.cuh       the per-group work: the maximum, the scale, the codes and their stores
 //   one_pass.cuh    quantize_groups' one-pass grid walk
 //   norm.cuh        RMSNorm's arithmetic and quantize_norm's walk over the rows
-//   nvfp4.cuh       NVFP4's formats and the bodies of its two kernels
+//   fp4.cuh         the FP4 formats (NVFP4, MXFP4): e2m1 codes, the bodies of their kernels
+//   tile.cuh        128x128 tiles: weight blocks, the column-wise orientation and "both"
 //
 // quantize_groups: every input type, group size, output format, scale layout and activation,
 // two grid walks from one template (docs/perf.md). kOnePass: the group slots of the real rows
@@ -27,7 +29,8 @@
 // is launched. The one-pass path has no slots for them: the last real row's slots write them.
 //
 // quantize_masked: the masked MoE layout's persistent kernel over the same per-group work.
-// quantize_norm: the fused (add-)RMSNorm. quantize_nvfp4 and nvfp4_amax: NVFP4.
+// quantize_norm: the fused (add-)RMSNorm. quantize_fp4: NVFP4 and MXFP4; nvfp4_amax: NVFP4's
+// computed global scale.
 //
 // NOTES: the row loop and the masked walk are written inside their kernels, not in functions
 // beside the one-pass walk: moved into functions that take the parameters by reference, they
@@ -35,11 +38,12 @@
 #include "activation.cuh"
 #include "common.cuh"
 #include "formats.cuh"
+#include "fp4.cuh"
 #include "group.cuh"
 #include "layouts.cuh"
 #include "norm.cuh"
-#include "nvfp4.cuh"
 #include "one_pass.cuh"
+#include "tile.cuh"
 
 namespace fgq {
 
@@ -73,9 +77,11 @@ constexpr int min_blocks_per_sm() {
 // more bytes in flight) and 5-7% slower at M = 512, where each block's longer chain shows; so
 // the plan takes it past Tuning.silu_six_blocks_waves (docs/perf.md). kFlat: the one-pass
 // kernel of plain input with the load linear in the slot (one_pass_group), which the plan takes
-// for contiguous rows (_plan.flat_slots)
+// for contiguous rows (_plan.flat_slots). kArith: an upstream's arithmetic (group.cuh's
+// ArithmeticMode: FlashInfer's MXFP8, docs/spec.md section 3b; torchao's, section 3c),
+// instantiations of its own
 template <int kIn, int kGroup, int kOut, int kScale, int kLayout, bool kVec16, bool kOnePass,
-          int kAct, int kBlocks = 0, bool kFlat = false>
+          int kAct, int kBlocks = 0, bool kFlat = false, int kArith = kDefaultArith>
 __global__ void __launch_bounds__(kMaxThreads,
                                   (kBlocks != 0 ? kBlocks
                                                 : min_blocks_per_sm<kIn, kOut, kScale, kVec16, kOnePass, kAct>()))
@@ -100,7 +106,7 @@ __global__ void __launch_bounds__(kMaxThreads,
   if constexpr (!kOnePass) table.fill();
 
   if constexpr (kOnePass) {
-    one_pass_group<kIn, kGroup, kOut, kScale, kLayout, kVec16, kAct, kFlat>(p, table);
+    one_pass_group<kIn, kGroup, kOut, kScale, kLayout, kVec16, kAct, kFlat, kArith>(p, table);
     return;
   }
 
@@ -164,7 +170,7 @@ __global__ void __launch_bounds__(kMaxThreads,
       signal_dependents();  // this slot's last load is issued
     }
     // quantize and store this row's group
-    quantize_group<kIn, kGroup, kOut, kScale, kLayout, false, Act::kUnsignedNaN>(
+    quantize_group<kIn, kGroup, kOut, kScale, kLayout, false, Act::kUnsignedNaN, false, kArith>(
         p, words, mask, row < rows, p.q + batch * p.q_batch_stride + row * k + value0,
         row < p.q_rows, ScaleLayout<kLayout>::at(p, batch, row, group),
         lane == 0 && row < p.scale_rows, group);
@@ -373,28 +379,54 @@ __global__ void __maxnreg__((norm_registers<kIn, kLayout, kPer>()))
     quantize_norm(const __grid_constant__ Params p) {
   static_assert(kPer == 1 || kPer == 2, "lanes a thread");
   static_assert(!kStash || Input<kIn>::kBytes == 2, "the stash holds unpacked 16-bit values");
+  // norm_rounding="twice_unrounded_sum" with a residual: 16-bit input (float32 input's sum is
+  // already the float32 sum) and one lane a thread (norm_rows; _plan.norm_lanes gives it one)
+  constexpr bool kUnroundedPath = Input<kIn>::kBytes == 2 && kPer == 1;
   __shared__ float warp_sums[2][32];
   __shared__ float row_r[2];
   extern __shared__ float4 norm_stash[];  // kStash: the weight as float32
   if (blockIdx.x >= p.batches * p.rows) return;  // whole blocks, before any barrier
   if constexpr (kStash) {
-    norm_rows<kIn, kGroup, kOut, kScale, kLayout, kPer, false, true>(p, warp_sums, row_r, norm_stash);
+    norm_rows<kIn, kGroup, kOut, kScale, kLayout, kPer, kNoResidual, true>(p, warp_sums, row_r, norm_stash);
   } else if (p.residual != nullptr) {
-    norm_rows<kIn, kGroup, kOut, kScale, kLayout, kPer, true, false>(p, warp_sums, row_r, norm_stash);
+    if (kUnroundedPath && p.norm_rounding == kNormTwiceUnroundedSum) {
+      constexpr int kSum = kUnroundedPath ? kUnroundedSum : kRoundedSum;  // compiled only there
+      norm_rows<kIn, kGroup, kOut, kScale, kLayout, kPer, kSum, false>(p, warp_sums, row_r, norm_stash);
+    } else {
+      norm_rows<kIn, kGroup, kOut, kScale, kLayout, kPer, kRoundedSum, false>(p, warp_sums, row_r, norm_stash);
+    }
   } else {
-    norm_rows<kIn, kGroup, kOut, kScale, kLayout, kPer, false, false>(p, warp_sums, row_r, norm_stash);
+    norm_rows<kIn, kGroup, kOut, kScale, kLayout, kPer, kNoResidual, false>(p, warp_sums, row_r, norm_stash);
   }
 }
 
-// NVFP4 (nvfp4.cuh) -------------------------------------------------------------------------------
+// 128x128 tiles (tile.cuh) ------------------------------------------------------------------------
 
-// e2m1 codes and e4m3 scales of 16 values each
-template <int kIn>
-__global__ void __launch_bounds__(kMaxThreads) quantize_nvfp4(const __grid_constant__ Params p) {
-  nvfp4_quantize_group<kIn>(p);
+// quantize_weight: one block a 128x128 weight block; the scale layout is a run-time choice
+// (one store a block), so the key is the input type, the format and the scale kind, and an
+// upstream's arithmetic (kArith: DeepGEMM's or torchao's, docs/spec.md section 3c)
+template <int kIn, int kOut, int kScale, int kArith = kDefaultArith>
+__global__ void __launch_bounds__(kTileThreads, tile_blocks_per_sm<kScale>()) quantize_weight_blocks(const __grid_constant__ Params p) {
+  weight_block_tile<kIn, kOut, kScale, kArith>(p);
 }
 
-// the largest finite magnitude of x, for a global scale computed from it
+// orientation "col" (p.q null) and "both": one block a tile of 128 tokens by 128 channels;
+// kArith: torchao's arithmetic (docs/spec.md section 3c) or the default
+template <int kIn, int kOut, int kScale, int kLayout, int kArith = kDefaultArith>
+__global__ void __launch_bounds__(kTileThreads, tile_blocks_per_sm<kScale>()) quantize_columns(const __grid_constant__ Params p) {
+  column_tile<kIn, kOut, kScale, kLayout, kArith>(p);
+}
+
+// FP4 (fp4.cuh) -----------------------------------------------------------------------------------
+
+// e2m1 codes two a byte and the scales of kFormat (kNvfp4, kMxfp4: Fp4Kind), stored in kLayout;
+// kReciprocal: arithmetic='reciprocal' (vLLM's and FlashInfer's steps, docs/spec.md section 4a)
+template <int kIn, int kFormat, int kLayout, bool kReciprocal = false>
+__global__ void __launch_bounds__(kMaxThreads) quantize_fp4(const __grid_constant__ Params p) {
+  fp4_quantize_group<kIn, kFormat, kLayout, kReciprocal>(p);
+}
+
+// NVFP4: the largest finite magnitude of x, for a global scale computed from it
 template <int kIn>
 __global__ void __launch_bounds__(kMaxThreads) nvfp4_amax(const __grid_constant__ Params p) {
   nvfp4_amax_walk<kIn>(p);

@@ -65,3 +65,19 @@ __global__ void roofline_narrow(const uint4* __restrict__ x, uint2* __restrict__
 }
 
 }  // namespace fgq
+
+namespace fgq {
+
+// Both orientations' traffic: one read and two writes. One thread per 16 bf16 values reads 32
+// bytes and stores 16 to q and 16 to qt (at the same offset: the roof of a transpose is a copy's).
+__global__ void roofline_split(const uint4* __restrict__ x, uint4* __restrict__ q,
+                               uint4* __restrict__ qt, i64 chunks) {
+  const i64 i = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= chunks) return;
+  const uint4 a = __ldg(x + 2 * i);
+  const uint4 b = __ldg(x + 2 * i + 1);
+  q[i] = make_uint4(a.x ^ b.x, a.y ^ b.y, a.z ^ b.z, a.w ^ b.w);
+  qt[i] = make_uint4(a.x ^ b.y, a.y ^ b.z, a.z ^ b.w, a.w ^ b.x);
+}
+
+}  // namespace fgq

@@ -111,13 +111,45 @@ def strided_view(buffer, dtype: str, shape, strides, lib: str):
         xp = array_module(lib)
         size = np.dtype(dtype).itemsize if lib == "cupy" or dtype[:6] != "float8" else 1
         raw = buffer.view(xp.dtype(f"u{size}"))
-        view = xp.lib.stride_tricks.as_strided(raw, tuple(shape), [s * size for s in strides])
+        view = _sliced_view(raw, tuple(shape), tuple(strides)) if lib == "cupy" else None
+        if view is None:
+            view = xp.lib.stride_tricks.as_strided(raw, tuple(shape), [s * size for s in strides])
         if lib == "cupy" and dtype.startswith("float8"):
             return view
         return view.view(getattr(ml_dtypes, dtype) if dtype.startswith("float8") else dtype)
     import torch
 
     return buffer.view(getattr(torch, dtype)).as_strided(tuple(shape), tuple(strides))
+
+
+def _sliced_view(raw, shape: tuple, strides: tuple):
+    """``shape`` / ``strides`` over the 1-D ``raw`` by reshape, transpose and slicing, so that
+    the view's chain of bases reaches ``raw`` as a user's would (CuPy's ``as_strided`` keeps no
+    base, and the library then bounds the view by its own extent); None where the strides are
+    not a padded dense layout."""
+    dims = [d for d in range(len(shape)) if shape[d] != 1]
+    if not dims:
+        return raw[:1].reshape(shape) if raw.size and all(shape) else None
+    dims.sort(key=lambda d: strides[d])
+    if strides[dims[0]] != 1:
+        return None
+    extents = []  # each dimension's padded extent, fastest first
+    for inner, outer in zip(dims, dims[1:]):
+        if strides[outer] % strides[inner] or strides[outer] // strides[inner] < shape[inner]:
+            return None
+        extents.append(strides[outer] // strides[inner])
+    extents.append(shape[dims[-1]])
+    total = int(np.prod(extents))
+    if total > raw.size:
+        return None
+    dense = raw[:total].reshape(tuple(reversed(extents)))  # slowest first
+    kept = sorted(dims)  # the view's non-unit dimensions in order, each an axis of dense
+    view = dense.transpose(tuple(len(dims) - 1 - dims.index(d) for d in kept))
+    view = view[tuple(slice(0, shape[d]) for d in kept)]
+    for d in range(len(shape)):
+        if shape[d] == 1:
+            view = view[(slice(None),) * d + (None,)]
+    return view
 
 
 def to_device(x: np.ndarray, lib: str):
@@ -127,6 +159,8 @@ def to_device(x: np.ndarray, lib: str):
     if lib == "cupy":
         import cupy
 
+        if x.dtype.name.startswith("float8"):  # ml_dtypes' float8: cupy holds it as uint8
+            x = x.view(np.uint8)
         return cupy.asarray(x)
     torch = pytest.importorskip("torch")
     device = "cpu" if lib == "torch_cpu" else "cuda"
@@ -153,8 +187,8 @@ def to_host_bytes(array) -> np.ndarray:
     if type(array).__module__.startswith("torch"):
         import torch
 
-        flat = array.clone(memory_format=torch.contiguous_format).reshape(-1)
-        return flat.view(torch.uint8).cpu().numpy()
+        dense = array.clone(memory_format=torch.contiguous_format).reshape(array.shape or (1,))
+        return dense.view(torch.uint8).cpu().numpy()  # numpy's view: the last axis in bytes
     if isinstance(array, np.ndarray):
         return np.ascontiguousarray(array).view(np.uint8)
     return np.ascontiguousarray(array.get()).view(np.uint8)
@@ -256,3 +290,19 @@ def check(x_host, x_device, lib, group_size, dtype, scale, layout, pad_rows=Fals
     rows = q_ref.reshape(geometry.batches, geometry.q_rows, geometry.k)[:, : geometry.rows]
     assert_same_bytes(to_host_bytes(q2), rows, f"q, allocated ({what})")
     assert_same_bytes(to_host_bytes(s2), to_host_bytes(s), f"scales, allocated ({what})")
+
+
+def poisoned_spec(spec, lib: str, poison: int):
+    """(view, storage bytes): a view with ``spec``'s shape and strides (an ``OutputSpec`` of
+    fp8_group_quant._outputs) over ``spec.storage`` poisoned elements of ``lib``."""
+    itemsize = 4 if spec.dtype in ("float32", "int32") else 1
+    buffer = poisoned_bytes(spec.storage * itemsize, poison, lib)
+    return strided_view(buffer, spec.dtype, spec.shape, spec.strides, lib), buffer
+
+
+def assert_allocated(results, expected: tuple, what: str) -> None:
+    """The outputs of a call that allocated them hold ``expected`` bytes (logical order),
+    one entry per output."""
+    assert len(results) == len(expected), f"{what}: {len(results)} outputs"
+    for i, (got, want) in enumerate(zip(results, expected)):
+        assert_same_bytes(to_host_bytes(got), want, f"output {i}, allocated ({what})")

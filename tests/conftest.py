@@ -5,6 +5,8 @@ import os
 
 import pytest
 
+pytest_plugins = ("fake_gpu",)  # the fake_gpu fixture: the GPU path's host side on the CPU
+
 # JAX (used by the interop tests) must not take 75% of the GPU's memory on import
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 

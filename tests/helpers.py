@@ -196,14 +196,16 @@ def force_path(*, fresh_plans: bool | None = None, masked_blocks_per_sm: int | N
 
 
 def make_request(info, group_size, dtype, scale, layout, eps, pad_rows, activation=None,
-                 scale_rule="rceil", masked_info=None, expected_m=None, norm=None):  # fmt: skip
+                 scale_rule="rceil", masked_info=None, expected_m=None, norm=None,
+                 norm_rounding="once"):  # fmt: skip
     """A Request built from positional options, as tests that plan by hand write them;
     ``norm`` is (weight info, eps_norm, residual info or None)."""
     from fp8_group_quant import _request
 
     eps_norm = None if norm is None else norm[1]
     options = _request.check_options(group_size, dtype, scale, layout, eps, pad_rows, activation,
-                                     scale_rule, expected_m, eps_norm)  # fmt: skip
+                                     scale_rule, expected_m, eps_norm,
+                                     norm_rounding=norm_rounding)  # fmt: skip
     operands = _request.Operands(masked_m=masked_info, weight=None if norm is None else norm[0],
                                  residual=None if norm is None else norm[2])  # fmt: skip
     return _request.make_request(info, options, operands)

@@ -79,64 +79,102 @@ def test_the_kernel_holds_the_same_constants_and_table():
     assert np.allclose(hi + lo, np.exp2(np.arange(64) / 64), rtol=2e-15, atol=0)
 
 
-def test_the_kernel_holds_the_silu_band_table():
-    # kernels/silu_band_bf16.cuh is what tools/gen_silu_band.py writes from the definition
+def test_the_kernel_holds_the_band_tables():
+    # kernels/band_tables_bf16.cuh is what tools/gen_band_tables.py writes from the definitions
     import importlib.util
 
-    tool = Path(__file__).resolve().parents[1] / "tools" / "gen_silu_band.py"
-    spec = importlib.util.spec_from_file_location("gen_silu_band", tool)
+    tool = Path(__file__).resolve().parents[1] / "tools" / "gen_band_tables.py"
+    spec = importlib.util.spec_from_file_location("gen_band_tables", tool)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    text = (KERNELS / "silu_band_bf16.cuh").read_text()
-    assert text == module.render(), "regenerate: PYTHONPATH=. python3 tools/gen_silu_band.py"
-    body = re.search(r"#define FGQ_SILU_BAND_WORDS(.*?)\n\n", text, re.S).group(1)
-    words = np.array([int(v, 16) for v in re.findall(r"0x([0-9a-f]{8})u", body)], np.uint32)
-    # every replica a block may copy is that table
+    text = (KERNELS / "band_tables_bf16.cuh").read_text()
+    assert text == module.render(), "regenerate: PYTHONPATH=. python3 tools/gen_band_tables.py"
     replicas = int(re.search(r"kSiluBandReplicas = (\d+);", text).group(1))
-    array = re.search(
-        r"kSiluBandBF16\[kSiluBandReplicas\]\[kSiluBandWords\] = \{(.*?)\};", text, re.S
-    )
-    assert replicas >= 2 and array.group(1).split() == ["{FGQ_SILU_BAND_WORDS},"] * replicas
-    halves = np.stack([words & 0xFFFF, words >> 16], axis=-1).reshape(-1).astype(np.uint16)
-    assert halves.size == 4096 and activation.BAND == 1920
-    assert np.array_equal(halves, activation.silu_band_entries())
-    table = activation.silu_band_table()
-    assert np.array_equal(halves[:1920], table[:1920])  # positive gates from entry 0
-    assert np.array_equal(halves[2048:3968], table[1920:])  # negative ones from entry 2048
-    assert not halves[1920:2048].any() and not halves[3968:].any()  # what stray indices read
+    bodies = re.findall(r"#define FGQ_BAND_WORDS(.*?)\n\n", text, re.S)
+    arrays = re.findall(r"unsigned int (k\w+)\[kSiluBandReplicas\]\[kSiluBandWords\] = \{(.*?)\};",
+                        text, re.S)  # fmt: skip
+    bands = re.findall(r"kFirst = 0x([0-9a-f]{4})u, kSize = (\d+)u", text)
+    assert len(bodies) == len(arrays) == len(bands) == len(activation.BAND_TABLES) == 2
+    for band, body, (name, array), (first, size) in zip(activation.BAND_TABLES, bodies, arrays,
+                                                        bands):  # fmt: skip
+        words = np.array([int(v, 16) for v in re.findall(r"0x([0-9a-f]{8})u", body)], np.uint32)
+        # every replica a block may copy is that table
+        assert replicas >= 2 and array.split() == ["{FGQ_BAND_WORDS},"] * replicas, name
+        assert (int(first, 16), int(size)) == (band.first, band.size), name
+        halves = np.stack([words & 0xFFFF, words >> 16], axis=-1).reshape(-1).astype(np.uint16)
+        assert halves.size == 4096 and band.size <= 2048
+        assert np.array_equal(halves, band.entries()), name
+        results, n = band.results(), band.size
+        assert np.array_equal(halves[:n], results[:n])  # positive gates from entry 0
+        assert np.array_equal(halves[2048 : 2048 + n], results[n:])  # negative from entry 2048
+        assert not halves[n:2048].any() and not halves[2048 + n :].any()  # stray indices read
 
 
-def test_the_band_lookup_gives_the_defined_silu_for_every_bfloat16_gate():
+@pytest.mark.parametrize("band", activation.BAND_TABLES, ids=lambda b: b.activation)
+def test_the_band_lookup_gives_the_defined_result_for_every_bfloat16_gate(band):
+    # table inside the band + the two rules outside it == the definition rounded to bfloat16,
+    # bit for bit, for all 65,536 gates: +-0, subnormals, NaN of both signs, +-Inf included
     bits = np.arange(65536, dtype=np.uint16)
     g = bits.view(ml_dtypes.bfloat16).astype(np.float32)
-    defined = activation.round_to(activation.silu(g), "bfloat16")
-    looked_up = activation.silu_bf16_by_table(bits).view(ml_dtypes.bfloat16).astype(np.float32)
+    defined = activation.round_to(activation.GATES[band.activation](g), "bfloat16")
+    looked_up = band.lookup(bits).view(ml_dtypes.bfloat16).astype(np.float32)
     nan = np.isnan(g)
     assert np.array_equal(looked_up[~nan].view(np.uint32), defined[~nan].view(np.uint32))
     assert np.isnan(looked_up[nan]).all()  # a NaN gate stays NaN; the multiply canonicalises it
-    # the rules do work outside the band, and the table inside it
-    outside = activation.silu_bf16_by_table(bits, np.zeros(3840, np.uint16))
-    in_band = outside != activation.silu_bf16_by_table(bits)
-    assert in_band.sum() > 3000 and (~in_band).sum() > 60000
+    # the rules alone give every gate outside the band (the lookup with a table of zeros), and
+    # the table every gate inside it
+    magnitude = bits & 0x7FFF
+    inside = (magnitude >= band.first) & (magnitude < band.end)
+    rules = band.lookup(bits, np.zeros(2 * band.size, np.uint16))
+    defined_bits = defined.astype(ml_dtypes.bfloat16).view(np.uint16)
+    assert np.array_equal(rules[~inside & ~nan], defined_bits[~inside & ~nan])
+    assert inside.sum() == 2 * band.size and (rules[inside] == 0).all()
+
+
+def test_the_gelu_band_is_where_the_rules_fail():
+    # GELU's rules and why its band is 2^-9 <= |g| < 16: RN(g / 2) first fails at |g| =
+    # 0x1.96p-9 (0.4 g^2 moves the rounding), max(g, -0) last fails at g = 2.734375 and
+    # g = -10.3125, whose gelu is a bfloat16 subnormal (2^-133), not -0
+    bits = np.arange(65536, dtype=np.uint16)
+    g = bits.view(ml_dtypes.bfloat16).astype(np.float32)
+    defined = activation.round_to(activation.gelu_tanh(g), "bfloat16")
+    with np.errstate(invalid="ignore"):
+        half = activation.round_to(g * np.float32(0.5), "bfloat16")
+        above = activation.round_to(np.maximum(g, np.float32(-0.0)), "bfloat16")
+    finite = np.isfinite(g)
+    magnitude = bits & 0x7FFF
+    half_fails = finite & (half.view(np.uint32) != defined.view(np.uint32))
+    above_fails = finite & (above.view(np.uint32) != defined.view(np.uint32))
+    assert magnitude[half_fails].min() == 0x3B4B and 0x3B4B >= activation.GELU_BAND.first
+    assert g[above_fails].max() == 2.734375 and g[above_fails].min() == -10.3125
+    assert activation.GELU_BAND.end > 0x4125  # bits of 10.3125
+    assert defined[g == -10.3125][0] == -(2.0**-133)
+    # the special gates: signed zeros, a subnormal tie of g / 2 (odd last bit: rounds to even),
+    # +-Inf, huge negatives
+    special = np.array([0x0000, 0x8000, 0x0003, 0x8003, 0x7F80, 0xFF80, 0xC680, 0xFF7F], np.uint16)
+    got = activation.GELU_BAND.lookup(special)
+    assert got.tolist() == [0x0000, 0x8000, 0x0002, 0x8002, 0x7F80, 0x8000, 0x8000, 0x8000]
 
 
 def test_the_band_lookup_pairs_gates_as_the_kernel_does_for_any_count_and_shape():
     # two gates a 32-bit word, the halves independent: an odd count, a shape, any neighbour
     rng = np.random.default_rng(7)
     bits = rng.integers(0, 65536, 999, dtype=np.uint16)
-    alone = np.array([activation.silu_bf16_by_table(bits[i : i + 1])[0] for i in range(999)])
-    assert np.array_equal(activation.silu_bf16_by_table(bits), alone)
-    grid = activation.silu_bf16_by_table(bits[:998].reshape(2, 499))
-    assert grid.shape == (2, 499) and np.array_equal(grid.reshape(-1), alone[:998])
+    for band in activation.BAND_TABLES:
+        alone = np.array([band.lookup(bits[i : i + 1])[0] for i in range(999)])
+        assert np.array_equal(band.lookup(bits), alone)
+        grid = band.lookup(bits[:998].reshape(2, 499))
+        assert grid.shape == (2, 499) and np.array_equal(grid.reshape(-1), alone[:998])
 
 
-def test_a_wrong_band_table_is_caught():
+@pytest.mark.parametrize("band", activation.BAND_TABLES, ids=lambda b: b.activation)
+def test_a_wrong_band_table_is_caught(band):
     # the lookup really reads the table: one changed entry changes one gate's result
-    table = activation.silu_band_table().copy()
-    table[activation.BAND + 100] ^= 1
+    table = band.results().copy()
+    table[band.size + 100] ^= 1
     bits = np.arange(65536, dtype=np.uint16)
-    changed = activation.silu_bf16_by_table(bits, table) != activation.silu_bf16_by_table(bits)
-    assert np.flatnonzero(changed).tolist() == [0x8000 | (activation.BAND_FIRST + 100)]
+    changed = band.lookup(bits, table) != band.lookup(bits)
+    assert np.flatnonzero(changed).tolist() == [0x8000 | (band.first + 100)]
 
 
 def test_bf16_multiply_rounds_once_where_the_definition_rounds_twice():
@@ -297,8 +335,8 @@ def test_the_vectorised_silu_follows_the_spec_text():
 # the fused kernel on the GPU against the NumPy backend --------------------------------------------
 
 
-def check_silu_mul(x_host, x_device, lib, group_size, dtype, scale, layout, pad_rows=False,
-                   activation="silu_mul"):  # fmt: skip
+def check_gated(x_host, x_device, lib, group_size, dtype, scale, layout, pad_rows=False,
+                activation="silu_mul"):  # fmt: skip
     """The fused kernel into poisoned outputs against the NumPy backend's fused path, every
     storage byte; and against quantizing the NumPy gated values (SiLU-mul, or the
     ``activation`` given) on their own."""
@@ -327,13 +365,24 @@ def check_silu_mul(x_host, x_device, lib, group_size, dtype, scale, layout, pad_
 
 
 def gates_and_ups(rng, shape, input_dtype):
-    """[..., 2N] input whose gates cover every regime of the defined SiLU (|g| up to 120,
-    tiny, NaN, +-Inf, +-0) and whose ups carry outliers, NaN and Inf."""
+    """[..., 2N] input whose gates cover every regime of the defined SiLU and GELU and of their
+    bfloat16 band tables (|g| up to 120; every exponent from 2^-16 to 2^8, inside both bands,
+    below and above them; subnormals, NaN, +-Inf, +-0, huge negatives; for 16-bit types any
+    bit pattern) and whose ups carry outliers, NaN and Inf."""
     gate = activations(rng, shape, input_dtype, specials=True).astype(np.float32)
     flat = gate.reshape(-1)
-    picks = rng.random(flat.size) < 0.3
+    draw = rng.random(flat.size)
+    picks = draw < 0.3
     flat[picks] = rng.uniform(-120.0, 120.0, int(picks.sum())).astype(np.float32)
-    flat[: min(flat.size, 6)] = [np.nan, np.inf, -np.inf, 0.0, -0.0, -64.0][: min(flat.size, 6)]
+    picks = (draw >= 0.3) & (draw < 0.6)  # log-uniform magnitudes, either sign
+    magnitudes = np.exp2(rng.uniform(-16.0, 8.0, int(picks.sum())))
+    flat[picks] = (magnitudes * rng.choice([-1.0, 1.0], magnitudes.size)).astype(np.float32)
+    picks = (draw >= 0.6) & (draw < 0.7)
+    if input_dtype != "float32":  # any 16-bit pattern: subnormals and NaN payloads too
+        patterns = rng.integers(0, 65536, int(picks.sum()), dtype=np.uint16)
+        flat[picks] = patterns.view(NP_INPUT[input_dtype]).astype(np.float32)
+    fixed = [np.nan, np.inf, -np.inf, 0.0, -0.0, -64.0, -1e4, -10.3125, -3e38]
+    flat[: min(flat.size, len(fixed))] = fixed[: min(flat.size, len(fixed))]
     up = activations(rng, shape, input_dtype, specials=True)
     return np.concatenate([gate.astype(up.dtype), up], axis=-1)
 
@@ -345,20 +394,20 @@ def test_silu_mul_every_combination(input_dtype, group_size, dtype, scale, layou
     index = COMBINATIONS.index((input_dtype, group_size, dtype, scale, layout))
     lib = ("torch", "cupy")[index % 2]
     rng = np.random.default_rng(1000 + index)
-    check_silu_mul_shapes(rng, input_dtype, lib, group_size, dtype, scale, layout)
+    check_gated_shapes(rng, input_dtype, lib, group_size, dtype, scale, layout)
 
 
-def check_silu_mul_shapes(rng, input_dtype, lib, group_size, dtype, scale, layout,
-                          activation="silu_mul"):  # fmt: skip
-    """check_silu_mul on a few rows of an odd group count, batched rows with padded q rows,
+def check_gated_shapes(rng, input_dtype, lib, group_size, dtype, scale, layout,
+                       activation="silu_mul"):  # fmt: skip
+    """check_gated on a few rows of an odd group count, batched rows with padded q rows,
     and one token of N = 7168 inside a wider buffer."""
     args = (lib, group_size, dtype, scale, layout)
     x = gates_and_ups(rng, (5, 3 * group_size), input_dtype)  # odd group count, 5 rows
-    check_silu_mul(x, to_device(x, lib), *args, activation=activation)
+    check_gated(x, to_device(x, lib), *args, activation=activation)
     x = gates_and_ups(rng, (2, 3, 7168 // 2), input_dtype)  # batched, padded q rows
-    check_silu_mul(x, to_device(x, lib), *args, pad_rows=True, activation=activation)
+    check_gated(x, to_device(x, lib), *args, pad_rows=True, activation=activation)
     x = gates_and_ups(rng, (1, 7168), input_dtype)  # one token, N = 7168
-    check_silu_mul(x, wider_rows(x, 128, lib, 64), *args, activation=activation)
+    check_gated(x, wider_rows(x, 128, lib, 64), *args, activation=activation)
 
 
 SIX_BLOCK_COMBINATIONS = [c for c in COMBINATIONS if c[0] == "bfloat16" and c[3] == "ue8m0"]
@@ -375,9 +424,9 @@ def test_silu_mul_on_six_blocks(input_dtype, group_size, dtype, scale, layout):
     lib = ("torch", "cupy")[index % 2]
     rng = np.random.default_rng(5000 + index)
     with force_path(silu_six_blocks_waves=0.0):
-        check_silu_mul_shapes(rng, input_dtype, lib, group_size, dtype, scale, layout)
+        check_gated_shapes(rng, input_dtype, lib, group_size, dtype, scale, layout)
         x = gates_and_ups(rng, (300, 2 * 1024), input_dtype)  # many blocks
-        check_silu_mul(x, to_device(x, lib), lib, group_size, dtype, scale, layout)
+        check_gated(x, to_device(x, lib), lib, group_size, dtype, scale, layout)
         launch = silu_mul_launch(to_device(x, "cupy"), group_size, dtype, scale, layout)
     six = layout != "blocked"
     assert launch.handle == silu_kernel(group_size, dtype, scale, layout, six)
@@ -423,13 +472,13 @@ def test_silu_mul_on_the_persistent_grid(
     args = (lib, group_size, dtype, scale, layout)
     with force_path(persistent_fused_waves=0.0):
         x = gates_and_ups(rng, (3, 128, 5 * group_size), input_dtype)  # no padding rows
-        check_silu_mul(x, to_device(x, lib), *args)
+        check_gated(x, to_device(x, lib), *args)
         x = gates_and_ups(rng, (256, 2 * group_size), input_dtype)
-        check_silu_mul(x, wider_rows(x, 128, lib, 64), *args)  # rows inside a wider buffer
+        check_gated(x, wider_rows(x, 128, lib, 64), *args)  # rows inside a wider buffer
         assert persistent and all(persistent)
         persistent.clear()
         x = gates_and_ups(rng, (129, 2 * group_size), input_dtype)
-        check_silu_mul(x, to_device(x, lib), *args)
+        check_gated(x, to_device(x, lib), *args)
     padded = Geometry((129, 2 * group_size), group_size, layout, False).grid_rows > 129
     assert (not persistent) if padded else all(persistent) and persistent  # padding: one pass
 
@@ -454,7 +503,7 @@ def test_silu_mul_persistent_grid_walks_several_steps(monkeypatch, rows):
     x = gates_and_ups(np.random.default_rng(rows), (rows, 2 * 2048), "bfloat16")
     with force_path(persistent_fused_waves=0.0, masked_blocks_per_sm=1):
         for lib, scale, layout in (("cupy", "ue8m0", "packed"), ("torch", "float32", "row")):
-            check_silu_mul(x, to_device(x, lib), lib, 128, "e4m3", scale, layout)
+            check_gated(x, to_device(x, lib), lib, 128, "e4m3", scale, layout)
     assert walked and all(walked)
 
 
@@ -477,7 +526,7 @@ def test_silu_mul_every_16_bit_gate(input_dtype, table_copy, blocks):
     six_waves = 0.0 if blocks == 6 else math.inf
     with force_path(table_by_threads_waves=table_waves, silu_six_blocks_waves=six_waves):
         for scale, layout in (("float32", "row"), ("ue8m0", "packed")):
-            check_silu_mul(x, to_device(x, "cupy"), "cupy", 128, "e4m3", scale, layout)
+            check_gated(x, to_device(x, "cupy"), "cupy", 128, "e4m3", scale, layout)
         launch = silu_mul_launch(to_device(x, "cupy"))
     assert launch.params.table_by_threads == (table_copy == "threads")
     if input_dtype == "bfloat16":
@@ -507,25 +556,27 @@ def poison_shared_memory(word: int = 0x7FC00001) -> None:
 @pytest.mark.gpu
 # blocks of one, two and three warps: fewer threads than a table has entries
 @pytest.mark.parametrize("threads", [32, 64, 96])
-# every input type: the exponential table (float16, float32) and the band table (bfloat16)
+# every input type: the exponential table (float16, float32) and the band tables (bfloat16)
 @pytest.mark.parametrize("input_dtype", ["float16", "float32", "bfloat16"])
-def test_silu_mul_in_blocks_of_few_threads(input_dtype, threads):
-    # FP8_GROUP_QUANT_ONE_PASS_THREADS may ask for blocks of 32 threads: the float16 and
-    # float32 SiLU's exponential table (64 entries in shared memory) and bfloat16's band table
-    # must still be filled whole; shared memory is poisoned first, so an entry left unwritten
-    # reads a NaN rather than a previous block's copy
-    rng = np.random.default_rng(threads)
+@pytest.mark.parametrize("activation", ["silu_mul", "gelu_tanh_mul"])
+def test_gated_activations_in_blocks_of_few_threads(input_dtype, threads, activation):
+    # the tuning table may give the one-pass grid blocks of 32 threads: the float16 and float32
+    # exponential table (64 entries in shared memory) and bfloat16's band table must still be
+    # filled whole; shared memory is poisoned first, so an entry left unwritten reads a NaN
+    # rather than a previous block's copy
+    rng = np.random.default_rng(threads + (100 if activation == "gelu_tanh_mul" else 0))
     x = gates_and_ups(rng, (96, 2 * 1024), input_dtype)
     # bfloat16's band table both ways: this small grid takes the bulk copy, and with
-    # TABLE_BY_THREADS_WAVES at 0 every thread's cp.async (as test_shared_tables_are_filled_...);
+    # table_by_threads_waves at 0 every thread's cp.async (as test_shared_tables_are_filled_...);
     # the float16 and float32 exponential table is filled one way
     for by_threads in (False, True) if input_dtype == "bfloat16" else (False,):
         table_waves = 0.0 if by_threads else 1e9
         with force_path(one_pass_threads=threads, table_by_threads_waves=table_waves):
             for scale, layout in (("ue8m0", "packed"), ("float32", "row")):
                 poison_shared_memory()
-                check_silu_mul(x, to_device(x, "cupy"), "cupy", 128, "e4m3", scale, layout)
-            launch = silu_mul_launch(to_device(x, "cupy"))
+                check_gated(x, to_device(x, "cupy"), "cupy", 128, "e4m3", scale, layout,
+                               activation=activation)  # fmt: skip
+            launch = silu_mul_launch(to_device(x, "cupy"), activation=activation)
         assert launch.block == (threads, 1, 1)
         assert launch.params.table_by_threads == by_threads
 
@@ -540,8 +591,9 @@ extern "C" __global__ void exp_table_probe(unsigned int* out, unsigned int poiso
   table.fill();
   for (int i = threadIdx.x; i < 128; i += blockDim.x) out[blockIdx.x * 128 + i] = words[i];
 }
-extern "C" __global__ void band_table_probe(unsigned int* out, unsigned int poison, int how) {
-  __shared__ fgq::SiluBandTable table;
+template <typename Band>
+__device__ void band_table_probe(unsigned int* out, unsigned int poison, int how) {
+  __shared__ fgq::BandTable<Band> table;
   unsigned int* words = reinterpret_cast<unsigned int*>(table.vectors);
   for (int i = threadIdx.x; i < fgq::kSiluBandWords; i += blockDim.x) words[i] = poison;
   __syncthreads();
@@ -555,6 +607,13 @@ extern "C" __global__ void band_table_probe(unsigned int* out, unsigned int pois
     out[blockIdx.x * fgq::kSiluBandWords + i] = words[i];
   }
 }
+extern "C" __global__ void silu_mul_table_probe(unsigned int* out, unsigned int poison, int how) {
+  band_table_probe<fgq::SiluBand>(out, poison, how);
+}
+extern "C" __global__ void gelu_tanh_mul_table_probe(unsigned int* out, unsigned int poison,
+                                                     int how) {
+  band_table_probe<fgq::GeluBand>(out, poison, how);
+}
 """
 
 
@@ -562,11 +621,11 @@ extern "C" __global__ void band_table_probe(unsigned int* out, unsigned int pois
 # blocks of one to eight warps, odd counts of warps included
 @pytest.mark.parametrize("threads", [32, 64, 96, 128, 256])
 def test_shared_tables_are_filled_by_blocks_of_any_size(threads):
-    # the SiLU's shared-memory tables as a block of `threads` threads fills them: the float16 /
-    # float32 exponential table (ExpTable::fill) and the bfloat16 band table by its bulk copy
-    # and by every thread's cp.async (SiluBandTable::start / wait, every replica) and by the
-    # walking grids' fill(), over poisoned words; deterministic, unlike a quantize call on
-    # stale shared memory
+    # the gated activations' shared-memory tables as a block of `threads` threads fills them:
+    # the float16 / float32 exponential table (ExpTable::fill) and each bfloat16 band table
+    # (SiLU's, GELU's) by its bulk copy and by every thread's cp.async (BandTable::start /
+    # wait, every replica) and by the walking grids' fill(), over poisoned words;
+    # deterministic, unlike a quantize call on stale shared memory
     import cupy
 
     from fp8_group_quant import activation
@@ -579,13 +638,15 @@ def test_shared_tables_are_filled_by_blocks_of_any_size(threads):
     module.get_function("exp_table_probe")((blocks,), (threads,), (out, poison))
     expected = np.frombuffer(activation.EXP_TABLE.astype(np.float32).tobytes(), np.uint32)
     np.testing.assert_array_equal(out.get().reshape(blocks, 128), np.tile(expected, (blocks, 1)))
-    band = np.frombuffer(activation.silu_band_entries().tobytes(), np.uint32)
-    for how, name in enumerate(("one bulk copy", "every thread's cp.async", "fill()")):
-        out = cupy.zeros(blocks * band.size, cupy.uint32)
-        probe = module.get_function("band_table_probe")
-        probe((blocks,), (threads,), (out, poison, np.int32(how)))
-        np.testing.assert_array_equal(out.get().reshape(blocks, -1), np.tile(band, (blocks, 1)),
-                                      err_msg=name)  # fmt: skip
+    for table in activation.BAND_TABLES:
+        band = np.frombuffer(table.entries().tobytes(), np.uint32)
+        probe = module.get_function(f"{table.activation}_table_probe")
+        for how, name in enumerate(("one bulk copy", "every thread's cp.async", "fill()")):
+            out = cupy.zeros(blocks * band.size, cupy.uint32)
+            probe((blocks,), (threads,), (out, poison, np.int32(how)))
+            np.testing.assert_array_equal(out.get().reshape(blocks, -1),
+                                          np.tile(band, (blocks, 1)),
+                                          err_msg=f"{table.activation}: {name}")  # fmt: skip
 
 
 def silu_mul_launch(x, group_size=128, dtype="e4m3", scale="ue8m0", layout="packed",
@@ -630,7 +691,7 @@ def test_silu_mul_float32_bit_patterns():
     rng = np.random.default_rng(6)
     bits = rng.integers(0, 2**32, (512, 1024), dtype=np.uint64).astype(np.uint32)
     x = bits.view(np.float32)
-    check_silu_mul(x, to_device(x, "torch"), "torch", 64, "e5m2", "float32", "col_tma")
+    check_gated(x, to_device(x, "torch"), "torch", 64, "e5m2", "float32", "col_tma")
 
 
 @pytest.mark.gpu
@@ -757,40 +818,33 @@ def test_gelu_tanh_mul_every_combination(input_dtype, group_size, dtype, scale, 
     lib = ("cupy", "torch")[index % 2]
     rng = np.random.default_rng(5000 + index)
     args = (lib, group_size, dtype, scale, layout)
-    check_silu_mul_shapes(rng, input_dtype, *args, activation="gelu_tanh_mul")
+    check_gated_shapes(rng, input_dtype, *args, activation="gelu_tanh_mul")
     with force_path(persistent_fused_waves=0.0):  # the persistent grid, every row real
         x = gates_and_ups(rng, (3, 64, 2 * group_size), input_dtype)
-        check_silu_mul(x, to_device(x, lib), *args, activation="gelu_tanh_mul")
+        check_gated(x, to_device(x, lib), *args, activation="gelu_tanh_mul")
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("input_dtype", ["bfloat16", "float16"])  # every 16-bit pattern
-def test_gelu_tanh_mul_every_16_bit_gate(input_dtype):
+# both 16-bit types; bfloat16's band table copied both ways
+@pytest.mark.parametrize(
+    "input_dtype, table_copy",
+    [("bfloat16", "bulk"), ("bfloat16", "threads"), ("float16", "bulk")],
+)
+def test_gelu_tanh_mul_every_16_bit_gate(input_dtype, table_copy):
+    # every 16-bit pattern as a gate: for bfloat16 every entry of the band table, both rules
+    # outside it (+-0, subnormals and their ties of g / 2, NaN of both signs, +-Inf, the huge
+    # negatives), the bfloat16 one-pass blocks' table copied both ways (Params.table_by_threads)
     rng = np.random.default_rng(6)
     gate = np.arange(65536, dtype=np.uint16).view(NP_INPUT[input_dtype]).reshape(256, 256)
     up = activations(rng, (256, 256), input_dtype)
     x = np.concatenate([gate, up], axis=-1)
-    for lib, scale, layout in (("cupy", "float32", "row"), ("torch", "ue8m0", "packed")):
-        check_silu_mul(x, to_device(x, lib), lib, 128, "e4m3", scale, layout,
-                       activation="gelu_tanh_mul")  # fmt: skip
-
-
-@pytest.mark.gpu
-# one warp and three: fewer threads than the exponential's table has entries
-@pytest.mark.parametrize("threads", [32, 96])
-@pytest.mark.parametrize("input_dtype", ["bfloat16", "float16", "float32"])  # one table for all
-def test_gelu_tanh_mul_in_blocks_of_few_threads(input_dtype, threads):
-    # GeGLU reads section 2a's exponential table from shared memory at every input type; blocks
-    # of fewer than 64 threads must fill it whole (shared memory poisoned first, as for SiLU)
-    rng = np.random.default_rng(100 + threads)
-    x = gates_and_ups(rng, (96, 2 * 1024), input_dtype)
-    with force_path(one_pass_threads=threads):
-        for scale, layout in (("ue8m0", "packed"), ("float32", "row")):
-            poison_shared_memory()
-            check_silu_mul(x, to_device(x, "cupy"), "cupy", 128, "e4m3", scale, layout,
+    table_waves = 0.0 if table_copy == "threads" else math.inf
+    with force_path(table_by_threads_waves=table_waves):
+        for lib, scale, layout in (("cupy", "float32", "row"), ("torch", "ue8m0", "packed")):
+            check_gated(x, to_device(x, lib), lib, 128, "e4m3", scale, layout,
                            activation="gelu_tanh_mul")  # fmt: skip
         launch = silu_mul_launch(to_device(x, "cupy"), activation="gelu_tanh_mul")
-    assert launch.block == (threads, 1, 1)
+    assert launch.params.table_by_threads == (table_copy == "threads")
 
 
 @pytest.mark.gpu

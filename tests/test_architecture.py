@@ -8,6 +8,7 @@ docs/architecture.md draws the same picture.
 """
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -62,6 +63,31 @@ def _imports(path: Path, text: str | None = None) -> set[str]:
 def test_every_module_has_a_layer():
     modules = {_module(p) for p in PACKAGE.rglob("*.py")}
     assert modules == set(RANK), (modules - set(RANK), set(RANK) - modules)
+
+
+def _documented_modules() -> dict[str, int | None]:
+    """docs/architecture.md's module table: each module named there, with the line count the
+    table gives (None where it gives none)."""
+    table = {}
+    for row in (PACKAGE.parent / "docs" / "architecture.md").read_text().splitlines():
+        cells = [cell.strip() for cell in row.split("|")[1:-1]]
+        if len(cells) != 4 or not cells[0][:1].isdigit():
+            continue
+        names = re.findall(r"`(\w+)(?:\.py|/)`", cells[1])
+        counts = [int(c) for c in re.findall(r"\d+", cells[2])] or [None] * len(names)
+        table.update(zip(names, counts, strict=True))
+    return table
+
+
+def test_the_architecture_document_lists_every_module_and_its_size():
+    # the picture a new engineer reads first: every module in it, at its layer, and each
+    # size it quotes within 15% of the file's (the sizes are what show where the weight is)
+    table = _documented_modules()
+    assert set(table) == set(RANK) - {"__init__", "_sample"}, set(RANK) ^ set(table)
+    for name, count in table.items():
+        if count is not None:
+            lines = len((PACKAGE / f"{name}.py").read_text().splitlines())
+            assert abs(lines - count) <= 0.15 * lines, (name, count, lines)
 
 
 def test_layers_import_only_downward():

@@ -76,6 +76,7 @@ def test_version_and_info(capsys):
     assert cli.main(["info"]) == 0
     out = capsys.readouterr().out
     assert "cache" in out and "kernels" in out and "devices" in out
+    assert "\nbindings   cuda-bindings " in out  # their version, or that CuPy launches without
 
 
 def test_help_lists_every_subcommand(capsys):
@@ -144,7 +145,7 @@ def test_bench_fused_times_the_paths_asked_in_its_own_order(monkeypatch, capsys,
         calls.append(key)
         return {"path": key[0]}
 
-    monkeypatch.setattr(fused, "_silu_row", lambda t, roof, bw, m, n, act: record(act, m))
+    monkeypatch.setattr(fused, "_gated_row", lambda t, roof, bw, m, n, act: record(act, m))
     monkeypatch.setattr(fused, "_norm_row", lambda t, roofs, bw, m, n, residual: record(
         "add_rms_norm" if residual else "rms_norm", m))  # fmt: skip
     monkeypatch.setattr(fused, "_masked_row", lambda t: record("masked"))
@@ -161,7 +162,7 @@ def test_bench_fused_times_the_paths_asked_in_its_own_order(monkeypatch, capsys,
 BENCH_OPTIONS = ["--m", "--k", "--input-dtype", "--dtype", "--scale", "--layout", "--group-size",
                  "--scale-rule", "--json", "--plot", "--only", "--cold-start", "--matrix",
                  "--profile-host", "--fused", "--paths", "--nvfp4", "--chain",
-                 "--peers"]  # fmt: skip
+                 "--peers", "--linear", "--n", "--sweep"]  # fmt: skip
 
 
 def test_bench_help_lists_every_option(capsys):
@@ -184,7 +185,7 @@ def test_bench_json_config_keeps_its_keys_and_their_order(monkeypatch):
     assert cli.main(["bench", "--m", "1", "--k", "256"]) == 0
     config = bench_cli.json_config(seen[-1])
     assert list(config) == ["command", "tokens", "hidden"] + [
-        option[2:].replace("-", "_") for option in BENCH_OPTIONS[:-1]
+        option[2:].replace("-", "_") for option in BENCH_OPTIONS if option != "--peers"
     ]
     assert config["command"] == "bench" and config["tokens"] == 4096
     assert config["m"] == [1] and config["k"] == [256]

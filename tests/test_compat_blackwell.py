@@ -1,5 +1,7 @@
 """FlashInfer's mxfp8_quantize and fp4_quantize and vLLM's scaled_fp4_quant drop-ins: the
-signatures, shapes, dtypes and layouts upstream returns, and the values of quantize()."""
+signatures, shapes, dtypes and layouts upstream returns, and the values of quantize() in the
+upstream arithmetic each takes ("unfloored", "reciprocal"; tests/upstream/ holds upstream's own
+tests of them)."""
 
 import inspect
 
@@ -55,7 +57,8 @@ def test_mxfp8_quantize(shape):
     x = activations(np.random.default_rng(sum(shape)), shape, "bfloat16", specials=True)
     rows, k = int(np.prod(shape[:-1])), shape[-1]
     q, sf = compat.mxfp8_quantize(x)
-    q_ref, s_ref = fgq.quantize(x.reshape(rows, k), 32, scale="ue8m0", layout="blocked")
+    q_ref, s_ref = fgq.quantize(x.reshape(rows, k), 32, scale="ue8m0", layout="blocked",
+                                arithmetic="unfloored")  # fmt: skip
     assert q.dtype == ml_dtypes.float8_e4m3fn and q.shape == shape
     assert np.array_equal(
         q.view(np.uint8).reshape(rows, k), s_ref.dtype.type(0) + q_ref.view(np.uint8)
@@ -68,6 +71,43 @@ def test_mxfp8_quantize(shape):
     assert np.array_equal(linear.reshape(rows, k // 32), row_major(sf, rows, k // 32))
     _, by_name = compat.mxfp8_quantize(x, sf_swizzle_layout="layout_linear")
     assert np.array_equal(by_name, linear)
+    # FlashInfer's 8x4 tiles: scale (r, c) at (r // 8) * 8 * align(C, 4) + (c // 4) * 32 +
+    # (r % 8) * 4 + c % 4, padding zero
+    _, tiles = compat.mxfp8_quantize(x, sf_swizzle_layout="layout_8x4")
+    groups, cols = k // 32, -(-(k // 32) // 4) * 4
+    assert tiles.shape == (-(-rows // 8) * 8 * cols,)
+    expected = np.zeros_like(tiles)
+    for r in range(rows):
+        for c in range(groups):
+            expected[(r // 8) * 8 * cols + (c // 4) * 32 + (r % 8) * 4 + c % 4] = linear[
+                r * groups + c
+            ]
+    assert np.array_equal(tiles, expected)
+
+
+@pytest.mark.parametrize("alignment", [64, 256])
+def test_mxfp8_quantize_pads_k_to_the_alignment(alignment):
+    x = activations(np.random.default_rng(alignment), (3, 96), "bfloat16")
+    q, sf = compat.mxfp8_quantize(x, is_sf_swizzled_layout=False, alignment=alignment)
+    padded = -(-96 // alignment) * alignment
+    assert q.shape == (3, padded)
+    q_ref, s_ref = compat.mxfp8_quantize(x, is_sf_swizzled_layout=False)
+    codes = q.view(np.uint8)
+    assert np.array_equal(codes[:, :96], q_ref.view(np.uint8)) and not codes[:, 96:].any()
+    bytes_ = sf.reshape(3, padded // 32)  # the padding groups are zero groups: byte 0
+    assert np.array_equal(bytes_[:, :3], s_ref.reshape(3, 3)) and not bytes_[:, 3:].any()
+
+
+def test_fp4_quantize_takes_mxfp4():
+    x = activations(np.random.default_rng(4), (6, 96), "bfloat16", specials=True)
+    scales = []
+    for g in (None, 2.0):
+        q, sf = compat.fp4_quantize(x, g, 32, True)  # FlashInfer's MXFP4: no global scale is 1
+        q_ref, s_ref = fgq.quantize(x, 32, dtype="e2m1", scale="ue8m0", layout="blocked",
+                                    global_scale=g, arithmetic="reciprocal")  # fmt: skip
+        assert np.array_equal(q, q_ref) and np.array_equal(sf, s_ref)
+        scales.append(sf)
+    assert not np.array_equal(*scales)  # the global scale multiplies MXFP4's scale too
 
 
 @pytest.mark.parametrize("function", [compat.fp4_quantize, compat.scaled_fp4_quant])
@@ -78,7 +118,8 @@ def test_nvfp4_drop_ins(function, shape):
     g = np.array([2.5], np.float32)
     q, sf = function(x, g)
     q_ref, s_ref = fgq.quantize(x.reshape(rows, k), 16, dtype="e2m1", scale="e4m3",
-                                layout="blocked", global_scale=g)  # fmt: skip
+                                layout="blocked", global_scale=g,
+                                arithmetic="reciprocal")  # fmt: skip
     # FlashInfer keeps x's leading dimensions, vLLM flattens them
     q_shape = (*shape[:-1], k // 2) if function is compat.fp4_quantize else (rows, k // 2)
     assert q.dtype == np.uint8 and q.shape == q_shape
@@ -115,7 +156,8 @@ def test_torch_tensors_get_torch_dtypes():
     "call, error, words",
     [
         (lambda x: compat.fp4_quantize(x, None), ValueError, "global_scale: FlashInfer"),
-        (lambda x: compat.fp4_quantize(x, 1.0, sf_vec_size=32), NotImplementedError, "only NVFP4"),
+        (lambda x: compat.fp4_quantize(x, 1.0, sf_vec_size=32), NotImplementedError,
+         "NVFP4 \\(16, False\\) and MXFP4 \\(32, True\\)"),
         (lambda x: compat.fp4_quantize(x, 1.0, is_sf_8x4_layout=True), NotImplementedError, "8x4"),
         (lambda x: compat.fp4_quantize(x, 1.0, is_global_scale_inversed=True),
          NotImplementedError, "inverted global scale"),
@@ -123,9 +165,9 @@ def test_torch_tensors_get_torch_dtypes():
         (lambda x: compat.scaled_fp4_quant(x, None), ValueError, "input_global_scale: vLLM"),
         (lambda x: compat.fp4_quantize(x, 1.0, backend="triton"), ValueError, "backend: expected"),
         (lambda x: compat.scaled_fp4_quant(x, 1.0, padded_n=128), NotImplementedError, "padded_n"),
-        (lambda x: compat.mxfp8_quantize(x, alignment=128), NotImplementedError, "alignment"),
-        (lambda x: compat.mxfp8_quantize(x, sf_swizzle_layout="layout_8x4"),
-         NotImplementedError, "8x4 layout is not"),
+        (lambda x: compat.mxfp8_quantize(x, alignment=48), ValueError, "alignment: expected"),
+        (lambda x: compat.mxfp8_quantize(x, sf_swizzle_layout="layout_4x4"),
+         ValueError, "sf_swizzle_layout: expected an SfLayout"),
     ],
 )  # fmt: skip
 def test_what_the_drop_ins_do_not_do_is_named(call, error, words):
@@ -143,7 +185,10 @@ def test_the_drop_ins_on_cuda_tensors_equal_the_cpu(swizzled):
     g = torch.tensor([0.75])
     calls = [
         lambda t, g: compat.mxfp8_quantize(t, is_sf_swizzled_layout=swizzled),
+        lambda t, g: compat.mxfp8_quantize(t, swizzled, alignment=96),  # pads K to 288
+        lambda t, g: compat.mxfp8_quantize(t, sf_swizzle_layout="layout_8x4"),
         lambda t, g: compat.fp4_quantize(t, g, is_sf_swizzled_layout=swizzled),
+        lambda t, g: compat.fp4_quantize(t, g, 32, True, is_sf_swizzled_layout=swizzled),
         lambda t, g: compat.scaled_fp4_quant(t, g, is_sf_swizzled_layout=swizzled),
     ]
     for call in calls:

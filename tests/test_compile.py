@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fp8_group_quant import _abi, _jit, _launch, _plan
+from fp8_group_quant import _abi, _jit, _plan
 from fp8_group_quant._spec import INPUT_MODES
 
 ARCHS = ["sm_90", "sm_100", "sm_120"]  # Hopper, datacenter Blackwell, consumer Blackwell
@@ -33,7 +33,8 @@ def _check_compiled(arch: str, keys: list[str], lowered: dict[str, str], report:
     assert set(lowered) == set(keys)
     assert len(set(lowered.values())) == len(keys)  # one distinct kernel per key
     kernels = ("_ZN3fgq15quantize_groups", "_ZN3fgq15quantize_masked", "_ZN3fgq13quantize_norm",
-               "_ZN3fgq14quantize_nvfp4", "_ZN3fgq10nvfp4_amax")  # fmt: skip
+               "_ZN3fgq12quantize_fp4", "_ZN3fgq10nvfp4_amax", "_ZN3fgq22quantize_weight_blocks",
+               "_ZN3fgq16quantize_columns")  # fmt: skip
     assert all(name.startswith(kernels) for name in lowered.values())
     # ptxas's resource report: one spill line per kernel, and on Hopper, where the register
     # bounds were measured, no kernel spills (a spill in the loop cost int8 and float-scale
@@ -52,8 +53,16 @@ def test_instantiation_count():
     # RMSNorm kernel (aligned, residual at run time, one or two lanes a thread, and for 16-bit
     # input the two-lane walking kernel with the weight in shared memory); bfloat16 SiLU of
     # UE8M0 scales (float words and packed, four formats) at six blocks an SM too; the one-pass
-    # kernel of plain aligned input with the load linear in the slot (contiguous rows); then
-    # NVFP4's two kernels per input type
+    # kernel of plain aligned input with the load linear in the slot (contiguous rows);
+    # arithmetic="unfloored" (MXFP8: plain input, 32 values, e4m3, UE8M0 in the blocked layout
+    # and float words, x the four paths and the linear load) and "multiplier" (torchao's: plain
+    # input, 128 and 256 values, e4m3, float scales in float words, x the four paths and the
+    # linear load); then per input type the FP4 kernel of each format and layout (NVFP4
+    # blocked, MXFP4 row and blocked) by either arithmetic (section 4a's and "reciprocal") and
+    # NVFP4's amax kernel; then the 128x128 tiles of e4m3: weight blocks (inputs x scale kinds)
+    # and the column-wise kernel (inputs x float words, UE8M0 in them, packed); then section
+    # 3c's tiles of float scales: weight blocks (inputs x "reciprocal" and "multiplier") and
+    # columns (inputs x "multiplier")
     combinations = 4 * (4 * 3 + 2)
     six_blocks = 4 * 4 * 2
     flat = 3 * combinations
@@ -63,7 +72,13 @@ def test_instantiation_count():
         + 2 * combinations
         + six_blocks
         + flat
+        + 3 * 2 * (4 + 1)
+        + 3 * 2 * (4 + 1)
+        + 3 * (3 * 2 + 1)
         + 3 * 2
+        + 3 * 3
+        + 3 * 2
+        + 3 * 1
     )
 
 
@@ -96,15 +111,29 @@ def test_every_instantiation_compiles(arch, request):
 def _one_of_each_kernel() -> list[str]:
     """A name expression of each kernel template and input mode of quantize.cu."""
     names = _plan.all_name_expressions()
-    kinds = ("quantize_groups", "quantize_masked", "quantize_norm", "quantize_nvfp4", "nvfp4_amax")
+    kinds = ("quantize_groups", "quantize_masked", "quantize_norm", "nvfp4_amax",
+             "quantize_weight_blocks", "quantize_columns")  # fmt: skip
     picked = [next(n for n in names if f"fgq::{kind}<" in n) for kind in kinds]
+    # every FP4 format and layout of bfloat16 (one lane a group of 16, two of 32), and MXFP4 of
+    # float32 (four lanes a group)
+    picked += [n for n in names if n.startswith("fgq::quantize_fp4<fgq::kBF16")]
+    picked.append(next(n for n in names if n.startswith("fgq::quantize_fp4<fgq::kF32, fgq::kMx")))
     # SiLU's two tables (bfloat16's band, the others' exponential) and the flat one-pass load
     for input_type in ("fgq::kBF16", "fgq::kF16"):
         prefix = f"fgq::quantize_groups<{input_type}"
         picked.append(next(n for n in names if "kSiluMul" in n and n.startswith(prefix)))
         picked.append(next(n for n in names if "kGeluTanhMul" in n and n.startswith(prefix)))
     picked.append(_plan.DEFAULT_KEY.name_expression)
-    return picked
+    # the tiles' heaviest: UE8M0 (one block an SM), 16-bit and float32 input, packed columns;
+    # and section 3c's products (DeepGEMM's weight blocks; torchao's columns, whose "both" also
+    # takes them through the group function)
+    picked += [_plan.weight_name("bfloat16", "ue8m0"), _plan.weight_name("float32", "ue8m0"),
+               _plan.columns_name("float32", "ue8m0", "fgq::kPackedExponents"),
+               _plan.columns_name("bfloat16", "float32", "fgq::kFloatWords"),
+               _plan.weight_name("bfloat16", "float32", "reciprocal"),
+               _plan.columns_name("float32", "float32", "fgq::kFloatWords",
+                                  "multiplier")]  # fmt: skip
+    return list(dict.fromkeys(picked))
 
 
 def test_no_module_declares_constant_memory():
@@ -340,39 +369,9 @@ def test_the_benchmarks_chain_kernels_compile():
     for arch in ARCHS:
         lowered = _jit.compile_offline(CHAIN_SOURCE, list(CHAIN_KERNELS), arch)
         assert len(set(lowered.values())) == 2
-        roofs = ["fgq::roofline_copy", "fgq::roofline_gated", "fgq::roofline_residual"]
-        assert len(set(_jit.compile_offline("roofline.cu", roofs, arch).values())) == 3
-
-
-def test_launch_config_mirrors_the_driver_structs():
-    # CUlaunchAttribute: id, padding to 8, a 64-byte value union; CUlaunchConfig: six grid and
-    # block dimensions, shared bytes, then the stream, the attributes and their count (cuda.h)
-    import ctypes
-
-    attribute, config = _launch._LaunchAttribute, _launch._LaunchConfig
-    assert ctypes.sizeof(attribute) == 72 and attribute.value.offset == 8
-    assert ctypes.sizeof(config) == 56
-    assert (config.stream.offset, config.attributes.offset, config.attribute_count.offset) == (
-        32,
-        40,
-        48,
-    )
-
-
-def test_driver_entry_points_declare_pointer_arguments(monkeypatch):
-    # a 64-bit address passed without declared argument types would be cut to a C int
-    import ctypes
-
-    class FakeDriver:
-        cuLaunchKernelEx = ctypes.CFUNCTYPE(ctypes.c_int)(lambda: 0)
-
-    monkeypatch.setattr(_jit, "_driver", lambda: FakeDriver)
-    _jit.driver_entry_point.cache_clear()
-    try:
-        function = _jit.driver_entry_point("cuLaunchKernelEx", 4)
-        assert function.argtypes == [ctypes.c_void_p] * 4 and function.restype is ctypes.c_int
-    finally:
-        _jit.driver_entry_point.cache_clear()
+        roofs = ["fgq::roofline_copy", "fgq::roofline_gated", "fgq::roofline_residual",
+                 "fgq::roofline_split"]  # fmt: skip
+        assert len(set(_jit.compile_offline("roofline.cu", roofs, arch).values())) == 4
 
 
 # issue 11: compile and cache robustness ---------------------------------------------------------

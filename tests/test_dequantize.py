@@ -5,6 +5,7 @@ item 1): on the NumPy backend, torch CPU tensors and the GPU alike."""
 from __future__ import annotations
 
 import ctypes
+from functools import partial
 
 import numpy as np
 import pytest
@@ -35,6 +36,11 @@ def _reference(x, group_size, **options):
     return q, s, (rows * scales[..., None]).reshape(codes.shape)
 
 
+def _format(backend: str) -> dict:
+    """cupy holds e4m3 codes as uint8, whose format dequantize must be told."""
+    return {"dtype": "e4m3"} if backend == "cupy" else {}
+
+
 @pytest.mark.parametrize("backend", HOST_AND_GPU)
 @pytest.mark.parametrize("layout", FLOAT_LAYOUTS)
 @pytest.mark.parametrize("group_size", [32, 64, 128, 256])  # every supported size
@@ -42,11 +48,12 @@ def test_float_scales_determine_the_group_size(group_size, layout, backend):
     x = activations(np.random.default_rng(group_size), (8, 512), "bfloat16")
     q, s, expected = _reference(x, group_size, layout=layout)
     q, s = to_device(np.asarray(q), backend), to_device(np.asarray(s), backend)
-    np.testing.assert_array_equal(to_host(fgq.dequantize(q, s)), expected)
-    np.testing.assert_array_equal(to_host(fgq.dequantize(q, s, group_size)), expected)
+    dequantize = partial(fgq.dequantize, **_format(backend))
+    np.testing.assert_array_equal(to_host(dequantize(q, s)), expected)
+    np.testing.assert_array_equal(to_host(dequantize(q, s, group_size)), expected)
     wrong = 128 if group_size != 128 else 64
     with pytest.raises(ValueError, match=f"group_size: {wrong} contradicts the shapes"):
-        fgq.dequantize(q, s, wrong)
+        dequantize(q, s, wrong)
 
 
 @pytest.mark.parametrize("backend", HOST_AND_GPU)
@@ -58,12 +65,13 @@ def test_packed_and_blocked_scales_need_the_group_size(layout, smallest, backend
         options = dict(scale="ue8m0", layout=layout)
         q, s, expected = _reference(x, group_size, **options)
         q, s = to_device(np.asarray(q), backend), to_device(np.asarray(s), backend)
+        dequantize = partial(fgq.dequantize, **_format(backend))
         with pytest.raises(TypeError, match="group_size: .* do not determine it"):
-            fgq.dequantize(q, s)
-        np.testing.assert_array_equal(to_host(fgq.dequantize(q, s, group_size)), expected)
+            dequantize(q, s)
+        np.testing.assert_array_equal(to_host(dequantize(q, s, group_size)), expected)
         for wrong in (g for g in (32, 64, 128) if g != group_size and g >= smallest):
             with pytest.raises(ValueError, match="group_size|scales"):
-                fgq.dequantize(q, s, wrong)
+                dequantize(q, s, wrong)
 
 
 @pytest.mark.parametrize(
@@ -79,6 +87,35 @@ def test_uint8_codes_need_their_format(backend):
         fgq.dequantize(codes, scales)
     got = fgq.dequantize(codes, scales, dtype="e5m2")
     np.testing.assert_array_equal(to_host(got), fgq.dequantize(q, s))
+
+
+PAIRS = [(a, b) for a in ("numpy", "torch_cpu", "cupy", "torch")
+         for b in ("numpy", "torch_cpu", "cupy", "torch") if a != b]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "q_lib, s_lib",
+    [
+        pytest.param(*pair, marks=pytest.mark.gpu) if {"cupy", "torch"} & set(pair) else pair
+        for pair in PAIRS
+    ],  # fmt: skip
+)
+@pytest.mark.parametrize("entry", ["dequantize", "dequantize_weight", "mxfp4"])
+def test_codes_and_scales_of_two_libraries_are_refused(entry, q_lib, s_lib):
+    # each dequantize path checks the pair before it reads either: a TypeError naming the
+    # argument of the other library, never the libraries' own errors about mixed operands
+    x = activations(np.random.default_rng(6), (128, 256), "bfloat16")
+    if entry == "dequantize":
+        (q, s), call = fgq.quantize(x, 128), partial(fgq.dequantize, dtype="e4m3")
+    elif entry == "dequantize_weight":
+        (q, s), call = fgq.quantize_weight(x), partial(fgq.dequantize_weight, dtype="e4m3")
+    else:
+        q, s = fgq.quantize(x, 32, dtype="e2m1", scale="ue8m0")
+        call = partial(fgq.dequantize, group_size=32, dtype="e2m1")
+    q = to_device(np.asarray(q).view(np.uint8), q_lib)
+    s = to_device(np.asarray(s), s_lib)
+    with pytest.raises(TypeError, match="(q|scales): expected a"):
+        call(q, s)
 
 
 @pytest.mark.parametrize("layout", ["row", "col", "col_tma", "packed", "packed_row", "blocked"])

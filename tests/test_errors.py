@@ -96,6 +96,17 @@ CASES = {
     "dequantize torch q, numpy scales": (
         lambda: fgq.dequantize(torch.zeros(4, 256, dtype=torch.float8_e4m3fn),
                                codes_and_scales()[1]), TypeError, "scales", "numpy"),
+    "dequantize_weight numpy q, torch scales": (
+        lambda: fgq.dequantize_weight(np.zeros((128, 128), np.uint8), torch.ones(1, 1)),
+        TypeError, "q", "numpy"),
+    "dequantize NVFP4 numpy q, torch scales": (
+        lambda: fgq.dequantize(np.zeros((128, 8), np.uint8), torch.ones(128, 4, dtype=torch.uint8),
+                               16, "e2m1", global_scale=1.0),
+        TypeError, "q", "numpy"),
+    "dequantize MXFP4 torch q, numpy scales": (
+        lambda: fgq.dequantize(torch.zeros(4, 16, dtype=torch.uint8), np.ones((4, 1), np.float32),
+                               32, "e2m1"),
+        TypeError, "scales", "numpy"),
     "dequantize uint8 without dtype": (
         lambda: fgq.dequantize(np.asarray(codes_and_scales()[0]).view(np.uint8),
                                codes_and_scales()[1]), TypeError, "dtype", "uint8"),

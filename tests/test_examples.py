@@ -54,8 +54,20 @@ def test_notebook_executes(tmp_path):
     assert any("error / group max" in o.get("text", "") for o in outputs)
 
 
+def test_fp8_linear_example_runs_its_numpy_part():
+    # without a GPU the example quantizes on the NumPy backend and multiplies the dequantized
+    # operands: FP8 e4m3 with 1x128 / 128x128 scales errs by a few percent, not more
+    env = dict(_env(), CUDA_VISIBLE_DEVICES="")
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLES / "fp8_linear.py")], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    errors = [float(line.split()[-1]) for line in done.stdout.splitlines() if "against" in line]
+    assert len(errors) == 3 and all(0 < e < 0.06 for e in errors), done.stdout
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("script", ["cupy_gpu.py", "torch_deepgemm.py"])
+@pytest.mark.parametrize("script", ["cupy_gpu.py", "torch_deepgemm.py", "fp8_linear.py"])
 def test_gpu_examples_run(script):
     done = subprocess.run(
         [sys.executable, str(EXAMPLES / script)], env=_env(), capture_output=True, text=True

@@ -157,16 +157,22 @@ def test_vllm_persistent_masked_m_silu_mul_quant(fmt, dtype, shape, strides):
     assert s.shape == shape and s.dtype == dtype
     assert tuple(v // 4 for v in s.strides) == strides
     scale = "float32" if fmt == "FLOAT32" else "ue8m0"
-    layout = "packed" if fmt == "UE8M0" else "col"
-    q_ref, s_ref = fgq.quantize(y, 128, scale=scale, layout=layout, activation="silu_mul")
+    layout = "packed_col" if fmt == "UE8M0" else "col"
+    q_ref, s_ref = fgq.quantize(y, 128, scale=scale, layout=layout, activation="silu_mul",
+                                arithmetic="bfloat16")  # fmt: skip
     for e, n in enumerate(counts):
         np.testing.assert_array_equal(q.view(np.uint8)[e, :n], q_ref.view(np.uint8)[e, :n])
         np.testing.assert_array_equal(s[e, :n], s_ref[e, :n])
         assert (s[e, n:] == 0).all()  # vLLM zeroes the scales of the rows past the count
     with pytest.raises(ValueError, match="quant_scale_fmt"):
         persistent_masked_m_silu_mul_quant(y, counts, quant_scale_fmt="E8M0_SPARSE")
-    with pytest.raises(ValueError, match="T to be a multiple of 4"):
-        persistent_masked_m_silu_mul_quant(y[:, :6], counts, quant_scale_fmt="UE8M0")
+    # any T, as vLLM: T = 6 is not a multiple of 4 and the strides stay (T*kp', 1, T)
+    q6, s6 = persistent_masked_m_silu_mul_quant(y[:, :6], counts, quant_scale_fmt=fmt)
+    assert s6.shape == (3, 6, shape[2]) and tuple(v // 4 for v in s6.strides) == (
+        6 * shape[2], 1, 6)  # fmt: skip
+    for e, n in enumerate(np.minimum(counts, 6)):
+        np.testing.assert_array_equal(s6[e, :n], s_ref[e, :n])
+        np.testing.assert_array_equal(q6.view(np.uint8)[e, :n], q_ref.view(np.uint8)[e, :n])
 
 
 @st.composite
@@ -323,7 +329,7 @@ def test_masked_m_must_live_with_x():
     import torch
 
     x = to_device(activations(np.random.default_rng(10), (2, 4, 256), "bfloat16"), "torch")
-    with pytest.raises(ValueError, match="masked_m: expected an array of x's library"):
+    with pytest.raises(TypeError, match="masked_m: expected an array of x's library"):
         fgq.quantize(x, 128, masked_m=cupy.asarray(np.array([1, 2], np.int32)))
     with pytest.raises((ValueError, TypeError), match="masked_m"):
         fgq.quantize(x, 128, masked_m=torch.tensor([1, 2], dtype=torch.int32))  # on the CPU

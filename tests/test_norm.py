@@ -313,7 +313,8 @@ def test_vllm_rms_norm_per_block_quant(shape, kwargs, layout, scale_shape):
     q, s = rms_norm_per_block_quant(x, w, 1e-6, "e4m3", [1, 128], residual=residual, **kwargs)
     assert q.shape == shape and s.shape == scale_shape
     q_ref, s_ref = fgq.quantize(x.reshape(scale_shape[:-1] + (512,)), 128, layout=layout,
-                                norm=(w, 1e-6), residual=expected_residual.reshape(
+                                norm=(w, 1e-6), norm_rounding="twice_unrounded_sum",  # vLLM's
+                                residual=expected_residual.reshape(
                                     scale_shape[:-1] + (512,)))  # fmt: skip
     np.testing.assert_array_equal(q.view(np.uint8).reshape(-1), q_ref.view(np.uint8).reshape(-1))
     np.testing.assert_array_equal(s, s_ref)
@@ -373,8 +374,19 @@ def test_the_norm_takes_two_lanes_a_thread_on_many_rows(rows, knob, lanes):
 ])  # fmt: skip
 def test_the_norm_launch_picks_lanes_then_grid(monkeypatch, rows, residual, lanes, grid, stash):
     # 132 SMs fitting two one-lane blocks (448 threads at K = 7168) or four two-lane ones
-    # (224): the lanes from the one-lane kernel's wave, the grid from the chosen kernel's; the
-    # Launch records its arguments instead of launching
+    # (224): the lanes from the one-lane kernel's wave, the grid from the chosen kernel's
+    name, got_grid, block, params, pdl, shared = planned_norm(monkeypatch, rows, residual)
+    assert name.endswith(f"fgq::kPackedExponents, {lanes}, {str(stash).lower()}>")
+    assert got_grid == (grid, 1, 1) and block == ({1: 448, 2: 224}[lanes], 1, 1)
+    assert shared == (224 * 2 * 16 * 4 if stash else 0)  # two lanes of 16 float32 a thread
+    assert params.rows == rows and params.eps_norm == np.float32(1e-6) and not pdl
+    assert params.norm_rounding == 0
+
+
+def planned_norm(monkeypatch, rows, residual, norm_rounding="once", tuning=None):
+    """(kernel name, grid, block, Params, pdl, shared bytes) the planner gives bfloat16 rows
+    of K = 7168 on 132 SMs that fit two one-lane blocks or four two-lane ones; the Launch
+    records its arguments instead of launching."""
     import contextlib
     import types
 
@@ -403,12 +415,30 @@ def test_the_norm_launch_picks_lanes_then_grid(monkeypatch, rows, residual, lane
     weight = np.empty(7168, ml_dtypes.bfloat16)
     r = describe(np.empty_like(x), "residual") if residual else None
     request = make_request(describe(x, "x"), 128, "e4m3", "ue8m0", "packed", 1e-10, False,
-                           norm=(describe(weight, "weight"), 1e-6, r))  # fmt: skip
-    handle, got_grid, block, params, pdl, shared = _plan.prepare(request, 0, Tuning())[-1]
-    assert names[handle - 1].endswith(f"fgq::kPackedExponents, {lanes}, {str(stash).lower()}>")
-    assert got_grid == (grid, 1, 1) and block == ({1: 448, 2: 224}[lanes], 1, 1)
-    assert shared == (224 * 2 * 16 * 4 if stash else 0)  # two lanes of 16 float32 a thread
-    assert params.rows == rows and params.eps_norm == np.float32(1e-6) and not pdl
+                           norm=(describe(weight, "weight"), 1e-6, r),
+                           norm_rounding=norm_rounding)  # fmt: skip
+    handle, grid, block, params, pdl, shared = _plan.prepare(request, 0, tuning or Tuning())[-1]
+    return names[handle - 1], grid, block, params, pdl, shared
+
+
+# where the residual takes two lanes: a row a block up to 1.5 one-lane waves and past 6.5,
+# and the knob forcing two lanes (a walking grid)
+@pytest.mark.parametrize("rows, knob, grid", [(300, None, 264), (4096, None, 264),
+                                              (100, 2, 100), (4096, 2, 264)])  # fmt: skip
+def test_the_unrounded_sum_takes_one_lane_a_thread(monkeypatch, rows, knob, grid):
+    # only the one-lane kernel has the unrounded sum's path (kernels/norm.cuh, norm_rows), so
+    # the planner gives it one lane whatever rows or tuning say; without a residual the mode
+    # is "twice" and takes the lanes "once" would
+    tuning = Tuning(norm_lanes=knob)
+    assert _plan.norm_lanes(rows, 2, 132, True, tuning) == 2
+    assert _plan.norm_lanes(rows, 2, 132, True, tuning, unrounded_sum=True) == 1
+    assert _plan.norm_lanes(rows, 2, 132, False, tuning, unrounded_sum=True) == 2
+    name, got_grid, block, params, _, shared = planned_norm(
+        monkeypatch, rows, True, "twice_unrounded_sum", tuning
+    )
+    assert name.endswith("fgq::kPackedExponents, 1, false>") and block == (448, 1, 1)
+    assert got_grid == (grid, 1, 1) and shared == 0
+    assert params.norm_rounding == _abi.NORM_ROUNDINGS.index("twice_unrounded_sum") == 2
 
 
 def test_only_walking_grids_of_16_bit_input_without_a_residual_stash_the_weight():
@@ -428,7 +458,8 @@ def test_only_walking_grids_of_16_bit_input_without_a_residual_stash_the_weight(
 
 # every input type
 @pytest.mark.parametrize("input_dtype", ["bfloat16", "float16", "float32"])
-def test_numpy_backend_matches_the_spec_text_transcribed(input_dtype):
+@pytest.mark.parametrize("rounding", _abi.NORM_ROUNDINGS)  # each norm_rounding
+def test_numpy_backend_matches_the_spec_text_transcribed(input_dtype, rounding):
     # spec_model.rms_norm_row follows section 2b's words one float32 step at a time; the NumPy
     # backend (which the kernel is checked against) must give the same bits, residual included
     from fp8_group_quant import spec_model
@@ -440,11 +471,12 @@ def test_numpy_backend_matches_the_spec_text_transcribed(input_dtype):
         w = activations(rng, (k,), input_dtype)
         r = activations(rng, (2, k), input_dtype)
         for residual in (None, r):
-            y, new_residual = activation.rms_norm(x, w, 1e-5, input_dtype, residual)
+            y, new_residual = activation.rms_norm(x, w, 1e-5, input_dtype, residual, rounding)
             for row in range(2):
                 want, want_residual = spec_model.rms_norm_row(
                     x[row].astype(np.float32).tolist(), w.astype(np.float32).tolist(), 1e-5,
                     input_dtype, None if residual is None else r[row].astype(np.float32).tolist(),
+                    rounding,
                 )  # fmt: skip
                 got = np.asarray(y[row], np.float32)
                 want = np.asarray(want, np.float32)
@@ -456,6 +488,69 @@ def test_numpy_backend_matches_the_spec_text_transcribed(input_dtype):
                     got_r = np.asarray(new_residual[row], np.float32)
                     want_r = np.asarray(want_residual, np.float32)
                     assert np.array_equal(got_r, want_r, equal_nan=True), (k, row)
+
+
+# every input type
+@pytest.mark.parametrize("input_dtype", ["bfloat16", "float16", "float32"])
+def test_twice_unrounded_sum_normalises_the_float32_sum(input_dtype):
+    # norm_rounding="twice_unrounded_sum", its steps written out: s = RN(x + residual) kept in
+    # float32 for the sum of squares and for RN(s * r), rounded before the weight, round(s)
+    # written back (NaN as +NaN) through the entry point; rows with outliers, NaN and Inf
+    f32 = np.float32
+    rng = np.random.default_rng(53)
+    k = 2688
+    x = activations(rng, (6, k), input_dtype, specials=True)
+    w = activations(rng, (k,), input_dtype)
+    residual = activations(rng, (6, k), input_dtype)
+    written = residual.copy()
+    q, s = fgq.quantize(x, 128, norm=(w, 1e-6), residual=written,
+                        norm_rounding="twice_unrounded_sum")  # fmt: skip
+    with np.errstate(invalid="ignore", over="ignore"):
+        total = (x.astype(f32) + residual.astype(f32)).astype(f32)
+        squares = activation.sum_of_squares(total, x.itemsize)
+        r = activation.rsqrt((squares / f32(k) + f32(1e-6)).astype(f32))
+        y = activation.round_to((total * r[:, None]).astype(f32), input_dtype)
+        y = activation.round_to((y * w.astype(f32)).astype(f32), input_dtype)
+    y[np.isnan(y)] = f32("nan")  # the positive quiet NaN
+    assert np.isnan(y).any() and np.isinf(total).any()
+    q_ref, s_ref = fgq.quantize(y.astype(NP_INPUT[input_dtype]), 128)
+    assert_same_bytes(q.view(np.uint8), q_ref.view(np.uint8), "q")
+    assert_same_bytes(s.view(np.uint8), s_ref.view(np.uint8), "scales")
+    rounded = total.astype(NP_INPUT[input_dtype])
+    rounded[np.isnan(rounded)] = f32("nan")
+    assert_same_bytes(written, rounded, "residual written back")
+    # the rounded sum normalised ("twice") gives other codes where 16-bit sums round, and the
+    # same for float32 input, whose sums are float32's; without a residual it is "twice"
+    again = residual.copy()
+    q_twice, _ = fgq.quantize(x, 128, norm=(w, 1e-6), residual=again, norm_rounding="twice")
+    assert_same_bytes(again, written, "residual written back by 'twice'")
+    differ = (q_twice.view(np.uint8) != q.view(np.uint8)).mean()
+    assert differ > 0.001 if input_dtype != "float32" else differ == 0, differ
+    alone = [fgq.quantize(x, 128, norm=(w, 1e-6), norm_rounding=m)[0] for m in ("twice",
+             "twice_unrounded_sum")]  # fmt: skip
+    assert_same_bytes(alone[0].view(np.uint8), alone[1].view(np.uint8), "q without residual")
+
+
+# each wrong value, and the mode without norm
+@pytest.mark.parametrize("kwargs, message", [
+    ({"norm_rounding": "unrounded"}, "norm_rounding: expected one of 'once', 'twice', "
+                                     "'twice_unrounded_sum', got 'unrounded'"),
+    ({"norm_rounding": None}, "norm_rounding: expected one of"),
+    ({"norm_rounding": "twice_unrounded_sum", "norm": None}, "norm_rounding: applies to the "
+                                                             "fused RMSNorm"),
+    ({"norm_rounding": "twice_unrounded_sum", "norm": None, "dtype": "e2m1"}, "norm_rounding"),
+])  # fmt: skip
+def test_norm_rounding_values_are_checked(kwargs, message):
+    rng = np.random.default_rng(57)
+    x = activations(rng, (4, 256), "bfloat16")
+    given = {"norm": (activations(rng, (256,), "bfloat16"), 1e-6), **kwargs}
+    residual = activations(rng, (4, 256), "bfloat16")
+    before = residual.copy()
+    if given["norm"] is not None:
+        given["residual"] = residual
+    with pytest.raises(ValueError, match=message):
+        fgq.quantize(x, 32, **given)
+    assert_same_bytes(residual, before, "residual")  # nothing written back
 
 
 def test_norm_arguments_the_review_found_unchecked():
@@ -510,11 +605,12 @@ def test_norm_arguments_the_review_found_unchecked():
 
 
 def check_norm(x_host, weight, eps_norm, residual, lib, group_size, dtype, scale, layout,
-               pad_rows=False, x_device=None):  # fmt: skip
+               pad_rows=False, x_device=None, norm_rounding="once"):  # fmt: skip
     """The RMSNorm kernel into poisoned device storage against the NumPy backend into poisoned
     host storage, every byte, and the residual written back against the NumPy one."""
     geometry = Geometry(x_host.shape, group_size, layout, pad_rows)
-    options = dict(dtype=dtype, scale=scale, layout=layout, pad_rows=pad_rows)
+    options = dict(dtype=dtype, scale=scale, layout=layout, pad_rows=pad_rows,
+                   norm_rounding=norm_rounding)  # fmt: skip
     q, s, q_buf, s_buf = poisoned_outputs(geometry, lib, dtype)
     r_device = None if residual is None else to_device(residual, lib)
     x_device = to_device(x_host, lib) if x_device is None else x_device
@@ -525,7 +621,7 @@ def check_norm(x_host, weight, eps_norm, residual, lib, group_size, dtype, scale
     fgq.quantize(x_host, group_size, **options, norm=(weight, eps_norm), residual=r_host,
                  out=hq, scale_out=hs)  # fmt: skip
     what = f"norm {lib} {x_host.dtype} G={group_size} {dtype} {scale} {layout} {x_host.shape}"
-    what += " with residual" if residual is not None else ""
+    what += f" {norm_rounding}" + (" with residual" if residual is not None else "")
     assert_same_bytes(to_host_bytes(q_buf), hq_buf, f"q ({what})")
     assert_same_bytes(to_host_bytes(s_buf), hs_buf, f"scales ({what})")
     if residual is not None:
@@ -546,23 +642,28 @@ def norm_kernel(request):
 @pytest.mark.gpu
 # every input type, group size and registered (format, scale, layout)
 @pytest.mark.parametrize("input_dtype, group_size, dtype, scale, layout", COMBINATIONS)
-def test_norm_every_combination(norm_kernel, input_dtype, group_size, dtype, scale, layout):
+# the default, and vLLM's add-RMSNorm: with a residual a path of the one-lane kernel, which
+# its launch takes whatever norm_kernel asks; without one "twice", in both kernels
+@pytest.mark.parametrize("rounding", ["once", "twice_unrounded_sum"])
+def test_norm_every_combination(norm_kernel, input_dtype, group_size, dtype, scale, layout,
+                                rounding):  # fmt: skip
     index = COMBINATIONS.index((input_dtype, group_size, dtype, scale, layout))
     lib = ("cupy", "torch")[(index + norm_kernel) % 2]
     rng = np.random.default_rng(3000 + index + 500 * norm_kernel)
     k = 3 * group_size  # three groups: a partly used packed word
     x = activations(rng, (5, k), input_dtype, specials=index % 3 == 0)
     weight = activations(rng, (k,), input_dtype)
-    residual = activations(rng, (5, k), input_dtype) if (index + norm_kernel) % 2 else None
+    with_residual = (index + norm_kernel) % 2 or rounding != "once"
+    residual = activations(rng, (5, k), input_dtype) if with_residual else None
     args = (lib, group_size, dtype, scale, layout)
-    check_norm(x, weight, 1e-6, residual, *args)
+    check_norm(x, weight, 1e-6, residual, *args, norm_rounding=rounding)
     big = 16384 if input_dtype != "float32" else 8192  # the longest row: 1024 lanes
     for shape in ((2, 3, 7168), (3 if norm_kernel else 1, big)):
         x = activations(rng, shape, input_dtype, specials=True)
         weight = activations(rng, shape[-1:], input_dtype)
         residual = activations(rng, shape, input_dtype)
-        check_norm(x, weight, 1e-5, residual, *args, pad_rows=True)
-        check_norm(x, weight, 1e-5, None, *args)
+        check_norm(x, weight, 1e-5, residual, *args, pad_rows=True, norm_rounding=rounding)
+        check_norm(x, weight, 1e-5, None, *args, norm_rounding=rounding)
 
 
 @pytest.mark.gpu
@@ -599,22 +700,29 @@ def test_norm_nan_and_inf_in_any_lane_of_x_and_the_weight(input_dtype):
     residual = residual.astype(NP_INPUT[input_dtype])
     check_norm(x, weight, 1e-6, residual, "torch", 64, "e5m2", "float32", "row")
     check_norm(x, weight, 1e-6, residual, "cupy", 128, "e4m3", "ue8m0", "packed")
+    # the float32 sums normalised: NaN and Inf from them, the rounded sums written back
+    check_norm(x, weight, 1e-6, residual, "cupy", 128, "e4m3", "ue8m0", "packed",
+               norm_rounding="twice_unrounded_sum")  # fmt: skip
 
 
 @pytest.mark.gpu
 # the 16-bit types, whose x + residual is one packed add
 @pytest.mark.parametrize("input_dtype", ["bfloat16", "float16"])
-def test_norm_residual_sums_at_the_rounding_cases(norm_kernel, input_dtype):
+# the rounded sum normalised, and the float32 sum (written back rounded all the same)
+@pytest.mark.parametrize("rounding", ["once", "twice_unrounded_sum"])
+def test_norm_residual_sums_at_the_rounding_cases(norm_kernel, input_dtype, rounding):
     # 16-bit x + residual is one packed add (the exact sum rounded once; kernels/activation.cuh,
     # add_residual), the definition the float32 sum rounded: sums whose float32 value is
     # inexact, ties and near-ties, cancelling, subnormal and overflowing, written back and
-    # normalised, in both kernels (one lane a thread, and two)
+    # normalised, in both kernels (one lane a thread, and two); "twice_unrounded_sum"
+    # normalises the float32 sums themselves
     rng = np.random.default_rng(41 + norm_kernel)
     for rows, k in ((6, 4096), (40, 2688)):
         x, residual = sums_at_rounding_hazards(rng, (rows, k), input_dtype)
         weight = activations(rng, (k,), input_dtype)
-        check_norm(x, weight, 1e-6, residual, "cupy", 128, "e4m3", "ue8m0", "packed")
-        check_norm(x, weight, 1e-6, residual, "torch", 64, "e5m2", "float32", "row")
+        mode = dict(norm_rounding=rounding)
+        check_norm(x, weight, 1e-6, residual, "cupy", 128, "e4m3", "ue8m0", "packed", **mode)
+        check_norm(x, weight, 1e-6, residual, "torch", 64, "e5m2", "float32", "row", **mode)
 
 
 @pytest.mark.gpu
@@ -635,6 +743,9 @@ def test_norm_blocks_walk_every_row_of_every_batch(waves, lanes, stash):
     with force_path(norm_waves=waves, norm_lanes=lanes, norm_stash=stash):
         args = ("torch", 128, "e4m3", "ue8m0", "packed")
         check_norm(x, weight, 1e-6, residual, *args, pad_rows=True)
+        # the float32 sums, in one-lane blocks (the launch's choice for them) walking alike
+        check_norm(x, weight, 1e-6, residual, *args, pad_rows=True,
+                   norm_rounding="twice_unrounded_sum")  # fmt: skip
         check_norm(x, weight, 1e-6, None, "cupy", 64, "e5m2", "float32", "col_tma", pad_rows=True)
 
 
@@ -739,7 +850,8 @@ def test_norm_refuses_bad_arguments_before_writing_anything():
     # written names the rest on every backend
     bad = (
         (dict(norm=(w.cpu(), 1e-6)), (ValueError, TypeError), "norm"),
-        (dict(norm=(cupy.ones(256, cupy.float32), 1e-6)), ValueError, "norm: the weight"),
+        (dict(norm=(cupy.ones(256, cupy.float32), 1e-6)), TypeError,
+         "norm: the weight must be an array of x's library"),
         (dict(norm=(w, 1e-6), residual=residual.t().contiguous().t()), ValueError,
          "residual: the last dimension must be contiguous"),
         (dict(norm=(w, 1e-6), residual=x), ValueError, "residual: its memory overlaps x"),

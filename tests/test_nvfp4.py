@@ -216,33 +216,55 @@ def test_the_kernels_e2m1_rounding_matches_the_spec():
         assert kernel_code(v) == spec_model.e2m1_code(float(v)), v
 
 
-# every option NVFP4 does not take, and each kind of bad global_scale
+FP4_OPTIONS = {
+    "nvfp4": dict(group_size=16, dtype="e2m1", scale="e4m3", layout="blocked"),
+    "mxfp4": dict(group_size=32, dtype="e2m1", scale="ue8m0", layout="row"),
+}
+
+
+# every option each FP4 format does not take, each kind of bad global_scale, and MXFP4's bad
+# eps and scale_rule (it takes both)
 @pytest.mark.parametrize(
-    "kwargs, error, words",
+    "fp4, kwargs, error, words",
     [
-        (dict(group_size=32), ValueError, "group_size: NVFP4 scales groups of 16"),
-        (dict(scale="ue8m0"), ValueError, "pass scale='e4m3'"),
-        (dict(dtype="e4m3"), ValueError, "it needs dtype='e2m1'"),
-        (dict(layout="row"), ValueError, "layout: NVFP4's e4m3 scales are written in the"),
-        (dict(pad_rows=True), ValueError, "pad_rows: not supported with dtype='e2m1'"),
-        (dict(scale_rule="floor"), ValueError, "scale_rule: not supported"),
-        (dict(eps=1e-3), ValueError, "eps: not supported"),
-        (dict(activation="silu_mul"), ValueError, "activation: not supported"),
-        (dict(masked_m=np.ones(2, np.int32)), ValueError, "masked_m: not supported"),
-        (dict(out=np.zeros((4, 16), np.uint8)), ValueError, "out: not supported"),
-        (dict(global_scale=0.0), ValueError, "global_scale: expected a positive finite"),
-        (dict(global_scale=float("nan")), ValueError, "global_scale: expected a positive finite"),
-        (dict(global_scale=-1.0), ValueError, "global_scale: expected a positive finite"),
-        (dict(global_scale=np.ones(2, np.float32)), ValueError, "one-element float32"),
-        (dict(global_scale=np.ones(1, np.float64)), ValueError, "one-element float32"),
-        (dict(global_scale=[1.0]), TypeError, "global_scale: expected a float or a one-element"),
+        ("nvfp4", dict(group_size=32), ValueError, "group_size: NVFP4 scales groups of 16"),
+        ("nvfp4", dict(scale="float32"), ValueError, r"dtype='e2m1' takes scale='e4m3' \(NVFP4\)"),
+        ("nvfp4", dict(scale="ue8m0"), ValueError, "group_size: MXFP4 scales groups of 32"),
+        ("nvfp4", dict(dtype="e4m3"), ValueError, "it needs dtype='e2m1'"),
+        ("nvfp4", dict(layout="row"), ValueError, "layout: NVFP4's e4m3 scales are written in the"),
+        ("nvfp4", dict(pad_rows=True), ValueError, "pad_rows: not supported with dtype='e2m1'"),
+        ("nvfp4", dict(scale_rule="floor"), ValueError, "scale_rule: not supported"),
+        ("nvfp4", dict(eps=1e-3), ValueError, "eps: not supported"),
+        ("nvfp4", dict(activation="silu_mul"), ValueError, "activation: not supported"),
+        ("nvfp4", dict(masked_m=np.ones(2, np.int32)), ValueError, "masked_m: not supported"),
+        ("nvfp4", dict(out=np.zeros((4, 32), np.uint8)), ValueError, "out: not supported"),
+        ("nvfp4", dict(global_scale=0.0), ValueError, "global_scale: expected a positive finite"),
+        ("nvfp4", dict(global_scale=float("nan")), ValueError, "global_scale: expected a positive"),
+        ("nvfp4", dict(global_scale=-1.0), ValueError, "global_scale: expected a positive finite"),
+        ("nvfp4", dict(global_scale=np.ones(2, np.float32)), ValueError, "one-element float32"),
+        ("nvfp4", dict(global_scale=np.ones(1, np.float64)), ValueError, "one-element float32"),
+        ("nvfp4", dict(global_scale=[1.0]), TypeError, "global_scale: expected a float or a one-"),
+        ("mxfp4", dict(group_size=16), ValueError, "group_size: MXFP4 scales groups of 32"),
+        ("mxfp4", dict(group_size=64), ValueError, "group_size: MXFP4 scales groups of 32"),
+        ("mxfp4", dict(layout="col"), ValueError, "layout: MXFP4's ue8m0 scales are written in"),
+        ("mxfp4", dict(layout="col_tma"), ValueError, "layout: MXFP4's"),
+        ("mxfp4", dict(layout="packed"), ValueError, "layout: MXFP4's"),
+        ("mxfp4", dict(layout="packed_row"), ValueError, "layout: MXFP4's"),
+        ("mxfp4", dict(scale="float32"), ValueError, r"or scale='ue8m0' \(MXFP4\)"),
+        ("mxfp4", dict(pad_rows=True), ValueError, r"pad_rows: not supported .*\(MXFP4\)"),
+        ("mxfp4", dict(activation="silu_mul"), ValueError, "activation: not supported"),
+        ("mxfp4", dict(norm=(np.ones(64, ml_dtypes.bfloat16), 1e-6)), ValueError, "norm: not supp"),
+        ("mxfp4", dict(masked_m=np.ones(4, np.int32)), ValueError, r"masked_m: not supported with"),
+        ("mxfp4", dict(expected_m=2), ValueError, "expected_m: not supported"),
+        ("mxfp4", dict(global_scale=1.0), ValueError, "global_scale: only NVFP4"),
+        ("mxfp4", dict(eps=0.0), ValueError, "eps: expected a positive"),
+        ("mxfp4", dict(scale_rule="even"), ValueError, "scale_rule: expected one of"),
     ],
 )
-def test_nvfp4_refuses_what_it_does_not_do(kwargs, error, words):
-    x = np.ones((4, 32), ml_dtypes.bfloat16)
-    options = dict(group_size=16, dtype="e2m1", scale="e4m3", layout="blocked") | kwargs
+def test_fp4_refuses_what_it_does_not_do(fp4, kwargs, error, words):
+    x = np.ones((4, 64), ml_dtypes.bfloat16)
     with pytest.raises(error, match=words):
-        fgq.quantize(x, **options)
+        fgq.quantize(x, **(FP4_OPTIONS[fp4] | kwargs))
 
 
 def test_nvfp4_input_checks():

@@ -51,6 +51,16 @@ def test_every_optional_tool_has_an_extra():
     assert any(d.startswith("hypothesis") for d in extras["test"])
 
 
+def test_each_cuda_extra_brings_the_driver_bindings_of_its_major_version():
+    # a cuda12 install with CUDA 13's bindings (or none) would launch without PDL
+    extras = _pyproject()["project"]["optional-dependencies"]
+    for extra, major in (("cuda12", 12), ("cuda13", 13)):
+        (bindings,) = [d for d in extras[extra] if d.startswith("cuda-bindings")]
+        assert bindings == f"cuda-bindings>={major}.{8 if major == 12 else 0},<{major + 1}"
+        assert any(d.startswith(f"cupy-cuda{major}x") for d in extras[extra])
+    assert not any(d.startswith("cuda-") for d in _pyproject()["project"]["dependencies"])
+
+
 def test_the_option_types_name_every_registered_option():
     # the Literal types users' type checkers see, against the registries the checks read
     from typing import get_args

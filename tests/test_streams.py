@@ -2,6 +2,8 @@
 graphs, with Programmatic Dependent Launch on and off, and after the work before it on the
 stream."""
 
+import os
+
 import numpy as np
 import pytest
 from backends import (
@@ -84,8 +86,9 @@ def test_pdl_is_on_for_sm90_and_off_by_switch():
     device = cupy.cuda.runtime.getDevice()
     x = to_device(activations(np.random.default_rng(14), (8, 1024), "bfloat16"), "torch")
     sm90 = torch.cuda.get_device_capability(device)[0] >= 9
+    configured = os.environ.get("FP8_GROUP_QUANT_PDL", "1") != "0"
     with force_path(fresh_plans=True):  # as configured (the default: on)
-        assert [launch.pdl for launch in fgq.prepare(x)._plan.launches] == [sm90]
+        assert [launch.pdl for launch in fgq.prepare(x)._plan.launches] == [sm90 and configured]
     with force_path(pdl=False):  # FP8_GROUP_QUANT_PDL=0
         assert [launch.pdl for launch in fgq.prepare(x)._plan.launches] == [False]
 

@@ -15,6 +15,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+import fp8_group_quant as fgq
 from fp8_group_quant import compat
 
 BF16 = ml_dtypes.bfloat16
@@ -84,8 +85,9 @@ def test_vllm_masked_kernel_rounds_in_bfloat16(ue8m0):
     experts, tokens, h = 4, 64, 2048
     y = random_gate_up(rng, (experts, tokens, 2 * h))
     counts = np.full(experts, tokens, np.int32)
-    fmt = "FLOAT32_CEIL_UE8M0" if ue8m0 else "FLOAT32"
-    q, s = compat.persistent_masked_m_silu_mul_quant(y, counts, quant_scale_fmt=fmt)
+    # section 3's arithmetic (the default), which the drop-in leaves for section 3a's
+    scale = "ue8m0" if ue8m0 else "float32"
+    q, s = fgq.quantize(y, G, scale=scale, layout="col", activation="silu_mul", masked_m=counts)
     codes, scales = vllm_masked_cuda(y.reshape(-1, 2 * h), ue8m0)
     ours = np.asarray(q).view(np.uint8).reshape(-1, h)
     ours_s = np.asarray(s).reshape(-1, h // G)

@@ -3,7 +3,7 @@
 
 The benchmark needs them to measure what the public API cannot show: the launch with PDL on and
 off, a kernel of its own (the roofline, the chain's producer and consumer, a peer's) launched
-through the library's ctypes path, the prepared launch of the default kernel without the call
+through the library's launch path, the prepared launch of the default kernel without the call
 around it, and the host-side steps of one call. The other modules of ``bench`` import none of
 those layers (a test reads their imports).
 """
@@ -11,12 +11,12 @@ those layers (a test reads their imports).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .. import _jit, _launch, _plan, _run, _tuning, api
+from .. import _device, _jit, _launch, _plan, _run, _tuning, api
 from .._arrays import device_signature
+from .._spec import DEFAULT_EPS
 
 # the launch layer ------------------------------------------------------------------------------
 
@@ -39,7 +39,7 @@ def pdl_supported(device: int) -> bool:
 
 
 def kernel_launch(handle: int, grid, block, args, pdl: bool = False):
-    """A launch of the kernel ``handle`` through the library's ctypes path (cuLaunchKernelEx,
+    """A launch of the kernel ``handle`` through the library's launch path (cuLaunchKernelEx,
     the PDL attribute when ``pdl``); call it with a stream."""
     return _launch.KernelLaunch(handle, grid, block, args, pdl)
 
@@ -118,53 +118,93 @@ def compile_text(text: str, name_expression: str, extra_options: tuple[str, ...]
     return module.get_function(name_expression)
 
 
-# the host-side steps of one call (bench --profile-host) -----------------------------------------
+# the host path, step by step (bench --profile-host) ----------------------------------------------
+
+EMPTY_KERNEL = ("roofline.cu", "fgq::roofline_copy")  # with no chunks it returns at once
 
 
-def host_steps(x, sync, group_size: int, options: dict) -> dict[str, tuple[Callable, Any]]:
-    """The steps of an eager call on ``x``, each as (callable, sync or None)."""
-    prepared = api.prepare(x, group_size, **options)
-    plan = prepared._plan
+def empty_launches(device: int, stream: int) -> dict[str, Any]:
+    """An empty kernel (one warp of the roofline copy with no chunks) launched on ``stream``
+    three ways, each a callable, or the reason (a string) it cannot be timed here: through
+    NVIDIA's bindings with pre-packed arguments (the library's launch), through ``cuda.core``
+    (``LaunchConfig`` and ``launch``, which pack the arguments at each call), and through
+    CuPy's ``RawKernel`` (on CuPy's current stream, which the caller makes ``stream``)."""
+    import ctypes
+
+    import numpy as np
+
+    function = _jit.get_function(*EMPTY_KERNEL, device)
+    found: dict[str, Any] = {}
+    if _jit.driver() is None:
+        found["bindings"] = "cuda-bindings not importable: the library launches through CuPy"
+    else:
+        args = [ctypes.c_void_p(0), ctypes.c_void_p(0), ctypes.c_int64(0)]
+        with _jit.current_device(device):
+            launch = _launch.KernelLaunch(function.kernel.ptr, (1, 1, 1), (32, 1, 1), args)
+        found["bindings"] = lambda: launch(stream)
+    try:
+        found["cuda.core"] = _core_launch(device, stream)
+    except Exception as error:  # not installed, or an API this version lacks: say which
+        found["cuda.core"] = f"cuda.core unusable here ({type(error).__name__}: {error})"
+    zero = (np.uint64(0), np.uint64(0), np.int64(0))
+    found["cupy"] = lambda: function((1, 1, 1), (32, 1, 1), zero)
+    return found
+
+
+def _core_launch(device: int, stream: int) -> Callable[[], None]:
+    """The empty kernel through cuda.core: its own load of our cached binary, a LaunchConfig
+    built once, ``launch`` with the arguments as numpy scalars."""
+    import numpy as np
+    from cuda.core import Device, LaunchConfig, ObjectCode, Stream, launch
+
+    Device(device).set_current()  # the primary context, as CuPy's
+    target = _jit.target_for(_jit.compute_capability(device))
+    path, lowered = _jit.compile_cached(EMPTY_KERNEL[0], EMPTY_KERNEL[1:], target)
+    load = ObjectCode.from_ptx if target.startswith("compute_") else ObjectCode.from_cubin
+    kernel = load(path.read_bytes()).get_kernel(lowered[EMPTY_KERNEL[1]])
+    config, on = LaunchConfig(grid=1, block=32), Stream.from_handle(stream)
+    zero = (np.uint64(0), np.uint64(0), np.int64(0))
+    return lambda: launch(on, config, kernel, *zero)
+
+
+def driver_call() -> Callable[[], Any] | str:
+    """cuCtxGetCurrent through the bindings: crossing into the driver and back, no launch."""
+    bindings = _jit.driver()
+    return "cuda-bindings not importable" if bindings is None else bindings.cuCtxGetCurrent
+
+
+# the options quantize_packed passes, as the fast path of quantize keys them
+PACKED_RAW = (128, "e4m3", "ue8m0", "packed", DEFAULT_EPS, False, None, "rceil", "row")
+
+
+def call_steps(x) -> dict[str, Callable[[], Any]]:
+    """The steps of ``quantize_packed(x)``'s fast path on ``x``, each alone: describing x, the
+    plan lookup, allocating q and the scales, packing the arguments (the device check, the
+    stream, the Params pointers), the launch (the driver call of a prepared launch); and the
+    prepared call. The plan is made first, by one call."""
+    api.quantize_packed(x)
+    signature = device_signature(x)
+    key = (*signature[:-1], PACKED_RAW)
+    plan = _device.cached(key)
+    assert plan is not None, "quantize_packed's plan is not under the key built here"
     (launch,) = plan.launches
-    ptr, stream = device_signature(x)[-1], plan.stream(plan.device)
-    launch._config.stream = stream
+    params, ptr = launch.params, signature[-1]
+    q, q_ptr, scales, scale_ptr = plan.alloc_both()
+    prepared = api.prepare(x, 128, dtype="e4m3", scale="ue8m0", layout="packed")
+    stream = plan.stream(plan.device)
+
+    def pack():
+        plan.ready()
+        plan.stream(plan.device)
+        params.x, params.q, params.scales = ptr, q_ptr, scale_ptr
+
     return {
-        "plain call": (lambda: api.quantize(x, group_size, **options), sync),
-        "prepared call": (lambda: prepared(x), sync),
-        "  read the input (device_signature)": (lambda: device_signature(x), None),
-        "  device current and bound (ready)": (plan.ready, None),
-        "  read the stream": (lambda: plan.stream(plan.device), None),
-        "  allocate q and scales (plain only)": (plan.alloc_both, None),
-        "  launch (Launch.launch)": (
-            lambda: launch.launch(ptr, prepared._q_ptr, prepared._scale_ptr, stream),
-            sync,
-        ),
-        "    of which cuLaunchKernelEx (ctypes)": (
-            lambda: launch._launch_ex(
-                launch._config_address, launch.handle, launch._pointers_address, None
-            ),
-            sync,
-        ),
-        # NOTES: the floor under any launch from Python: the same ctypes call launching a
-        # kernel that does nothing (the roofline kernel with no chunks, one warp), and a ctypes
-        # call into the driver that launches nothing
-        "  floor: empty kernel, cuLaunchKernelEx": (_empty_launch(plan.device or 0, stream), sync),
-        "  floor: ctypes driver call, no launch": (_ctypes_driver_call(), None),
+        "describe x": lambda: device_signature(x),
+        "plan lookup": lambda: _device.cached((*signature[:-1], PACKED_RAW)),
+        "allocate q, scales": plan.alloc_both,
+        "pack arguments": pack,
+        # NOTES: the default argument holds q and the scales the launch writes, which would
+        # otherwise be freed (and their memory handed to another array) when this returns
+        "launch": lambda held=(q, scales): launch(stream),
+        "prepared call": lambda: prepared(x),
     }
-
-
-def _empty_launch(device: int, stream: int) -> Callable[[], None]:
-    """A launch of a kernel that returns at once, through the library's ctypes launch path."""
-    function = _jit.get_function("roofline.cu", "fgq::roofline_copy", device)
-    args = [ctypes.c_void_p(0), ctypes.c_void_p(0), ctypes.c_int64(0)]
-    with _jit.current_device(device):
-        launch = _launch.KernelLaunch(function.kernel.ptr, (1, 1, 1), (32, 1, 1), args)
-    return lambda: launch(stream)
-
-
-def _ctypes_driver_call() -> Callable[[], Any]:
-    """cuCtxGetCurrent through ctypes: the cost of crossing into the driver and back."""
-    context = ctypes.c_void_p()
-    address = ctypes.addressof(context)
-    get_current = _jit.driver_entry_point("cuCtxGetCurrent", 1)
-    return lambda: get_current(address)

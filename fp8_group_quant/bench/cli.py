@@ -26,7 +26,7 @@ from .._spec import (
     SCALE_RULES,
     check_scale_rule,
 )
-from . import _hooks, chain, fused, nvfp4, peers, peers_fused, peers_vllm, plain
+from . import _hooks, chain, fused, host, nvfp4, peers, peers_fused, peers_vllm, plain, sweep
 from .fused import FUSED_PATHS
 from .shapes import DEFAULT_K, DEFAULT_M, INPUT_BYTES
 
@@ -80,7 +80,10 @@ def _mode_arguments(parser: argparse.ArgumentParser) -> None:
         "--matrix", action="store_true", help="time every supported variant at --m[0] x --k[0]"
     )
     parser.add_argument(
-        "--profile-host", action="store_true", help="time each host step of one small call"
+        "--profile-host",
+        action="store_true",
+        help="where the host time of an eager call goes (p50/p90 of 10,000 calls), beside a "
+        "compiled torch op and empty-kernel launches (--m default 1 16 64, --k 7168)",
     )
     parser.add_argument(
         "--fused",
@@ -114,6 +117,21 @@ def _mode_arguments(parser: argparse.ArgumentParser) -> None:
         "sglang=PATH of per_token_group_quant_8bit_v2.cuh from the sglang wheel (the plain "
         "table, --fused's SiLU-and-multiply, --chain); vllm=PATH of the PTX that `python -m "
         "fp8_group_quant.bench.peers_vllm VLLM_CSRC OUT.ptx` builds from the vllm sdist (--fused)",
+    )
+    parser.add_argument(
+        "--linear",
+        action="store_true",
+        help="an FP8 linear layer's budget per M: the quantizer (forward; backward: both "
+        "orientations and the weight), torch._scaled_mm's FP8 GEMM and bf16's (needs torch; "
+        "--k[0] is the hidden size)",
+    )
+    parser.add_argument("--n", type=_positive, default=2048, help="--linear: the layer's outputs")
+    parser.add_argument(
+        "--sweep",
+        action="store_true",
+        help="the plain kernel at every 32 rows to 2048, then powers of two to 65536, K = 2048 "
+        "4096 7168, PDL off and on, beside the roof (and SGLang's v2 kernel with --peers "
+        "sglang=PATH); the worst ratio per K and PDL setting",
     )
 
 
@@ -161,7 +179,8 @@ def run_parsed(args, parser: argparse.ArgumentParser) -> int:
     args.input_dtype_np = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16,
                            "float32": np.float32}[args.input_dtype]  # fmt: skip
     if args.profile_host:
-        return plain.profile_host(args)
+        _write_json(args, host.profile_host(args), {})
+        return 0
     # NOTES: every timing table launches the quantizer without PDL, as the roofline kernels and
     # torch's kernels are launched: in a graph of back-to-back calls PDL lets each call overlap
     # the previous one, which they cannot, and a ratio would no longer compare like with like
@@ -172,12 +191,16 @@ def run_parsed(args, parser: argparse.ArgumentParser) -> int:
         rows, extra = _timing_rows(args)
     if args.cold_start:
         extra.update(plain.cold_start())
-    if args.json:
-        with open(args.json, "w") as handle:
-            json.dump({"config": json_config(args), "rows": rows, **extra}, handle, indent=1)
+    _write_json(args, rows, extra)
     if args.plot:
         plain.plot(rows, args.plot)
     return 0
+
+
+def _write_json(args, rows: list[dict], extra: dict) -> None:
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump({"config": json_config(args), "rows": rows, **extra}, handle, indent=1)
 
 
 def _check_arguments(args, parser: argparse.ArgumentParser) -> None:
@@ -209,6 +232,8 @@ def _check_arguments(args, parser: argparse.ArgumentParser) -> None:
 
 def _timing_rows(args) -> tuple[list[dict], dict]:
     """The rows of the table ``args`` asks for, and what the JSON carries beside them."""
+    if args.sweep:
+        return sweep.run_sweep(args, dict(args.peers or ()).get("sglang")), {}
     if args.peers:
         return _peer_rows(args, dict(args.peers))
     if args.fused:
@@ -217,6 +242,12 @@ def _timing_rows(args) -> tuple[list[dict], dict]:
         return chain.run_chain(args), {}
     if args.nvfp4:
         return nvfp4.run_nvfp4(args), {}
+    if args.linear:
+        from . import linear  # torch only here
+
+        device = _hooks.cupy_module().cuda.runtime.getDevice()
+        targets = linear.run_targets(lambda f, name: _hooks.get_function(f, name, device))
+        return linear.run_linear(args), {"targets": targets}
     return (plain.run_matrix(args) if args.matrix else plain.run(args)), {}
 
 

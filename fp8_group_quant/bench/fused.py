@@ -62,7 +62,7 @@ def run_fused(args) -> list[dict]:
               f"{bandwidth / 1e12:.2f} TB/s")  # fmt: skip
         print(f"{'M':>6} {'floor':>7} {'roof':>7} {'fused':>7} {'x roof':>7} {'plain':>7} "
               f"{'torch act':>9} {'unfused':>8} {'unfused/fused':>13}")  # fmt: skip
-        rows += [_silu_row(torch, roof, bandwidth, m, n, activation) for m in m_values]
+        rows += [_gated_row(torch, roof, bandwidth, m, n, activation) for m in m_values]
     residuals = [r for r, path in ((True, "add_rms_norm"), (False, "rms_norm")) if path in paths]
     if residuals:
         roofs = {name: _hooks.get_function("roofline.cu", f"fgq::roofline_{name}", device)
@@ -79,14 +79,14 @@ def run_fused(args) -> list[dict]:
     return rows
 
 
-def _silu_row(
+def _gated_row(
     torch, roof, bandwidth: float, m: int, n: int, activation: ActivationName = "silu_mul"
 ) -> dict:
     buffers = max(2, min(32, math.ceil(ROTATE_BYTES / (m * 2 * n * 2))))
     xs = [torch.randn(m, 2 * n, device="cuda", dtype=torch.bfloat16) * 3 for _ in range(buffers)]
     ys = [torch.randn(m, n, device="cuda", dtype=torch.bfloat16) for _ in range(buffers)]
     outs = [api.quantize(x, 128, **OPTIONS, activation=activation) for x in xs]
-    check_silu(torch, xs[0], outs[0], activation)
+    check_gated(torch, xs[0], outs[0], activation)
     calls = max(buffers, CALLS)
     chunks = m * n * 2 // 32  # 16 output bytes per thread
     grid = (-(-chunks // ROOFLINE_THREADS), 1, 1)
@@ -247,7 +247,7 @@ def _check_norm(torch, x, r, weight, eps: float, residual: bool) -> None:
         r.copy_(r_before)
 
 
-def check_silu(torch, x, outputs, activation: ActivationName = "silu_mul") -> None:
+def check_gated(torch, x, outputs, activation: ActivationName = "silu_mul") -> None:
     """The fused result is the NumPy backend's, bit for bit."""
     import ml_dtypes
 

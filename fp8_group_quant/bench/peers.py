@@ -71,7 +71,7 @@ def source_error(args) -> str | None:
     """Why ``--peers`` cannot run with the other options of ``args`` or its files, or None."""
     given = dict(args.peers)
     if args.matrix or args.nvfp4 or args.profile_host:
-        return "--peers: with the plain table, --fused or --chain only"
+        return "--peers: with the plain table, --sweep, --fused or --chain only"
     if args.plot:
         return "--peers: --plot draws the plain table only"
     if "vllm" in given and not args.fused:
@@ -81,7 +81,7 @@ def source_error(args) -> str | None:
         has = "; ".join(f"{name}: {', '.join(paths)}" for name, paths in PEER_PATHS.items())
         return f"--peers: no peer given has --paths {' '.join(args.paths)} ({has})"
     if "sglang" not in given and not args.fused:
-        mode = "--chain" if args.chain else "the plain table"
+        mode = "--chain" if args.chain else "--sweep" if args.sweep else "the plain table"
         return f"--peers: {mode} times SGLang's kernel: give sglang=PATH. {SOURCES['sglang']}"
     for name, path in given.items():
         if not os.path.isfile(path):
@@ -209,17 +209,13 @@ def measure(m: int, k: int, roofline, sglang: dict) -> tuple[dict, dict]:
     buffers = max(2, min(64, -(-ROTATE_BYTES // x_host.nbytes)))
     inputs = [cupy.asarray(x_host) for _ in range(buffers)]
     geometry = Geometry((m, k), 128, SCALE_LAYOUTS["packed"], False)
-    outputs = [
-        (cupy.empty(geometry.q_storage, cupy.uint8), cupy.empty(geometry.scale_storage, cupy.int32))
-        for _ in range(buffers)
-    ]
+    outputs = packed_outputs(cupy, geometry, buffers)
     device = cupy.cuda.runtime.getDevice()
-    launches = {"ours": _hooks.default_launch(inputs[0], device, pdl=False),
-                "ours_pdl": _hooks.default_launch(inputs[0], device, pdl=True)}  # fmt: skip
+    launches = our_launches(inputs[0], device)
     expected = reference(geometry, x_host)
     for launch in launches.values():
         check_ours(launch, expected, inputs[0])
-    sgl = _SglangCalls(inputs, outputs, geometry, device)
+    sgl = SglangCalls(inputs, outputs, geometry, device)
     differ = {name: sgl.bytes_differing(function, expected) for name, function in sglang.items()}
     count = max(buffers, CALLS)
     calls = [roofline_calls(roofline, inputs, outputs)]
@@ -231,7 +227,21 @@ def measure(m: int, k: int, roofline, sglang: dict) -> tuple[dict, dict]:
     return dict(zip(names, times)), differ
 
 
-class _SglangCalls:
+def packed_outputs(cupy, geometry: Geometry, count: int) -> list[tuple]:
+    """``count`` pairs of (q storage, scale storage) of the packed layout's ``geometry``."""
+    return [
+        (cupy.empty(geometry.q_storage, cupy.uint8), cupy.empty(geometry.scale_storage, cupy.int32))
+        for _ in range(count)
+    ]
+
+
+def our_launches(x, device: int) -> dict:
+    """The library's launches of the default kernel for arrays like ``x``: PDL off, PDL on."""
+    return {"ours": _hooks.default_launch(x, device, pdl=False),
+            "ours_pdl": _hooks.default_launch(x, device, pdl=True)}  # fmt: skip
+
+
+class SglangCalls:
     """Launches of SGLang's kernel over the rotating buffers, as its host launches it."""
 
     def __init__(self, inputs, outputs, geometry: Geometry, device: int):

@@ -23,7 +23,7 @@ import numpy as np
 
 from .. import api
 from . import _hooks, peers
-from .fused import FUSED_PATHS, OPTIONS, check_silu
+from .fused import FUSED_PATHS, OPTIONS, check_gated
 from .shapes import own_k, own_m
 from .timing import CALLS, ROOFLINE_THREADS, ROTATE_BYTES, cupy_stream, torch_graph_time_us
 
@@ -56,7 +56,7 @@ def row(torch, cupy, sglang, roof, m: int, n: int) -> dict:
         x[:, ::97] *= 8
     with _hooks.pdl_launches(False):
         outs = [api.quantize(x, 128, **OPTIONS, activation="silu_mul") for x in xs]
-    check_silu(torch, xs[0], outs[0])
+    check_gated(torch, xs[0], outs[0])
     sgl = _SglangFused(torch, sglang, xs, m, n, cupy.cuda.runtime.getDevice())
     code_bytes, scale_words = sgl.differing(outs[0])
     calls = max(buffers, CALLS)

@@ -1,5 +1,4 @@
-"""The plain quantizer's tables: ``bench`` (the default), ``--matrix``, ``--profile-host`` and
-``--cold-start``.
+"""The plain quantizer's tables: ``bench`` (the default), ``--matrix`` and ``--cold-start``.
 
 ``bench``: the device copy bandwidth; the roofline kernel (kernels/roofline.cu: the quantizer's
 loads and stores, no work); and the quantizer, as GPU time per call from CUDA-graph replay over
@@ -274,30 +273,6 @@ def _matrix_rows(timed: list[tuple], again: float) -> list[dict]:
           f"per byte; median {statistics.median(ratios):.3f}; slowest "
           f"{worst['per_byte_vs_baseline']:.3f}: {worst}")  # fmt: skip
     return rows
-
-
-# --profile-host ----------------------------------------------------------------------------------
-
-
-def profile_host(args) -> int:
-    """Where the host time of an eager call at M = 1 goes: each step of the call timed alone."""
-    import cupy
-
-    torch = _optional_torch()
-    host = activation(1, args.k[0], seed=1).astype(args.input_dtype_np)
-    inputs = [("cupy", cupy.asarray(host), cupy.cuda.runtime.deviceSynchronize)]
-    if torch is not None:
-        tensor = torch.from_dlpack(inputs[0][1])
-        inputs.append(("torch", tensor, torch.cuda.synchronize))
-    options = dict(dtype=args.dtype, scale=args.scale, layout=args.layout)
-    print(f"# host time per step of one call, M=1 K={args.k[0]}, us (median of repeats)")
-    for name, x, sync in inputs:
-        print(f"# {name}")
-        steps = _hooks.host_steps(x, sync, args.group_size, options)
-        for step, (call, step_sync) in steps.items():
-            us = eager_time_us(step_sync or (lambda: None), call, iterations=2000, repeats=5)
-            print(f"{step:<40} {us:7.2f}")
-    return 0
 
 
 # --cold-start ------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
-// NVFP4 (docs/spec.md, section 4a): e2m1 codes two to a byte, an e4m3 scale per 16 values in
-// the blocked layout, a float32 global scale. The formats' arithmetic, then the bodies of
-// quantize_nvfp4 and nvfp4_amax.
+// The FP4 formats: e2m1 codes two to a byte, the first value in the low nibble. NVFP4
+// (docs/spec.md, section 4a): an e4m3 scale per 16 values in the blocked layout and a float32
+// global scale; MXFP4 (section 4b): a UE8M0 scale per 32 values, in the row or blocked layout.
+// The formats' arithmetic, then the bodies of quantize_fp4 and NVFP4's nvfp4_amax.
 #pragma once
 #include "common.cuh"
 #include "formats.cuh"
@@ -10,8 +11,12 @@
 namespace fgq {
 
 // the formats -------------------------------------------------------------------------------------
+// template codes; _spec.FP4_FORMATS names them in its rows
+enum Fp4Kind : int { kNvfp4 = 0, kMxfp4 = 1 };
+template <int kFormat> struct Fp4 {
+  static constexpr int kGroup = kFormat == kNvfp4 ? 16 : 32;  // values a scale covers
+};
 constexpr float kE2M1Max = 6.0f;  // e2m1's largest value
-enum : int { kNvfp4Group = 16 };  // values a scale covers
 enum : u32 {
   kE2M1Sign = 8u,     // an e2m1 code's sign bit
   kE2M1MaxCode = 7u,  // the magnitude bits of 6
@@ -56,10 +61,10 @@ __device__ __forceinline__ u32 pack_nibbles(const u32 (&c)[8]) {
 }
 
 // the kernels' bodies -----------------------------------------------------------------------------
-// NOTES: a group is 16 values, one 32-byte lane of 16-bit input (two of float32), so a thread
-// owns a group (or half of one): the one-pass grid's slot numbering with one-row tiles, no
-// loop. The arithmetic is docs/spec.md section 4a, one IEEE float32 operation per step; the
-// divisions by d take the exact reciprocal path of divide_fast where d >= 2^-80.
+// NOTES: a group is 16 values (NVFP4) or 32 (MXFP4), one or two 32-byte lanes of 16-bit input
+// (two or four of float32), so a thread owns a group or a share of one: the one-pass grid's slot
+// numbering with one-row tiles, no loop. The arithmetic is docs/spec.md section 4a or 4b, one
+// IEEE float32 operation per step.
 
 // the global scale of the launch (after wait_for_producer: it may come from the device)
 __device__ __forceinline__ float nvfp4_global(const Params& p) {
@@ -73,49 +78,13 @@ __device__ __forceinline__ float nvfp4_global(const Params& p) {
   return g == __uint_as_float(kF32Inf) ? float32_max() : g;
 }
 
-// quantize_nvfp4's body: one group (or half of one) a thread
-// NOTES: p by value, a copy the compiler removes. Through a reference (as the other kernels'
-// helpers take it) the compiler did not hoist the load of p.rows above the padding test, and
-// compiled two branches where the kernel's own parameter gives one
-template <int kIn>
-__device__ __forceinline__ void nvfp4_quantize_group(const Params p) {
+// NVFP4's scale byte from the group maximum and the global scale g, and |RN(v / d)| of the
+// lane's values in m: the divisions by d take the exact reciprocal path of divide_fast where
+// d >= 2^-80
+template <int kIn, int kValues>
+__device__ __forceinline__ u32 nvfp4_scaled(const u32 (&words)[kLaneWords], float amax, float g,
+                                            float (&m)[kValues]) {
   typedef Input<kIn> In;
-  typedef typename In::Storage Storage;
-  constexpr int kValues = kLaneWords * 4 / In::kBytes;  // 16 (16-bit input) or 8 (float32)
-  constexpr int kLanes = kNvfp4Group / kValues;
-  typedef ScaleLayout<kBlockedExponents> Layout;
-
-  // the slot: past the grid's last slot, a thread works on the last one and stores nothing
-  const u32 slot_in_grid = blockIdx.x * (blockDim.x / kLanes) + threadIdx.x / kLanes;
-  const int lane = threadIdx.x % kLanes;
-  const bool active = slot_in_grid < p.slots;
-  const u32 slot = min(slot_in_grid, p.slots - 1u);
-  const u32 flat_row = divide_u31(slot, p.tile_slots_magic, p.tile_slots_shift);
-  const int group = static_cast<int>(slot - flat_row * static_cast<u32>(p.groups_per_row));
-  const u32 batch = divide_u31(flat_row, p.batch_tiles_magic, p.batch_tiles_shift);
-  const u32 row = flat_row - batch * p.rows;
-  // load
-  u32 words[kLaneWords];
-  wait_for_producer();
-  load_lane<kIn, true>(static_cast<const Storage*>(p.x) + batch * p.x_batch_stride +
-                           row * p.x_row_stride + group * kNvfp4Group + lane * kValues, words);
-  const float g = nvfp4_global(p);
-  signal_dependents();
-  // zero the padding rows' scales; publish a computed global scale
-  if (active && row == p.rows - 1u) Layout::zero_rows(p, batch, row + 1u, group, lane, kLanes);
-  if (p.global_mode == 2u && slot_in_grid == 0u && lane == 0) {
-    *reinterpret_cast<float*>(p.global_out) = g;
-  }
-
-  // amax over the finite values (the slow path only for a warp holding Inf or NaN, as in
-  // quantize_group), then s, S and d
-  u32 magnitude = group_max<kLanes>(In::max_magnitude(words), kAllLanes);
-  const bool nonfinite = magnitude >= In::kInf;
-  if (__builtin_expect(__any_sync(kAllLanes, nonfinite), 0)) {
-    const u32 finite = group_max<kLanes>(max_finite_magnitude<kIn>(words), kAllLanes);
-    if (nonfinite) magnitude = finite;
-  }
-  const float amax = In::magnitude_to_f32(magnitude);
   // RN(RN(g * amax) / 6): Markstein's division by 6 with RN(1/6), exact where divide_by_max is
   constexpr float kInverseE2M1Max = 0x1.555556p-3f;  // RN(1 / 6)
   const float u = divide_by_max(mul_rn(g, amax), kE2M1Max, kInverseE2M1Max);
@@ -134,7 +103,6 @@ __device__ __forceinline__ void nvfp4_quantize_group(const Params p) {
   // |RN(v / d)|: the reciprocal path for every value (one uniform branch; Markstein's three
   // operations, the sign left out), or the rare cases one value at a time. The code's sign is
   // v's (d > 0, or t = v * 0), which keeps -0 and negative values that round to zero at 8.
-  float m[kValues];
   if (fast) {
     const float r = rcp_rn(d);
 #pragma unroll
@@ -149,6 +117,113 @@ __device__ __forceinline__ void nvfp4_quantize_group(const Params p) {
       const float v = __uint_as_float(In::f32_bits(words, i));
       m[i] = fabsf(__float_as_uint(d) == 0u ? 0.0f : div_rn(v, d));  // d >= 0; bits, not -ftz
     }
+  }
+  return s_byte;
+}
+
+// MXFP4's UE8M0 byte e from the group maximum (eps applied) by the call's rule, and
+// |RN(v * 2^(127 - e))| of the lane's values in m: one exact multiply each (rounded only where
+// the product is subnormal); the code's sign is v's, as NVFP4's
+template <int kIn, int kValues>
+__device__ __forceinline__ u32 mxfp4_scaled(const Params& p, const u32 (&words)[kLaneWords],
+                                            float amax, float (&m)[kValues]) {
+  typedef Input<kIn> In;
+  const u32 exponent = rule_exponent(p, amax);
+  const float inverse = __uint_as_float((2u * kF32Bias - exponent) << 23);
+#pragma unroll
+  for (int i = 0; i < kValues; ++i) {
+    m[i] = fabsf(mul_rn(__uint_as_float(In::f32_bits(words, i)), inverse));
+  }
+  return exponent;
+}
+
+// arithmetic='reciprocal' (docs/spec.md, section 4a; vLLM's and FlashInfer's references): the
+// scale byte of u = RN(g * RN(amax * RN(1/6))), e4m3 (NVFP4) or u rounded up to a power of two
+// on its bits (MXFP4: UE8M0), and |RN(v * r)| of the lane's values in m, with
+// r = RN(1 / RN(S * RN(1/g))), 0 where that product is 0 (as RN(1/g) is where g is)
+template <int kIn, int kFormat, int kValues>
+__device__ __forceinline__ u32 reciprocal_scaled(const u32 (&words)[kLaneWords], float amax,
+                                                 float g, float (&m)[kValues]) {
+  typedef Input<kIn> In;
+  constexpr float kInverseE2M1Max = 0x1.555556p-3f;  // RN(1 / 6)
+  const float u = mul_rn(g, mul_rn(amax, kInverseE2M1Max));
+  u32 s_byte;
+  float S;
+  if constexpr (kFormat == kNvfp4) {
+    s_byte = e4m3_byte(u);
+    S = e4m3_value(s_byte);
+  } else {
+    s_byte = (__float_as_uint(u) + kF32Mantissa) >> 23;  // u >= 0: the carry rounds it up
+    S = __uint_as_float(s_byte << 23);
+  }
+  // NOTES: zero tests on the bits: CuPy compiles with -ftz=true, where a subnormal == 0.0f
+  const float inverse_g = __float_as_uint(g) == 0u ? 0.0f : rcp_rn(g);
+  const float c = mul_rn(S, inverse_g);
+  const float r = __float_as_uint(c) == 0u ? 0.0f : rcp_rn(c);
+#pragma unroll
+  for (int i = 0; i < kValues; ++i) {
+    m[i] = fabsf(mul_rn(__uint_as_float(In::f32_bits(words, i)), r));
+  }
+  return s_byte;
+}
+
+// quantize_fp4's body: one group (or a share of one) a thread, its scale through kLayout;
+// kReciprocal: arithmetic='reciprocal' (instantiations of their own, the others' code as it was)
+// NOTES: p by value, a copy the compiler removes. Through a reference (as the other kernels'
+// helpers take it) the compiler did not hoist the load of p.rows above the padding test, and
+// compiled two branches where the kernel's own parameter gives one
+template <int kIn, int kFormat, int kLayout, bool kReciprocal>
+__device__ __forceinline__ void fp4_quantize_group(const Params p) {
+  typedef Input<kIn> In;
+  typedef typename In::Storage Storage;
+  constexpr int kGroup = Fp4<kFormat>::kGroup;
+  constexpr int kValues = kLaneWords * 4 / In::kBytes;  // 16 (16-bit input) or 8 (float32)
+  constexpr int kLanes = kGroup / kValues;
+  typedef ScaleLayout<kLayout> Layout;
+
+  // the slot: past the grid's last slot, a thread works on the last one and stores nothing
+  const u32 slot_in_grid = blockIdx.x * (blockDim.x / kLanes) + threadIdx.x / kLanes;
+  const int lane = threadIdx.x % kLanes;
+  const bool active = slot_in_grid < p.slots;
+  const u32 slot = min(slot_in_grid, p.slots - 1u);
+  const u32 flat_row = divide_u31(slot, p.tile_slots_magic, p.tile_slots_shift);
+  const int group = static_cast<int>(slot - flat_row * static_cast<u32>(p.groups_per_row));
+  const u32 batch = divide_u31(flat_row, p.batch_tiles_magic, p.batch_tiles_shift);
+  const u32 row = flat_row - batch * p.rows;
+  // load
+  u32 words[kLaneWords];
+  wait_for_producer();
+  load_lane<kIn, true>(static_cast<const Storage*>(p.x) + batch * p.x_batch_stride +
+                           row * p.x_row_stride + group * kGroup + lane * kValues, words);
+  float g = 0.0f;
+  if constexpr (kFormat == kNvfp4 || kReciprocal) g = nvfp4_global(p);  // MXFP4's: kReciprocal
+  signal_dependents();
+  // zero the padding rows' scales (the blocked layout's; the row layout has none); publish a
+  // computed global scale
+  if constexpr (Layout::kSpreadPadding) {
+    if (active && row == p.rows - 1u) Layout::zero_rows(p, batch, row + 1u, group, lane, kLanes);
+  }
+  if (kFormat == kNvfp4 && p.global_mode == 2u && slot_in_grid == 0u && lane == 0) {
+    *reinterpret_cast<float*>(p.global_out) = g;
+  }
+
+  // amax over the finite values (the slow path only for a warp holding Inf or NaN, as in
+  // quantize_group), then the scale and the scaled magnitudes
+  u32 magnitude = group_max<kLanes>(In::max_magnitude(words), kAllLanes);
+  const bool nonfinite = magnitude >= In::kInf;
+  if (__builtin_expect(__any_sync(kAllLanes, nonfinite), 0)) {
+    const u32 finite = group_max<kLanes>(max_finite_magnitude<kIn>(words), kAllLanes);
+    if (nonfinite) magnitude = finite;
+  }
+  const float amax = In::magnitude_to_f32(magnitude);
+  float m[kValues];
+  u32 s_byte;
+  if constexpr (kReciprocal) {
+    s_byte = reciprocal_scaled<kIn, kFormat, kValues>(words, amax, g, m);
+  } else if constexpr (kFormat == kNvfp4) {
+    s_byte = nvfp4_scaled<kIn, kValues>(words, amax, g, m);
+  } else {
+    s_byte = mxfp4_scaled<kIn, kValues>(p, words, fmaxf(amax, p.eps), m);
   }
   // the codes
   u32 packed[kValues / 8];
@@ -175,9 +250,10 @@ __device__ __forceinline__ void nvfp4_quantize_group(const Params p) {
       }
     }
   }
-  // store
+  // store: the codes, then the scale (a float layout holds UE8M0's power of two 2^(e - 127);
+  // the byte layouts take s_byte, e4m3 or UE8M0)
   if (!active) return;
-  constexpr int kGroupBytes = kNvfp4Group / 2;
+  constexpr int kGroupBytes = kGroup / 2;
   u8* q = p.q + batch * p.q_batch_stride + row * (static_cast<i64>(p.groups_per_row) * kGroupBytes) +
           group * kGroupBytes + lane * (kValues / 2);
   if constexpr (kValues == 16) {
@@ -185,7 +261,8 @@ __device__ __forceinline__ void nvfp4_quantize_group(const Params p) {
   } else {
     *reinterpret_cast<u32*>(q) = packed[0];
   }
-  Layout::store_at(Layout::at(p, batch, row, group), p, group, 0.0f, s_byte, true, lane == 0);
+  const float scale = __uint_as_float(s_byte << 23);
+  Layout::store_at(Layout::at(p, batch, row, group), p, group, scale, s_byte, true, lane == 0);
 }
 
 // the largest finite magnitude of x, as float32 bits, into *global_ptr (zeroed before): the
@@ -195,7 +272,7 @@ __device__ __forceinline__ void nvfp4_amax_walk(const Params& p) {
   typedef Input<kIn> In;
   typedef typename In::Storage Storage;
   constexpr int kValues = kLaneWords * 4 / In::kBytes;
-  const u32 lanes_per_row = static_cast<u32>(p.groups_per_row) * (kNvfp4Group / kValues);
+  const u32 lanes_per_row = static_cast<u32>(p.groups_per_row) * (Fp4<kNvfp4>::kGroup / kValues);
   wait_for_producer();
   u32 best = 0u;
   for (u32 i = blockIdx.x * blockDim.x + threadIdx.x; i < p.slots; i += gridDim.x * blockDim.x) {

@@ -1,0 +1,337 @@
+// Tiles of 128 rows by 128 columns, one thread block each (docs/spec.md, sections 4c and 4d):
+// a weight's 128x128 blocks (one scale a tile), and the column-wise orientation (one scale a
+// channel of the tile's 128 tokens), with the row-wise groups of the same read for "both".
+//
+// A block's 256 threads hold the tile in registers: each row is kLanes lanes of 32 bytes (16
+// values of 16-bit input, 8 of float32), consecutive threads along a row (coalesced 256- or
+// 512-byte runs), kPasses rows a thread 128 / kPasses apart. The tile maximum is a warp
+// shuffle reduction and a shared-memory step across the 8 warps; a channel's maximum over the
+// tile's tokens reduces the threads that hold the channel (shuffles within the warp, then
+// shared memory across warps). Column-wise codes go through shared memory, transposed, so qt
+// is stored in 16-byte runs of consecutive tokens. The per-group arithmetic is group.cuh's.
+#pragma once
+#include "common.cuh"
+#include "formats.cuh"
+#include "group.cuh"
+#include "layouts.cuh"
+
+namespace fgq {
+
+// NOTES: enumerators, not constexpr ints: an int the code takes by reference (max, min) becomes
+// a global in every module's PTX
+enum : int {
+  kTile = 128,         // rows and columns of a tile (a weight block, a token group)
+  kTileThreads = 256,  // threads of a tile block
+  kTileWarps = kTileThreads / 32,
+};
+// resident tile blocks an SM the kernels are compiled for
+// NOTES: two (128 registers) keep two tiles' loads in flight per SM; the float-scale kernels fit
+// them with no spill (sm_90), the UE8M0 ones need 160-175 registers (8 to 192 bytes spilled at
+// 128) and take one: the first thing to measure on the H200 (docs/perf.md)
+template <int kScale>
+constexpr int tile_blocks_per_sm() {
+  return kScale == kFloat32Scale ? 2 : 1;
+}
+enum : int { kCodePitch = kTile + 16 };  // bytes between channels of the transposed codes
+
+// how quantize_weight_blocks stores a block's scale (Params.weight_layout; _layout.py)
+enum WeightLayoutKind : int { kWeightFloat = 0, kWeightBytes = 1, kWeightPacked = 2 };
+
+template <int kIn> struct TileShape {
+  static constexpr int kValues = kLaneWords * 4 / Input<kIn>::kBytes;  // values a lane
+  static constexpr int kLanes = kTile / kValues;                       // lanes a row
+  static constexpr int kRowsPerPass = kTileThreads / kLanes;
+  static constexpr int kPasses = kTile / kRowsPerPass;                 // rows a thread
+};
+
+// one lane of row `row`, columns [col, col + kValues), of batch `batch`: zeros past `rows` and
+// `cols`; vector loads where the lane is whole and `vec` (x's base and strides 16-byte aligned)
+template <int kIn>
+__device__ __forceinline__ void load_tile_lane(const Params& p, u32 batch, u32 row, i64 col,
+                                               i64 cols, bool vec, u32 (&w)[kLaneWords]) {
+  typedef typename Input<kIn>::Storage Storage;
+  constexpr int kValues = TileShape<kIn>::kValues;
+  const Storage* src = static_cast<const Storage*>(p.x) + batch * p.x_batch_stride +
+                       static_cast<i64>(row) * p.x_row_stride + col;
+#pragma unroll
+  for (int i = 0; i < kLaneWords; ++i) w[i] = 0u;
+  if (row >= p.rows) return;
+  if (col + kValues <= cols) {
+    if (vec) {
+      load_lane<kIn, true>(src, w);
+    } else {
+      load_lane<kIn, false>(src, w);
+    }
+    return;
+  }
+#pragma unroll
+  for (int i = 0; i < kValues; ++i) {  // a partial lane at the right edge
+    if (col + i < cols) {
+      const u32 v = static_cast<u32>(__ldg(src + i));
+      if constexpr (Input<kIn>::kBytes == 4) {
+        w[i] = v;
+      } else {
+        w[i / 2] |= v << (16 * (i % 2));
+      }
+    }
+  }
+}
+
+// a lane's codes at dst: one store where the lane is whole and aligned, else byte by byte
+template <int kValues>
+__device__ __forceinline__ void store_tile_codes(u8* dst, const u32 (&codes)[kValues / 4], i64 col,
+                                                 i64 cols, bool vec) {
+  if (col + kValues <= cols && vec) {
+    store_codes<kValues>(dst, codes);
+    return;
+  }
+#pragma unroll
+  for (int i = 0; i < kValues; ++i) {
+    if (col + i < cols) dst[i] = static_cast<u8>(codes[i / 4] >> (8 * (i % 4)));
+  }
+}
+
+// the largest of every thread's `value` in the block (all threads call it; one barrier pair)
+__device__ __forceinline__ u32 block_max(u32 value, u32* warp_max) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) {
+    value = max(value, __shfl_xor_sync(kAllLanes, value, offset));
+  }
+  if ((threadIdx.x & 31u) == 0u) warp_max[threadIdx.x >> 5] = value;
+  __syncthreads();
+  value = warp_max[0];
+#pragma unroll
+  for (int w = 1; w < kTileWarps; ++w) value = max(value, warp_max[w]);
+  return value;
+}
+
+// weight_block_tile (quantize_weight_blocks): w [E, N, K] in blocks of 128 x 128 --------------------
+// Grid (ceil(K / 128), ceil(N / 128), E). Params: rows = N, groups_per_row = kb, x_* strides,
+// q_batch_stride = N * K, eps, the format's numbers; the scale of block (b, i, j) goes to
+// scales + b * s_batch_stride + i * s_row_stride + j * s_word_stride (float words or bytes),
+// or for the packed layout to byte j % 4 of the word of each row n of the block at
+// b * s_batch_stride + n * s_row_stride + (j / 4) * s_word_stride, the padding rows below N
+// and the bytes above the last block of a row zeroed (layouts.cuh's packed store). kArith: the
+// block's arithmetic (encode_scaled's: the default, or section 3c's with float scales).
+template <int kIn, int kOut, int kScale, int kArith = kDefaultArith>
+__device__ __forceinline__ void weight_block_tile(const Params& p) {
+  typedef TileShape<kIn> S;
+  __shared__ u32 warp_max[kTileWarps];
+  const u32 batch = blockIdx.z, block_row = blockIdx.y;
+  const int block_col = static_cast<int>(blockIdx.x);
+  const int lane = threadIdx.x % S::kLanes;
+  const u32 first_row = block_row * kTile + threadIdx.x / S::kLanes;
+  const i64 cols = p.cols;  // K: the weight's columns (a partial last block allowed)
+  const i64 col = static_cast<i64>(block_col) * kTile + lane * S::kValues;
+  const bool vec = p.x_aligned != 0u;
+
+  // load, and the tile's largest finite magnitude
+  u32 words[S::kPasses][kLaneWords];
+  u32 magnitude = 0u;
+  wait_for_producer();
+#pragma unroll
+  for (int i = 0; i < S::kPasses; ++i) {
+    load_tile_lane<kIn>(p, batch, first_row + i * S::kRowsPerPass, col, cols, vec, words[i]);
+    magnitude = max(magnitude, max_finite_magnitude<kIn>(words[i]));
+  }
+  signal_dependents();
+  magnitude = block_max(magnitude, warp_max);
+  const float amax = fmaxf(Input<kIn>::magnitude_to_f32(magnitude), p.eps);
+
+  // encode and store each row's lane
+  float scale = 0.0f;
+  u32 exponent = 0u;
+  const bool q_vec = cols % S::kValues == 0;  // rows K bytes apart: whole lanes stay aligned
+#pragma unroll
+  for (int i = 0; i < S::kPasses; ++i) {
+    const u32 row = first_row + i * S::kRowsPerPass;
+    u32 codes[S::kValues / 4];
+    scale = encode_scaled<kIn, kOut, kScale, S::kValues, kArith>(p, words[i], amax, exponent,
+                                                                 codes);
+    if (__builtin_expect(Input<kIn>::max_magnitude(words[i]) >= Input<kIn>::kInf, 0)) {
+      patch_group<kIn, false, S::kValues>(p, words[i], codes);
+    }
+    if (row < p.rows) {
+      u8* dst = p.q + batch * p.q_batch_stride + static_cast<i64>(row) * cols + col;
+      store_tile_codes<S::kValues>(dst, codes, col, cols, q_vec);
+    }
+  }
+
+  // the block's scale
+  u8* base = p.scales + batch * p.s_batch_stride;
+  if (p.weight_layout == kWeightPacked) {
+    // each row of the block holds the block's byte; the padding rows [N, align(N, 4)), all in
+    // the last block row (align(N, 4) <= 128 nb), zeros
+    const u32 row = block_row * kTile + threadIdx.x;
+    if (threadIdx.x < static_cast<u32>(kTile) && row < p.scale_rows) {
+      u8* word = base + row * p.s_row_stride + (block_col / 4) * p.s_word_stride;
+      ScaleLayout<kPackedExponents>::store_at(word, p, block_col, scale, exponent, row < p.rows,
+                                              true);
+    }
+  } else if (threadIdx.x == 0) {
+    u8* at = base + block_row * p.s_row_stride + block_col * p.s_word_stride;
+    if (p.weight_layout == kWeightBytes) {
+      *at = static_cast<u8>(exponent);
+    } else {
+      *reinterpret_cast<float*>(at) = scale;
+    }
+  }
+}
+
+// column_tile (quantize_columns): x [M, K] column-wise, and row-wise where p.q is set ("both") -
+// Grid (K / 128, ceil(M / 128)). The row-wise result uses the plain Params (rows = M,
+// groups_per_row = K / 128, the layout's strides, q, scales) through quantize_group, as the
+// other kernels; the column-wise one the t_* fields: codes at qt (K rows of M bytes), scales
+// of channel c, token group j where the layout puts (row c, group j) of a [K, t_groups]
+// matrix (t_row_stride, t_word_stride, t_scale_rows: its padding rows are zeroed). kArith: both
+// results' arithmetic (the default, or section 3c's with float scales).
+template <int kIn, int kOut, int kScale, int kLayout, int kArith = kDefaultArith>
+__device__ __forceinline__ void column_tile(const Params& p) {
+  typedef TileShape<kIn> S;
+  typedef Input<kIn> In;
+  constexpr bool kProduct = kArith == kReciprocalArith || kArith == kMultiplierArith;
+  static_assert(kArith == kDefaultArith || (kProduct && kScale == kFloat32Scale),
+                "the column kernel's arithmetics: the default, or section 3c's of float scales");
+  __shared__ u32 channel_max[kTileWarps][kTile];
+  __shared__ __align__(16) u8 codes_t[kTile * kCodePitch];
+  const int group = static_cast<int>(blockIdx.x);  // the row-wise group: the tile's channels
+  const u32 token_block = blockIdx.y;
+  const int lane = threadIdx.x % S::kLanes;
+  const u32 first_row = token_block * kTile + threadIdx.x / S::kLanes;
+  const i64 k = static_cast<i64>(p.groups_per_row) * kTile;
+  const i64 col = static_cast<i64>(group) * kTile + lane * S::kValues;
+  const bool vec = p.x_aligned != 0u;
+
+  u32 words[S::kPasses][kLaneWords];
+  wait_for_producer();
+#pragma unroll
+  for (int i = 0; i < S::kPasses; ++i) {
+    load_tile_lane<kIn>(p, 0u, first_row + i * S::kRowsPerPass, col, k, vec, words[i]);
+  }
+  signal_dependents();
+
+  // the row-wise groups ("both"): each row's kLanes lanes, as every other kernel quantizes them
+  if (p.q != nullptr) {
+    const u32 warp_lane = threadIdx.x & 31u;
+    const u32 mask = ((1u << S::kLanes) - 1u) << (warp_lane & ~static_cast<u32>(S::kLanes - 1));
+#pragma unroll
+    for (int i = 0; i < S::kPasses; ++i) {
+      const u32 row = first_row + i * S::kRowsPerPass;
+      const bool real = row < p.rows;
+      quantize_group<kIn, kTile, kOut, kScale, kLayout, false, false, false, kArith>(
+          p, words[i], S::kLanes == 32 ? kAllLanes : mask, real, p.q + row * k + col, real,
+          ScaleLayout<kLayout>::at(p, 0u, row, group), real && lane == 0, group);
+      if (row + 1u == p.rows) {
+        zero_padding_rows<S::kValues, S::kLanes, kLayout>(p, p.q + col, k, 0u, row, group, lane);
+      }
+    }
+  }
+
+  // each channel's largest finite magnitude over the tile's tokens
+  u32 magnitude[S::kValues];
+#pragma unroll
+  for (int v = 0; v < S::kValues; ++v) {
+    u32 m = 0u;
+#pragma unroll
+    for (int i = 0; i < S::kPasses; ++i) {
+      const u32 a = In::raw(words[i], v) & (In::kSign - 1u);
+      m = max(m, a < In::kInf ? a : 0u);
+    }
+#pragma unroll
+    for (int offset = S::kLanes; offset < 32; offset *= 2) {
+      m = max(m, __shfl_xor_sync(kAllLanes, m, offset));
+    }
+    magnitude[v] = m;
+  }
+  const u32 warp = threadIdx.x >> 5;
+  if ((threadIdx.x & 31u) < static_cast<u32>(S::kLanes)) {
+#pragma unroll
+    for (int v = 0; v < S::kValues; ++v) channel_max[warp][lane * S::kValues + v] = magnitude[v];
+  }
+  __syncthreads();
+
+  // each channel's scale, its codes (transposed into shared memory) and, once, its scale
+  Params t = p;  // the column-wise result's layout
+  t.scales = p.scales_t;
+  t.s_batch_stride = 0;
+  t.s_row_stride = p.t_row_stride;
+  t.s_word_stride = p.t_word_stride;
+  t.groups_per_row = p.t_groups;
+  t.scale_rows = p.t_scale_rows;
+  const int token_group = static_cast<int>(token_block);
+#pragma unroll
+  for (int v = 0; v < S::kValues; ++v) {
+    const int channel = lane * S::kValues + v;
+    u32 m = channel_max[0][channel];
+#pragma unroll
+    for (int w = 1; w < kTileWarps; ++w) m = max(m, channel_max[w][channel]);
+    const float amax = fmaxf(In::magnitude_to_f32(m), p.eps);
+    float scale, factor;
+    u32 exponent = 0u;
+    if constexpr (kProduct) {
+      scale = product_scale<kArith>(p, amax, factor);
+    } else if constexpr (kScale == kFloat32Scale) {
+      scale = divide_by_max(amax, p.fmax, p.inverse_fmax);
+      factor = rcp_rn(scale);
+    } else {
+      exponent = rule_exponent(p, amax);
+      scale = __uint_as_float(exponent << 23);
+      factor = ue8m0_inverse<kOut>(exponent);
+    }
+#pragma unroll
+    for (int i = 0; i < S::kPasses; i += 4) {  // four tokens a code word
+      float scaled[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float value = value_of<kIn>(words[i + j], v);
+        if constexpr (kProduct) {
+          scaled[j] = scaled_value<kOut, kMultiply>(value, scale, factor);
+        } else if constexpr (kScale == kFloat32Scale) {
+          scaled[j] = scale >= kMinFastDivisor ? scaled_value<kOut, kDivideFast>(value, scale, factor)
+                                               : scaled_value<kOut, kDivideExact>(value, scale, factor);
+        } else {
+          scaled[j] = scaled_value<kOut, kMultiply>(value, scale, factor);
+        }
+      }
+      const u32 word = Output<kOut>::encode4(scaled);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        u32 code = (word >> (8 * j)) & 0xffu;
+        code = patch_nonfinite<kIn, false>(code, In::raw(words[i + j], v), p.nonfinite_codes);
+        const u32 token = threadIdx.x / S::kLanes + (i + j) * S::kRowsPerPass;
+        codes_t[channel * kCodePitch + token] = static_cast<u8>(code);
+      }
+    }
+    const u32 c = static_cast<u32>(group) * kTile + channel;
+    if (threadIdx.x < static_cast<u32>(S::kLanes)) {  // one thread a channel stores its scale
+      ScaleLayout<kLayout>::store_at(ScaleLayout<kLayout>::at(t, 0u, c, token_group), t,
+                                     token_group, scale, exponent, true, true);
+    }
+  }
+  // the padding rows (channels K .. t_scale_rows) of this token group's scales
+  if (group + 1 == p.groups_per_row && threadIdx.x == 0) {
+    for (u32 c = static_cast<u32>(k); c < p.t_scale_rows; ++c) {
+      ScaleLayout<kLayout>::zero(t, 0u, c, token_group);
+    }
+  }
+  __syncthreads();
+
+  // qt: each channel's run of this block's tokens, 16 bytes a store where whole and aligned
+  const i64 m = p.rows;
+  const i64 token0 = static_cast<i64>(token_block) * kTile;
+  const bool qt_vec = m % 16 == 0;
+  for (int chunk = threadIdx.x; chunk < kTile * (kTile / 16); chunk += kTileThreads) {
+    const int channel = chunk / (kTile / 16), part = chunk % (kTile / 16);
+    const i64 token = token0 + part * 16;
+    if (token >= m) continue;
+    u8* dst = p.qt + (static_cast<i64>(group) * kTile + channel) * m + token;
+    const u8* src = codes_t + channel * kCodePitch + part * 16;
+    if (qt_vec && token + 16 <= m) {
+      *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+    } else {
+      for (int b = 0; b < 16 && token + b < m; ++b) dst[b] = src[b];
+    }
+  }
+}
+
+}  // namespace fgq
