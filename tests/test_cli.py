@@ -19,6 +19,17 @@ def test_the_main_job_checks_against_the_spec_model(capsys):
     assert "groups recomputed with the spec's scalar model" in out and "MISMATCH" not in out
 
 
+def test_the_main_job_labels_its_times(capsys):
+    # issue 43, item 4: on a GPU the kernel's time (CUDA-graph replay) and the eager call's
+    # (host included) are reported apart, each named; without one, the NumPy backend's
+    cli._print_times(0.25, {"kernel": 22e-6, "eager": 40e-6}, 88_000_000)
+    gpu = capsys.readouterr().out
+    assert "kernel 22.0 us a call (4000 GB/s), from CUDA-graph replay" in gpu
+    assert "eager call 40.0 us, host included" in gpu and "NumPy backend 250 ms" in gpu
+    cli._print_times(0.25, {}, 88_000_000)
+    assert capsys.readouterr().out.strip() == "time       250 ms (NumPy)"
+
+
 def test_the_main_job_fails_on_a_wrong_code(capsys, monkeypatch):
     real = api.quantize_packed
 
