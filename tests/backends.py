@@ -131,9 +131,11 @@ def _sliced_view(raw, shape: tuple, strides: tuple):
     if not dims:
         return raw[:1].reshape(shape) if raw.size and all(shape) else None
     dims.sort(key=lambda d: strides[d])
-    if strides[dims[0]] != 1:
+    if strides[dims[0]] < 1:
         return None
-    extents = []  # each dimension's padded extent, fastest first
+    # fastest first: a hidden axis of the smallest stride (element 0 of it is taken), then each
+    # dimension's padded extent
+    extents = [strides[dims[0]]]
     for inner, outer in zip(dims, dims[1:]):
         if strides[outer] % strides[inner] or strides[outer] // strides[inner] < shape[inner]:
             return None
@@ -142,10 +144,10 @@ def _sliced_view(raw, shape: tuple, strides: tuple):
     total = int(np.prod(extents))
     if total > raw.size:
         return None
-    dense = raw[:total].reshape(tuple(reversed(extents)))  # slowest first
+    dense = raw[:total].reshape(tuple(reversed(extents)))  # slowest first; the hidden axis last
     kept = sorted(dims)  # the view's non-unit dimensions in order, each an axis of dense
-    view = dense.transpose(tuple(len(dims) - 1 - dims.index(d) for d in kept))
-    view = view[tuple(slice(0, shape[d]) for d in kept)]
+    view = dense.transpose(tuple(len(dims) - 1 - dims.index(d) for d in kept) + (len(dims),))
+    view = view[tuple(slice(0, shape[d]) for d in kept) + (0,)]
     for d in range(len(shape)):
         if shape[d] == 1:
             view = view[(slice(None),) * d + (None,)]

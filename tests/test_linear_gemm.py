@@ -8,14 +8,15 @@ dequantized operands in float64, and its error against bf16 is reported.
 Tolerance: the dequantized operands are exact, so the only differences are the GEMM's own
 roundings. cuBLAS accumulates each 128-wide block of K on the tensor cores in four k=32 steps
 and scales and adds the block in float32 (2^-24), then rounds the output to bfloat16 (half a
-step: 2^-9 relative). The tensor cores' FP8 sums keep about 13 bits below the leading one on
-Hopper (DeepSeek-V3's report: about 14), aligned to the largest of the step's products and the
-running sum before they are cut, so a step can lose more than one rounding of its own sum; no
-tight bound follows from sum_k |a_k b_k|. Measured on the H200 (torch 2.11, these shapes): the
-error reaches 4.1 times 2^-12 sum_k |a_k b_k| beyond the bfloat16 rounding (the input
-gradient, whose w has small values). The test allows 2^-8 |ref| + 2^-9 (|A| |B|), twice that.
-A wrong scale layout is far outside it: test_forward checks that scales rolled by one group
-land more than ten times past the bound.
+step: up to 2^-8 relative). The tensor cores' FP8 sums keep about 13 bits below the leading
+one on Hopper (DeepSeek-V3's report: about 14), aligned to the largest of the step's products
+and the running sum before they are cut, so a step can lose more than one rounding of its own
+sum; no tight bound follows from sum_k |a_k b_k|. Measured on the H200 (torch 2.11, these
+shapes): the largest error was 2.3 times 2^-8 |ref| + 2^-12 (|A| |B|) (the input gradient,
+whose w has small values) and at most 0.83 of 2^-8 |ref| + 2^-9 (|A| |B|). The test allows
+2^-7 |ref| + 2^-9 (|A| |B|): twice the bfloat16 rounding and 16 times one rounding of 2^-13 a
+step. A wrong scale layout is far outside it: test_forward checks that scales rolled by one
+group land more than ten times past the bound.
 """
 
 import numpy as np
@@ -56,7 +57,7 @@ def _worst(torch, got, a_deq, b_deq) -> float:
     docstring's bound (above 1: outside it)."""
     ref = a_deq.double() @ b_deq.double()
     magnitude = a_deq.abs().double() @ b_deq.abs().double()
-    bound = 2.0**-8 * ref.abs() + 2.0**-9 * magnitude
+    bound = 2.0**-7 * ref.abs() + 2.0**-9 * magnitude
     return float(((got.double() - ref).abs() / bound.clamp_min(1e-300)).max())
 
 

@@ -48,9 +48,10 @@ def ref_rms_norm(weight, x, residual):
     # a code near an e4m3 midpoint by a whole step (1/8, past the dequantized check's 5%; 12
     # of the CUDA cases on the H200 with torch's order). With these steps every case agrees
     # bit for bit
-    variance = _sum_of_squares_in_spec_order(x, orig_dtype) / x.shape[-1]
-    # float32 results of float64 steps: correctly rounded (torch's float32 sqrt on the CPU is
-    # not on every value, and its rsqrt on CUDA is rsqrtf)
+    # float32 results of float64 steps: correctly rounded (torch on CUDA divides by a Python
+    # number as a multiply by its rounded reciprocal, its float32 sqrt on the CPU is not
+    # correctly rounded on every value, and its rsqrt on CUDA is rsqrtf)
+    variance = (_sum_of_squares_in_spec_order(x, orig_dtype).double() / x.shape[-1]).float()
     root = torch.sqrt((variance + EPS).double()).float()
     x = (x * (1.0 / root.double()).float()).to(orig_dtype)
     return x * weight, residual

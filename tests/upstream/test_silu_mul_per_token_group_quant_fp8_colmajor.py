@@ -44,7 +44,7 @@ def _triton_reference_kernel():
         absmax = tl.maximum(tl.max(tl.abs(y)), eps)
         # CHANGE: Triton's float32 '/' is PTX div.full.f32 (within 2 ulp, not correctly rounded);
         # bfloat16 products make exact e4m3 ties common, which an ulp then rounds a code apart
-        # from IEEE division (0.2% of codes with float32 scales on the H200, none with UE8M0).
+        # from IEEE division (0.15% of codes with float32 scales on the H200, none with UE8M0).
         # Both divisions are IEEE here (div_rn), as on the CPU and in docs/spec.md
         if PRECISE:
             scale_raw = tl.math.div_rn(absmax, fp8_max)
