@@ -262,7 +262,7 @@ def fp4_key(input_dtype: str, fp4, layout, arithmetic: str | None = None) -> Ker
 def compiled_arithmetic(arithmetic: str) -> str | None:
     """The KernelKey.arithmetic of a call's ``arithmetic``: the ones with instantiations of
     their own; None for the others (float32, and bfloat16's runtime mode)."""
-    return arithmetic if arithmetic in (RECIPROCAL, UNFLOORED, MULTIPLIER) else None
+    return arithmetic if arithmetic in ARITHMETIC_TRAITS else None
 
 
 # the default kernel as a contiguous input takes it (flat), and its other two paths: one pass

@@ -655,11 +655,11 @@ def act_quant_transposed_lhs(x, block_size: int = 128, dtype=None):
     _torchao_checks(block_size, dtype, TORCHAO_GROUPS)
     k = x.shape[-1] if len(tuple(x.shape)) == 2 else 0
     padded_k = -(-k // block_size) * block_size
+    source = x if padded_k == k else _pad_columns(x, padded_k)
+    qt, scales_t = quantize(source, block_size, layout=COL, eps=TORCHAO_EPS, orientation="col",
+                            arithmetic=TORCHAO_ARITHMETIC)  # fmt: skip
     if padded_k == k:
-        return quantize(x, block_size, layout=COL, eps=TORCHAO_EPS, orientation="col",
-                        arithmetic=TORCHAO_ARITHMETIC)  # fmt: skip
-    qt, scales_t = quantize(_pad_columns(x, padded_k), block_size, layout=COL, eps=TORCHAO_EPS,
-                            orientation="col", arithmetic=TORCHAO_ARITHMETIC)  # fmt: skip
+        return qt, scales_t
     return qt[:k], _contiguous(scales_t[:k].T).T
 
 

@@ -51,7 +51,7 @@ def _scaled_mm_blockwise_or_skip():
         pytest.skip(f"torch._scaled_mm lacks blockwise scaling here: {error}")
 
 
-def _worst(torch, got, a_deq, b_deq) -> float:
+def _worst(got, a_deq, b_deq) -> float:
     """The largest error of ``got`` (the GEMM's bf16 output) against the float64 product of
     the dequantized operands ``a_deq [m, k]`` and ``b_deq [k, n]``, in units of the module
     docstring's bound (above 1: outside it)."""
@@ -61,8 +61,8 @@ def _worst(torch, got, a_deq, b_deq) -> float:
     return float(((got.double() - ref).abs() / bound.clamp_min(1e-300)).max())
 
 
-def _tolerance_check(torch, got, a_deq, b_deq, what: str) -> None:
-    worst = _worst(torch, got, a_deq, b_deq)
+def _tolerance_check(got, a_deq, b_deq, what: str) -> None:
+    worst = _worst(got, a_deq, b_deq)
     print(f"{what}: worst error {worst:.3f} of the accumulation bound")
     assert worst <= 1.0, f"{what}: {worst:.2f} times the accumulation bound"
 
@@ -95,11 +95,11 @@ def test_forward(layout, scale, record_property):
     y = torch._scaled_mm(qx, qw.t(), sx, sw.t(), out_dtype=torch.bfloat16)
     x_deq = fgq.dequantize(qx, sx, 128)
     w_deq = fgq.dequantize_weight(qw, sw)
-    _tolerance_check(torch, y, x_deq, w_deq.t(), f"forward {scale} {layout}")
+    _tolerance_check(y, x_deq, w_deq.t(), f"forward {scale} {layout}")
     rolled = sx.clone()  # the same strides, each row's scales moved by one group
     rolled.copy_(sx.roll(1, dims=1))
     y_rolled = torch._scaled_mm(qx, qw.t(), rolled, sw.t(), out_dtype=torch.bfloat16)
-    assert _worst(torch, y_rolled, x_deq, w_deq.t()) > 10, "the bound cannot see a layout error"
+    assert _worst(y_rolled, x_deq, w_deq.t()) > 10, "the bound cannot see a layout error"
     exact = x.double() @ w.double().t()
     _report(torch, y, exact, f"forward {scale} {layout}", record_property)
 
@@ -119,7 +119,7 @@ def test_input_gradient(scale, record_property):
     dx = torch._scaled_mm(qdy, qwt.t(), sdy, swt.t(), out_dtype=torch.bfloat16)
     dy_deq = fgq.dequantize(qdy, sdy, 128)
     w_deq = fgq.dequantize_weight(qw, sw)
-    _tolerance_check(torch, dx, dy_deq, w_deq, f"dgrad {scale}")
+    _tolerance_check(dx, dy_deq, w_deq, f"dgrad {scale}")
     _report(torch, dx, dy.double() @ w.double(), f"dgrad {scale}", record_property)
 
 
@@ -138,5 +138,5 @@ def test_weight_gradient(scale, record_property):
                           out_dtype=torch.bfloat16)  # fmt: skip
     a_deq = fgq.dequantize(dy_both.qt, dy_both.scales_t, 128)
     b_deq = fgq.dequantize(x_both.qt, x_both.scales_t, 128).t()
-    _tolerance_check(torch, dw, a_deq, b_deq, f"wgrad {scale}")
+    _tolerance_check(dw, a_deq, b_deq, f"wgrad {scale}")
     _report(torch, dw, dy.double().t() @ x.double(), f"wgrad {scale}", record_property)
