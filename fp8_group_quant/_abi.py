@@ -20,6 +20,8 @@ MASKED_THREADS = 128  # threads of a persistent (masked) block
 MASKED_UNROLL = 3  # persistent kernel: slots a thread loads together, plain input
 MASKED_UNROLL_SILU = 2  # the same with SiLU-mul (gate and up: 64 bytes a slot)
 MAX_NORM_LANES = 1024  # an RMSNorm row: at most 32 warps of 32 lanes (K <= 16384 for 16-bit input)
+TILE = 128  # rows and columns of a tile: a weight block, a token group (kernels/tile.cuh)
+TILE_THREADS = 256  # threads of a tile block
 # norm_rounding's values (docs/spec.md, section 2b); Params.norm_rounding is the index
 NORM_ROUNDINGS = ("once", "twice", "twice_unrounded_sum")
 
@@ -33,6 +35,10 @@ CONSTANTS = {
     "kMaxNormLanes": MAX_NORM_LANES,
     "kNormTwiceUnroundedSum": NORM_ROUNDINGS.index("twice_unrounded_sum"),
 }
+
+# NOTES: written as enumerators, not constexpr ints: an int the code takes by reference (max,
+# min) becomes a global in every module's PTX
+ENUMERATORS = {"kTile": TILE, "kTileThreads": TILE_THREADS}
 
 _C_TYPES = {  # the C spelling of each field type, and its ctypes mirror
     "ptr": ("const void*", ctypes.c_uint64),
@@ -123,6 +129,8 @@ def header() -> str:
     lines = ["// written by fp8_group_quant/_abi.py: edit it there", "#pragma once", "",
              "namespace fgq {", ""]  # fmt: skip
     lines += [f"constexpr int {name} = {value};" for name, value in CONSTANTS.items()]
+    enumerators = [f"  {name} = {value}," for name, value in ENUMERATORS.items()]
+    lines += ["enum : int {", *enumerators, "};"]
     lines += ["", "struct Params {"]
     lines += [f"  {_c_type(kind, name)} {name};  // {note}" for kind, name, note in PARAMS]
     lines += ["};", "", "}  // namespace fgq", ""]

@@ -479,7 +479,7 @@ def _writable_cache_dir() -> Path:
     with _compiling_lock:
         if _fallback_dir is None:
             _fallback_dir = Path(tempfile.mkdtemp(prefix="fp8_group_quant-"))
-            named = CACHE_DIR_ENV if os.environ.get(CACHE_DIR_ENV) else "the default cache"
+            named = CACHE_DIR_ENV if _settings.cache_dir_chosen() else "the default cache"
             warnings.warn(
                 f"fp8_group_quant: kernel cache directory {directory} ({named}) {problem}; "
                 f"compiling into {_fallback_dir} for this process only",

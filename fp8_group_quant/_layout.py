@@ -16,6 +16,7 @@ from typing import Literal
 
 import numpy as np
 
+from ._abi import TILE
 from ._spec import OUTPUT_FORMATS, SCALE_FORMATS, OutputFormat, ScaleFormat
 
 
@@ -342,7 +343,7 @@ def row_strides(shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[int, 
 
 # 128x128 weight blocks and the column-wise orientation (docs/spec.md, sections 4c and 4d) -----
 
-WEIGHT_BLOCK = 128  # rows and columns of a weight block
+WEIGHT_BLOCK = TILE  # rows and columns of a weight block: the tile kernels' tile
 # a test keeps WeightLayoutName equal to WEIGHT_LAYOUTS
 WeightLayoutName = Literal["row", "col", "bytes", "packed"]
 WEIGHT_LAYOUTS: tuple[str, ...] = ("row", "col", "bytes", "packed")

@@ -86,6 +86,14 @@ def specs(request: Request) -> tuple[OutputSpec, OutputSpec]:
     return q, scales
 
 
+def check_outputs_taken(options, out, scale_out) -> None:
+    """NVFP4 allocates its outputs: a given ``out`` or ``scale_out`` is refused."""
+    if options.nvfp4:
+        for given, name in ((out, "out"), (scale_out, "scale_out")):
+            if given is not None:
+                raise ValueError(f"{name}: not supported with dtype='e2m1' (NVFP4)")
+
+
 def _same_strides(shape, got, expected) -> bool:
     """Strides agree where they matter: an empty array has none that do."""
     return 0 in shape or all(n <= 1 or g == e for n, g, e in zip(shape, got, expected))

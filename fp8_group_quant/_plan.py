@@ -21,6 +21,8 @@ from ._abi import (
     MAX_NORM_LANES,
     MAX_THREADS,
     NORM_ROUNDINGS,
+    TILE,
+    TILE_THREADS,
     WARP,
     params_type,
 )
@@ -713,8 +715,6 @@ def warmup_keys(input_dtype: str, options) -> list[KernelKey]:
 
 # 128x128 tiles: weight blocks, the column-wise orientation and "both" (kernels/tile.cuh) ------
 
-TILE = 128  # a tile's rows and columns: a weight block, a token group
-TILE_THREADS = 256  # threads of a tile block (kTileThreads)
 TILE_FORMAT = "e4m3"  # the one format the tile kernels are instantiated for
 # how quantize_weight_blocks stores a block's scale (WeightLayoutKind)
 WEIGHT_LAYOUT_CODES = {"row": 0, "col": 0, "bytes": 1, "packed": 2}

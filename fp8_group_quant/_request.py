@@ -36,6 +36,7 @@ from ._plan import (
     MULTIPLIER,
     MULTIPLIER_GROUPS,
     RECIPROCAL,
+    TILE_FORMAT,
     UNFLOORED,
     KernelKey,
     compiled_arithmetic,
@@ -427,25 +428,36 @@ def output_shape(mode: InputMode, input_shape: tuple[int, ...]) -> tuple[int, ..
     return (*input_shape[:-1], input_shape[-1] // mode.width_factor)
 
 
+_RESIDUAL_WITHOUT_NORM = "residual: the fused add needs norm=(weight, eps_norm) too"
+
+
+def split_norm(norm, residual) -> tuple:
+    """(weight, eps_norm) of a call's ``norm`` argument, or (None, None) without one."""
+    if norm is None:
+        if residual is not None:
+            raise ValueError(_RESIDUAL_WITHOUT_NORM)
+        return None, None
+    if not isinstance(norm, tuple) or len(norm) != 2:
+        got = f"a tuple of {len(norm)} items" if isinstance(norm, tuple) else type(norm).__name__
+        raise TypeError(f"norm: expected a (weight, eps_norm) tuple, got {got}")
+    return norm
+
+
+def check_global_given(options: Options, given: bool) -> None:
+    """A global_scale given is one that the options take."""
+    if given and not options.takes_global:
+        raise ValueError(
+            "global_scale: only NVFP4 (dtype='e2m1', scale='e4m3') takes one, and MXFP4 with "
+            "arithmetic='reciprocal'"
+        )
+
+
 def make_request(info: ArrayInfo, options: Options, operands: Operands = Operands()) -> Request:
     """Check the input ``info`` and the ``operands`` against ``options``; the Request.
 
     Raises TypeError or ValueError naming the argument; nothing has been launched or written.
     """
-    if options.orientation != ROW_WISE:
-        if len(info.shape) != 2:
-            raise ValueError(
-                f"x: orientation={options.orientation!r} needs x of shape [M, K], got shape "
-                f"{tuple(info.shape)}"
-            )
-        if operands.masked_m is not None:
-            raise ValueError(f"masked_m: not supported with orientation={options.orientation!r}")
-        if info.kind != NUMPY:
-            _check_columns_on_device(info, options)
-    if options.fp4 is not None:
-        for name in ("masked_m", "residual"):
-            if getattr(operands, name) is not None:
-                raise ValueError(f"{name}: not supported with dtype='e2m1' ({options.fp4.name})")
+    _check_mode_operands(info, options, operands)
     if info.dtype not in INPUT_TYPES:
         convert = {"torch": "x.float()", "cupy": "x.astype(cupy.float32)"}
         numpy = "x.astype(numpy.float32), or x.float() for a torch tensor"
@@ -482,13 +494,40 @@ def make_request(info: ArrayInfo, options: Options, operands: Operands = Operand
     if options.norm:
         fields.update(_check_norm(info, operands.weight, operands.residual))
     elif operands.weight is not None or operands.residual is not None:
-        raise ValueError("residual: the fused add needs norm=(weight, eps_norm) too")
+        raise ValueError(_RESIDUAL_WITHOUT_NORM)
     if options.takes_global:
         fields.update(_check_global(info, operands, options.nvfp4))
     request = Request(options, info.dtype, shape, batch_stride, row_stride, aligned, **fields)
     if info.kind != NUMPY and 0 not in shape:
         _check_device_limits(request, info)
     return request
+
+
+def check_preparable(request: Request) -> None:
+    """A request that a device plan (``prepare``, the cached path) can bind: row-wise."""
+    if request.orientation != ROW_WISE:
+        raise ValueError(
+            f"orientation: prepare binds the row-wise kernel; call quantize for "
+            f"orientation={request.orientation!r}"
+        )
+
+
+def _check_mode_operands(info: ArrayInfo, options: Options, operands: Operands) -> None:
+    """What the column-wise orientations and the FP4 formats refuse of x and the operands."""
+    if options.orientation != ROW_WISE:
+        if len(info.shape) != 2:
+            raise ValueError(
+                f"x: orientation={options.orientation!r} needs x of shape [M, K], got shape "
+                f"{tuple(info.shape)}"
+            )
+        if operands.masked_m is not None:
+            raise ValueError(f"masked_m: not supported with orientation={options.orientation!r}")
+        if info.kind != NUMPY:
+            _check_columns_on_device(info, options)
+    if options.fp4 is not None:
+        for name in ("masked_m", "residual"):
+            if getattr(operands, name) is not None:
+                raise ValueError(f"{name}: not supported with dtype='e2m1' ({options.fp4.name})")
 
 
 def _check_columns_on_device(info: ArrayInfo, options: Options) -> None:
@@ -794,9 +833,6 @@ def _aligned(info: ArrayInfo, strides: tuple[int, int], rows: int, batches: int)
         and (rows <= 1 or row_stride * info.itemsize % VECTOR_ALIGNMENT == 0)
         and (batches <= 1 or batch_stride * info.itemsize % VECTOR_ALIGNMENT == 0)
     )
-
-
-TILE_FORMAT = "e4m3"  # the tile kernels' one format (kernels/tile.cuh; _plan.TILE_FORMAT)
 
 
 def _check_tile_limits(fmt: OutputFormat, tiles_y: int, tiles_z: int, name: str) -> None:

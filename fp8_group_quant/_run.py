@@ -25,7 +25,7 @@ from ._arrays import (
     to_cupy,
     torch_cpu_to_numpy,
 )
-from ._outputs import BothOrientations, check_writes
+from ._outputs import BothOrientations, check_outputs_taken, check_writes
 from ._request import (
     NVFP4_ON_DEVICE,
     ROW_WISE,
@@ -33,6 +33,7 @@ from ._request import (
     Options,
     Request,
     WeightOptions,
+    check_preparable,
     make_request,
     make_weight_request,
 )
@@ -57,10 +58,7 @@ def quantize(x, call: Call, out, scale_out):
     library = foreign_library(x)
     if library is not None:
         return _on_foreign(x, library, call, out, scale_out)
-    if call.options.nvfp4:
-        for given, name in ((out, "out"), (scale_out, "scale_out")):
-            if given is not None:
-                raise ValueError(f"{name}: not supported with dtype='e2m1' (NVFP4)")
+    check_outputs_taken(call.options, out, scale_out)
     info, request, described = _request_of(x, call)
     if request.orientation != ROW_WISE:
         if info.kind == NUMPY:
@@ -85,11 +83,7 @@ def device_plan(x, call: Call, out, scale_out, info=None, request=None, describe
     checked; the plan is made once per input layout, options and other arrays' layout."""
     if info is None:
         info, request, described = _request_of(x, call)
-    if request.orientation != ROW_WISE:
-        raise ValueError(
-            f"orientation: prepare binds the row-wise kernel; call quantize for "
-            f"orientation={request.orientation!r}"
-        )
+    check_preparable(request)
     if request.residual:
         _check_residual_writes(info, described, out, scale_out)
     key = (*device_signature(x)[:-1], call.raw, *_operand_key(request, described))

@@ -43,6 +43,11 @@ def cache_dir() -> Path:
     return Path(base) / "fp8_group_quant"
 
 
+def cache_dir_chosen() -> bool:
+    """Whether the user chose the cache directory (else it is the default)."""
+    return bool(os.environ.get(CACHE_DIR))
+
+
 def kernel_dir_override() -> str | None:
     """The kernel directory the user chose, or None for the packaged sources."""
     return os.environ.get(KERNEL_DIR) or None

@@ -251,7 +251,7 @@ def _canonical_nan(values: np.ndarray) -> np.ndarray:
 # tools/gen_band_tables.py and held in shared memory as 4,096 entries (8 KB,
 # BandTable.entries): the positive gates' from entry 0, the negative gates' from entry 2048, so
 # a gate's entry is its sign bit and 11 bits of |g|'s. BandTable.lookup is that lookup in
-# NumPy. The bands (git show edcea8b:docs/experiments/silu_band.py measured SiLU's):
+# NumPy. The bands, the narrowest outside which the two rules hold for every gate:
 # - SiLU: 2^-8 <= |g| < 128, 3,840 entries;
 # - GELU: 2^-9 <= |g| < 16, 3,328 entries. RN(g / 2) holds for |g| < 0x1.96p-9 (0.4 g^2 moves
 #   the rounding from there), g from 2.75 up; gelu(g) < 0 rounds to bfloat16 values as small

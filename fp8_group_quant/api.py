@@ -13,7 +13,13 @@ from ._dequantize import as_float8, dequantize, dequantize_weight, scale_offsets
 from ._device import PreparedQuantize
 from ._layout import PACKED, WEIGHT_BLOCK, LayoutName, WeightLayoutName
 from ._outputs import BothOrientations
-from ._request import Options, check_options, check_weight_options
+from ._request import (
+    Options,
+    check_global_given,
+    check_options,
+    check_weight_options,
+    split_norm,
+)
 from ._spec import (
     DEFAULT_EPS,
     INPUT_TYPES,
@@ -240,34 +246,18 @@ def _call(group_size, dtype, scale, layout, eps, pad_rows, activation, scale_rul
           modes=(None, "float32", "once")) -> _run.Call:  # fmt: skip
     """The validated options of a call and its other arrays; ``modes``: (clamp_limit,
     arithmetic, norm_rounding)."""
-    weight, eps_norm = _norm_argument(norm, residual)
+    weight, eps_norm = split_norm(norm, residual)
     options = check_options(group_size, dtype, scale, layout, eps, pad_rows, activation,
                             scale_rule, expected_m, eps_norm, orientation, *modes)  # fmt: skip
     raw: tuple = (group_size, dtype, scale, layout, eps, pad_rows, activation, scale_rule,
                   orientation)  # fmt: skip
     if expected_m is not None or eps_norm is not None or modes != (None, "float32", "once"):
         raw += (expected_m, eps_norm, *modes)
+    check_global_given(options, global_scale is not None)
     arrays, global_value = _run.global_scale_arguments(global_scale)
-    if global_scale is not None and not options.takes_global:
-        raise ValueError(
-            "global_scale: only NVFP4 (dtype='e2m1', scale='e4m3') takes one, and MXFP4 with "
-            "arithmetic='reciprocal'"
-        )
     given = {"masked_m": masked_m, "weight": weight, "residual": residual, **arrays}
     arrays = {name: array for name, array in given.items() if array is not None}
     return _run.Call(options, raw, arrays, global_value)
-
-
-def _norm_argument(norm, residual) -> tuple:
-    """(weight, eps_norm) of ``norm``, or (None, None) without one."""
-    if norm is None:
-        if residual is not None:
-            raise ValueError("residual: the fused add needs norm=(weight, eps_norm) too")
-        return None, None
-    if not isinstance(norm, tuple) or len(norm) != 2:
-        got = f"a tuple of {len(norm)} items" if isinstance(norm, tuple) else type(norm).__name__
-        raise TypeError(f"norm: expected a (weight, eps_norm) tuple, got {got}")
-    return norm
 
 
 def quantize_weight(

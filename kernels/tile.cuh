@@ -17,13 +17,9 @@
 
 namespace fgq {
 
-// NOTES: enumerators, not constexpr ints: an int the code takes by reference (max, min) becomes
-// a global in every module's PTX
-enum : int {
-  kTile = 128,         // rows and columns of a tile (a weight block, a token group)
-  kTileThreads = 256,  // threads of a tile block
-  kTileWarps = kTileThreads / 32,
-};
+// kTile (rows and columns of a tile: a weight block, a token group) and kTileThreads (threads
+// of a tile block) are _abi.ENUMERATORS, in abi.cuh
+enum : int { kTileWarps = kTileThreads / 32 };
 // resident tile blocks an SM the kernels are compiled for
 // NOTES: two (128 registers) keep two tiles' loads in flight per SM; the float-scale kernels fit
 // them with no spill (sm_90), the UE8M0 ones need 160-175 registers (8 to 192 bytes spilled at

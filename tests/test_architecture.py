@@ -51,12 +51,13 @@ def _imports(path: Path, text: str | None = None) -> set[str]:
                 names = names or [alias.name for alias in node.names]
             else:
                 continue  # inside a subpackage: its own modules
-            found.update(names)
+            # a name that is no module of the package is the package root's (__init__)
+            found.update(name if name in RANK else "__init__" for name in names)
         elif isinstance(node, ast.Import):
             for alias in node.names:
                 parts = alias.name.split(".")
-                if parts[0] == "fp8_group_quant" and len(parts) > 1:
-                    found.add(parts[1])
+                if parts[0] == "fp8_group_quant":
+                    found.add(parts[1] if len(parts) > 1 else "__init__")
     return found
 
 
@@ -83,7 +84,7 @@ def test_the_architecture_document_lists_every_module_and_its_size():
     # the picture a new engineer reads first: every module in it, at its layer, and each
     # size it quotes within 15% of the file's (the sizes are what show where the weight is)
     table = _documented_modules()
-    assert set(table) == set(RANK) - {"__init__", "_sample"}, set(RANK) ^ set(table)
+    assert set(table) == set(RANK), set(RANK) ^ set(table)
     for name, count in table.items():
         if count is not None:
             lines = len((PACKAGE / f"{name}.py").read_text().splitlines())
@@ -111,21 +112,29 @@ def test_the_check_sees_upward_imports():
         "from fp8_group_quant import _request",
     ):
         assert "_request" in _imports(launch, launch.read_text() + "\n" + line + "\n"), line
+    # the package root is the entry layer: reaching it from below climbs too
+    for line in ("from . import quantize", "import fp8_group_quant", "from fp8_group_quant "
+                 "import quantize_packed"):  # fmt: skip
+        assert "__init__" in _imports(launch, launch.read_text() + "\n" + line + "\n"), line
     bench = PACKAGE / "bench" / "cli.py"
     assert "_run" in _imports(bench, "from .._run import Call\n")
 
 
+# the public entry points whose docstrings are the API's reference: their code is held to the
+# 60 lines, their docstrings are not
+REFERENCE_DOCSTRINGS = {"api.py": {"quantize"}}
+
+
 @pytest.mark.parametrize("path", sorted(PACKAGE.rglob("*.py")), ids=lambda p: p.name)
 def test_no_function_is_longer_than_a_screen(path):
-    # 60 lines; the entry points' docstrings (the API's reference) do not count
+    # 60 lines from the def to the last line, docstring included
     long = []
+    exempt = REFERENCE_DOCSTRINGS.get(str(path.relative_to(PACKAGE)), set())
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            body = node.body
-            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
-                body = body[1:]
-            if body:
-                lines = body[-1].end_lineno - body[0].lineno + 1
-                if lines > 60:
-                    long.append(f"{node.name}: {lines} lines")
+            first, body = node.lineno, node.body
+            if node.name in exempt and isinstance(body[0], ast.Expr):
+                first = body[1].lineno
+            if node.end_lineno - first + 1 > 60:
+                long.append(f"{node.name}: {node.end_lineno - first + 1} lines")
     assert not long, long
