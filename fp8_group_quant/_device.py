@@ -44,7 +44,7 @@ class PlanCache:
 
     def __init__(self, capacity: int):
         self.capacity = capacity
-        self._plans: OrderedDict[tuple, DevicePlan] = OrderedDict()
+        self._plans: OrderedDict[tuple, _Plan] = OrderedDict()
         self._lock = threading.Lock()
 
     def get(self, key: tuple):
@@ -53,7 +53,7 @@ class PlanCache:
         except TypeError:  # an unhashable option: validation names it
             return None
 
-    def put(self, key: tuple, plan: DevicePlan) -> None:
+    def put(self, key: tuple, plan: _Plan) -> None:
         try:
             hash(key)
         except TypeError:
@@ -79,22 +79,65 @@ def make_plan(x_info: ArrayInfo, request: Request, key: tuple) -> DevicePlan:
     return plan
 
 
-def cached(key: tuple) -> DevicePlan | None:
+def cached(key: tuple):
+    """The plan under ``key`` and the tuning table in force (a DevicePlan, or a TilePlan for the
+    keys of tile calls), or None."""
     return PLANS.get((*key, _tuning.active()[0]))
 
 
-class DevicePlan:
-    """Everything a GPU call of one kind needs: output specs and allocators, the launches, the
-    caller's stream."""
+class _Plan:
+    """What every GPU plan holds: the input's description (without its memory), its device and
+    library, the launches, the caller's stream; ``run`` binds the device and calls ``_run``."""
 
-    def __init__(self, x_info: ArrayInfo, request: Request, tuning: _tuning.Tuning):
+    def __init__(self, x_info: ArrayInfo, request):
         # NOTES: no reference to the first input: a cached plan must not pin its memory
         self.x_info = dataclasses.replace(x_info, obj=None, ptr=0)
         self.request = request
+        assert x_info.device is not None  # a GPU array
         self.kind, self.device = x_info.kind, x_info.device
-        assert self.device is not None  # a GPU array
         self._get_device = _jit.cupy_module().cuda.runtime.getDevice
-        self.launches = []
+        self.launches: list = []
+        self.stream = stream_getter(self.kind)
+
+    def run(self, x_ptr: int, out, scale_out, extra=()):
+        """Quantize the array at ``x_ptr`` (laid out as planned); ``extra``: the (Params field,
+        pointer) pairs of the call's other arrays."""
+        if self.ready():
+            return self._run(x_ptr, out, scale_out, extra)
+        with self.on_device():
+            return self._run(x_ptr, out, scale_out, extra)
+
+    def _run(self, x_ptr: int, out, scale_out, extra):
+        raise NotImplementedError
+
+    def ready(self) -> bool:
+        """True when the input's device is current and bound to this thread: launch as is."""
+        return self._get_device() == self.device and self.device in _thread_state.__dict__.get(
+            "bound", ()
+        )
+
+    def on_device(self):
+        """A context making the input's device (and its primary context) current.
+
+        NOTES: cuLaunchKernel needs a current context; a thread whose first CUDA call is a
+        prepared launch has none until a runtime call binds it, so each thread binds once.
+        """
+        device = self._get_device()
+        if device != self.device:
+            return _jit.current_device(self.device)
+        bound = _thread_state.__dict__.setdefault("bound", set())
+        if device not in bound:
+            _jit.cupy_module().cuda.runtime.setDevice(device)
+            bound.add(device)
+        return contextlib.nullcontext()
+
+
+class DevicePlan(_Plan):
+    """Everything a row-wise GPU call of one kind needs: output specs and allocators, the
+    launches, the caller's stream."""
+
+    def __init__(self, x_info: ArrayInfo, request: Request, tuning: _tuning.Tuning):
+        super().__init__(x_info, request)
         if not request.output.empty:
             with self.on_device():
                 self.launches = _plan.prepare(request, self.device, tuning)
@@ -107,7 +150,6 @@ class DevicePlan:
         self.scratch = None  # NVFP4 with a computed global scale: amax, then the scale
         if request.nvfp4 and request.global_mode == NVFP4_COMPUTED:
             self.scratch = device_allocator(self.kind, self.device, (2,), (1,), 2, "int32")
-        self.stream = stream_getter(self.kind)
 
     def outputs(self, x_ptr: int, out, scale_out):
         """(q, q pointer, scales, scale pointer): new arrays, or the caller's, checked."""
@@ -131,14 +173,6 @@ class DevicePlan:
         check_disjoint(self.x_info, x_ptr, given)
         return q, q_ptr, scales, scale_ptr
 
-    def run(self, x_ptr: int, out, scale_out, extra=()) -> tuple:
-        """Quantize the array at ``x_ptr`` (laid out as planned); ``extra``: the (Params field,
-        pointer) pairs of the call's other arrays."""
-        if self.ready():
-            return self._run(x_ptr, out, scale_out, extra)
-        with self.on_device():
-            return self._run(x_ptr, out, scale_out, extra)
-
     def _run(self, x_ptr: int, out, scale_out, extra) -> tuple:
         q, q_ptr, scales, scale_ptr = self.outputs(x_ptr, out, scale_out)
         computed: tuple = ()
@@ -158,27 +192,6 @@ class DevicePlan:
             scratch[1] = _ONE
         ptr = pointer(scratch, self.kind)
         return scratch, (("global_ptr", ptr), ("global_out", ptr + 4))
-
-    def ready(self) -> bool:
-        """True when the input's device is current and bound to this thread: launch as is."""
-        return self._get_device() == self.device and self.device in _thread_state.__dict__.get(
-            "bound", ()
-        )
-
-    def on_device(self):
-        """A context making the input's device (and its primary context) current.
-
-        NOTES: cuLaunchKernel needs a current context; a thread whose first CUDA call is a
-        prepared launch has none until a runtime call binds it, so each thread binds once.
-        """
-        device = self._get_device()
-        if device != self.device:
-            return _jit.current_device(self.device)
-        bound = _thread_state.__dict__.setdefault("bound", set())
-        if device not in bound:
-            _jit.cupy_module().cuda.runtime.setDevice(device)
-            bound.add(device)
-        return contextlib.nullcontext()
 
 
 def _float32(kind: str):
@@ -244,60 +257,91 @@ class PreparedQuantize:
 # 128x128 tiles: quantize_weight and orientation "col" / "both" (kernels/tile.cuh) -----------
 
 
-def _tile_outputs(kind: str, device: int, x_info: ArrayInfo, pairs) -> list:
-    """(array, pointer) of each (given array or None, name, spec) in ``pairs``: new arrays or
-    the caller's, checked against their specs, x and each other before anything is launched."""
-    results, given = [], []
-    for array, name, spec in pairs:
-        if array is None:
-            array = device_allocator(kind, device, *spec.allocation(kind))()
-            results.append((array, pointer(array, kind)))
-        else:
-            info = check_output(array, name, x_info, spec)
-            results.append((array, info.ptr))
-            given.append((name, info, spec))
-    check_disjoint(x_info, x_info.ptr, given)
-    return results
+class TilePlan(_Plan):
+    """A GPU call of the tile kernels (kernels/tile.cuh): orientation "col" or "both" of a
+    ``Request``, or ``quantize_weight``'s ``WeightRequest``. Made once per input layout and
+    options, as the row-wise plans are: output specs and allocators, and the launch.
 
+    Its outputs, in the order the launch takes them: q and scales of a weight; qt and scales_t,
+    then (for "both") the row-wise q and scales.
+    """
 
-def run_weight(request: WeightRequest, w_info: ArrayInfo, out, scale_out) -> tuple:
-    """quantize_weight of a GPU ``w``: (q, scales)."""
-    q_spec, s_spec = weight_specs(request)
-    device = w_info.device
-    assert device is not None  # a GPU array
-    pairs = [(out, "out", q_spec), (scale_out, "scale_out", s_spec)]
-    with _jit.current_device(device):
-        (q, q_ptr), (scales, s_ptr) = _tile_outputs(w_info.kind, device, w_info, pairs)
-        if request.output.empty:  # no block, and no padding: storage is empty too
-            return q, scales
-        _, tuning = _tuning.active()
-        launch = _plan.prepare_weight(request, request.x_aligned, device, tuning)
-        launch.launch(w_info.ptr, q_ptr, s_ptr, stream_getter(w_info.kind)(device))
-    return q, scales
-
-
-def run_oriented(request: Request, x_info: ArrayInfo, out, scale_out):
-    """orientation "col" ((qt, scales_t)) or "both" (BothOrientations) of a GPU ``x``;
-    ``out`` and ``scale_out`` are pairs (row, col) for "both"."""
-    both = request.orientation == BOTH
-    row_out, col_out = output_pair(out, "out", both)
-    row_s, col_s = output_pair(scale_out, "scale_out", both)
-    q_spec, s_spec = specs(request)
-    qt_spec, st_spec = transposed_specs(request)
-    pairs = [(col_out, "out", qt_spec), (col_s, "scale_out", st_spec)]
-    if both:
-        pairs += [(row_out, "out[0]", q_spec), (row_s, "scale_out[0]", s_spec)]
-    device = x_info.device
-    assert device is not None  # a GPU array
-    with _jit.current_device(device):
-        outputs = _tile_outputs(x_info.kind, device, x_info, pairs)
-        (qt, qt_ptr), (st, st_ptr) = outputs[:2]
-        q_ptr, s_ptr = (outputs[2][1], outputs[3][1]) if both else (0, 0)
+    def __init__(self, x_info: ArrayInfo, request, tuning: _tuning.Tuning):
+        super().__init__(x_info, request)
+        self.weight = isinstance(request, WeightRequest)
+        self.both = not self.weight and request.orientation == BOTH
+        made: tuple = weight_specs(request) if self.weight else transposed_specs(request)
+        names: tuple = ("out", "scale_out")
+        if self.both:
+            names, made = (*names, "out[0]", "scale_out[0]"), (*made, *specs(request))
+        self.specs = tuple(zip(names, made))
+        allocations = [spec.allocation(self.kind) for spec in made]
+        self.allocators = [device_allocator(self.kind, self.device, *a) for a in allocations]
+        # codes and scales of each orientation in one allocation (pair_allocator)
+        self.pairs = [pair_allocator(self.kind, self.device, *allocations[i : i + 2])
+                      for i in range(0, len(allocations), 2)]  # fmt: skip
         if not request.output.empty:  # empty: every storage is empty, padding included
-            _, tuning = _tuning.active()
-            launch = _plan.prepare_columns(request, device, tuning)
-            stream = stream_getter(x_info.kind)(device)
-            launch.launch(x_info.ptr, q_ptr, s_ptr, stream, (("qt", qt_ptr), ("scales_t", st_ptr)))
-    if both:
-        return BothOrientations(outputs[2][0], outputs[3][0], qt, st)
-    return qt, st
+            with self.on_device():
+                if self.weight:
+                    launch = _plan.prepare_weight(request, request.x_aligned, self.device, tuning)
+                else:
+                    launch = _plan.prepare_columns(request, self.device, tuning)
+            self.launches = [launch]
+
+    def _given(self, out, scale_out) -> tuple:
+        """The caller's arrays, one (or None) an output."""
+        if self.weight:
+            return out, scale_out
+        row_out, col_out = output_pair(out, "out", self.both)
+        row_s, col_s = output_pair(scale_out, "scale_out", self.both)
+        return (col_out, col_s, row_out, row_s)[: len(self.specs)]
+
+    def _outputs(self, x_ptr: int, out, scale_out) -> list:
+        """(array, pointer) of each output: new, or the caller's checked against its spec, x and
+        the others before anything is launched."""
+        if out is None and scale_out is None:
+            results = []
+            for allocate in self.pairs:
+                a, a_ptr, b, b_ptr = allocate()
+                results += [(a, a_ptr), (b, b_ptr)]
+            return results
+        results, given = [], []
+        for array, (name, spec), allocate in zip(self._given(out, scale_out), self.specs,
+                                                 self.allocators):  # fmt: skip
+            if array is None:
+                array = allocate()
+                results.append((array, pointer(array, self.kind)))
+            else:
+                info = check_output(array, name, self.x_info, spec)
+                results.append((array, info.ptr))
+                given.append((name, info, spec))
+        check_disjoint(self.x_info, x_ptr, given)
+        return results
+
+    def _run(self, x_ptr: int, out, scale_out, extra=()):
+        outputs = self._outputs(x_ptr, out, scale_out)
+        pointers = [ptr for _, ptr in outputs]
+        for launch in self.launches:
+            stream = self.stream(self.device)
+            if self.weight:
+                launch.launch(x_ptr, pointers[0], pointers[1], stream)
+            else:
+                q_ptr, s_ptr = (pointers[2], pointers[3]) if self.both else (0, 0)
+                columns = (("qt", pointers[0]), ("scales_t", pointers[1]))
+                launch.launch(x_ptr, q_ptr, s_ptr, stream, columns)
+        arrays = [array for array, _ in outputs]
+        if self.both:
+            return BothOrientations(arrays[2], arrays[3], arrays[0], arrays[1])
+        return arrays[0], arrays[1]
+
+
+def tile_plan(x_info: ArrayInfo, request, key: tuple | None) -> TilePlan:
+    """The tile plan of ``request`` under ``key`` and the tuning table in force, made once (a
+    key of None: made for this call alone)."""
+    token, tuning = _tuning.active()
+    plan = None if key is None else PLANS.get((*key, token))
+    if plan is None:
+        plan = TilePlan(x_info, request, tuning)
+        if key is not None:
+            PLANS.put((*key, token), plan)
+    return plan

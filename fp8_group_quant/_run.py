@@ -63,7 +63,8 @@ def quantize(x, call: Call, out, scale_out):
     if request.orientation != ROW_WISE:
         if info.kind == NUMPY:
             return _host.run_oriented(request, x, info, out, scale_out)
-        return _device.run_oriented(request, info, out, scale_out)
+        key = (*device_signature(x)[:-1], call.raw, *_operand_key(request, described))
+        return _device.tile_plan(info, request, key).run(info.ptr, out, scale_out)
     if info.kind == NUMPY:
         return _host.run(request, x, info, out, scale_out, call.arrays)
     plan, info, request, described = device_plan(x, call, out, scale_out, info, request, described)
@@ -193,8 +194,18 @@ def _on_foreign(x, library: str, call: Call, out, scale_out):
     )  # fmt: skip
 
 
-def quantize_weight(w, options: WeightOptions, out, scale_out):
-    """``quantize_weight`` on the backend of ``w``'s library (docs/spec.md, section 4c)."""
+def quantize_weight(w, options: WeightOptions, out, scale_out, raw=None):
+    """``quantize_weight`` on the backend of ``w``'s library (docs/spec.md, section 4c); ``raw``:
+    the options as given, where the entry point's cache lookup keys them so (else the checked
+    options key the plan)."""
+    signature = device_signature(w)
+    if signature is not None:  # a GPU array: the plan of its layout and options, made once
+        key = (*signature[:-1], options if raw is None else raw)
+        plan = _device.cached(key)
+        if plan is None:
+            info = describe(w, "w")
+            plan = _device.tile_plan(info, make_weight_request(info, options), key)
+        return plan.run(signature[-1], out, scale_out)
     if is_torch_cpu(w):
         for given, name in ((out, "out"), (scale_out, "scale_out")):
             if given is not None and not is_torch_cpu(given):
@@ -205,8 +216,8 @@ def quantize_weight(w, options: WeightOptions, out, scale_out):
         return _as_torch(results, out, scale_out)
     info = describe(w, "w")
     request = make_weight_request(info, options)
-    if info.kind != NUMPY:
-        return _device.run_weight(request, info, out, scale_out)
+    if info.kind != NUMPY:  # a GPU array without a signature (torch.compile's tracing)
+        return _device.tile_plan(info, request, None).run(info.ptr, out, scale_out)
     return _host.run_weight(request, w, info, out, scale_out)
 
 

@@ -310,8 +310,17 @@ def quantize_weight(
     q : ``w``'s shape, float8 codes (numpy ``ml_dtypes``, torch ``float8``).
     scales : as ``layout`` says.
     """
+    # NOTES: the hot path, as quantize's: a plan made for the same weight layout and options
+    # (of their own types: 128.0 == 128) serves the call without validating again
+    raw = None
+    if type(eps) is float and type(block) is tuple and all(type(b) is int for b in block):
+        raw = ("weight", block, dtype, scale, layout, eps, scale_rule, arithmetic)
+        signature = device_signature(w)
+        plan = None if signature is None else _device.cached((*signature[:-1], raw))
+        if plan is not None:
+            return plan.run(signature[-1], out, scale_out)
     options = check_weight_options(block, dtype, scale, layout, eps, scale_rule, arithmetic)
-    return _run.quantize_weight(w, options, out, scale_out)
+    return _run.quantize_weight(w, options, out, scale_out, raw)
 
 
 def prepare(

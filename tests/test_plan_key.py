@@ -199,6 +199,37 @@ def test_no_stale_plan_on_the_gpu(lib):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("lib", ["cupy", "torch"])
+def test_no_stale_tile_plan_on_the_gpu(lib):
+    # the tile paths' plans (orientation "both", quantize_weight), planned then served from the
+    # cache, on inputs differing in one field each; every output against the NumPy backend
+    rng = np.random.default_rng(47)
+    host = activations(rng, (256, 512), "bfloat16")
+    both = dict(group_size=128, layout="col", orientation="both")
+    cases = [  # (function, input on the host, on the device, options)
+        (fgq.quantize, host, to_device(host, lib), both),
+        (fgq.quantize, host[:200], to_device(host[:200], lib), both),  # shape (a partial tile)
+        (fgq.quantize, host, wider_rows(host, 64, lib, 0), both),  # strides
+        (fgq.quantize, host, wider_rows(host, 8, lib, 4), both),  # strides and alignment
+        (fgq.quantize, host.astype(np.float16), to_device(host.astype(np.float16), lib), both),
+        (fgq.quantize, host, to_device(host, lib), dict(both, scale="ue8m0")),  # an option
+        (fgq.quantize, host, to_device(host, lib), dict(both, orientation="col")),
+        (fgq.quantize_weight, host, to_device(host, lib), {}),
+        (fgq.quantize_weight, host[:200], to_device(host[:200], lib), {}),
+        (fgq.quantize_weight, host, wider_rows(host, 8, lib, 4), {}),
+        (fgq.quantize_weight, host, to_device(host, lib), dict(scale="ue8m0", layout="bytes")),
+    ]
+    for when in ("planned", "cached"):
+        for number, (function, values, x, options) in enumerate(cases):
+            expected = tuple(np.ascontiguousarray(np.asarray(a)).view(np.uint8)
+                             for a in function(values, **options))  # fmt: skip
+            got = tuple(to_host_bytes(a).view(np.uint8) for a in function(x, **options))
+            assert len(got) == len(expected), f"case {number}, {when}"
+            for i, (g, e) in enumerate(zip(got, expected)):
+                assert np.array_equal(g.reshape(-1), e.reshape(-1)), f"case {number} {when} {i}"
+
+
+@pytest.mark.gpu
 def test_torch_and_cupy_views_of_one_array_get_their_own_plans():
     import torch
 
@@ -235,3 +266,116 @@ def test_descriptions_name_dtypes_as_numpy_does_and_remember_a_bounded_number(mo
     with pytest.raises(ValueError, match="x: strides must be multiples of the item size"):
         _arrays.describe(uneven, "x")
     assert _arrays.describe(np.zeros((3, 4), np.float32)[:, ::2], "x").strides == (4, 2)
+
+
+# the tile kernels' plans (quantize_weight, orientation "col" / "both") -------------------------
+
+
+@pytest.fixture
+def tile_builds(fake_gpu, monkeypatch):
+    """The tile launches built, each recorded as (kind, request, device, tuning), and each of
+    their launches as (kind, x, q, scales, stream, extra)."""
+    from fp8_group_quant import _plan
+
+    built, launched = [], []
+
+    class Launch:
+        def __init__(self, kind):
+            self.kind = kind
+
+        def launch(self, x_ptr, q_ptr, s_ptr, stream, extra=()):
+            launched.append((self.kind, x_ptr, q_ptr, s_ptr, stream, dict(extra)))
+
+    def recorder(kind):
+        def prepare(request, *args):
+            built.append((kind, request, args[-2], args[-1]))
+            return Launch(kind)
+
+        return prepare
+
+    monkeypatch.setattr(_plan, "prepare_weight", recorder("weight"))
+    monkeypatch.setattr(_plan, "prepare_columns", recorder("columns"))
+    return built, launched
+
+
+TILE_CALLS = {
+    "both": lambda x, **o: fgq.quantize(x, 128, layout="col", orientation="both", **o),
+    "col": lambda x, **o: fgq.quantize(x, 128, layout="col", orientation="col", **o),
+    "both ue8m0": lambda x, **o: fgq.quantize(
+        x, 128, layout="col", orientation="both", scale="ue8m0", **o
+    ),  # fmt: skip
+    "weight": lambda x, **o: fgq.quantize_weight(x, **o),
+    "weight ue8m0": lambda x, **o: fgq.quantize_weight(x, scale="ue8m0", **o),
+}
+
+
+@pytest.mark.parametrize("name", list(TILE_CALLS))
+def test_an_equal_tile_call_reuses_its_plan_and_any_difference_makes_one(tile_builds, name):
+    built, launched = tile_builds
+    call = TILE_CALLS[name]
+    arrays = [fake((256, 512), "bfloat16"), fake((384, 512), "bfloat16"),
+              fake((256, 512), "float16"), fake((256, 512), "bfloat16", row=640),
+              fake((256, 512), "bfloat16", offset=8),
+              fake((256, 512), "bfloat16", device=1)]  # fmt: skip
+    for x in arrays:
+        before = len(built)
+        call(x)
+        again = fake(tuple(x.shape), x.dtype.name, row=x.strides[0] // x.itemsize,
+                     offset=x.data.ptr % 256, device=x.data.device_id)  # fmt: skip
+        call(again)  # the same layout elsewhere: the plan made for x, launched on `again`
+        assert len(built) == before + 1, "an equal call made another plan"
+        assert launched[-1][1] == again.data.ptr and launched[-2][1] == x.data.ptr
+        request = built[-1][1]
+        shape = request.output.shape if name.startswith("weight") else request.input_shape
+        row_stride = request.row_stride if name.startswith("weight") else request.x_row_stride
+        assert shape == tuple(x.shape) and request.input_dtype == x.dtype.name
+        assert row_stride == x.strides[0] // x.itemsize
+        assert request.x_aligned == (x.data.ptr % 16 == 0) and built[-1][2] == x.data.device_id
+    with _tuning.override(pdl=False):
+        call(arrays[0])
+    assert len(built) == len(arrays) + 1 and built[-1][3].pdl is False  # the tuning is keyed
+
+
+def test_tile_plans_of_other_options_are_their_own(tile_builds):
+    built, _ = tile_builds
+    x = fake((256, 512), "bfloat16")
+    for call in TILE_CALLS.values():
+        call(x)
+        call(x)
+    requests = [request for _, request, _, _ in built]
+    assert len(requests) == len(TILE_CALLS) and len(set(requests)) == len(TILE_CALLS)
+    fgq.quantize_weight(x, eps=2.0**-20)
+    fgq.quantize_weight(x, layout="bytes", scale="ue8m0")
+    assert len(built) == len(TILE_CALLS) + 2
+
+
+@pytest.mark.parametrize(  # equal to a cached call's values, but refused by validation
+    "options, error", [(dict(block=(128.0, 128)), TypeError), (dict(eps=True), TypeError)]
+)
+def test_a_weight_option_of_another_type_is_validated_not_served(tile_builds, options, error):
+    x = fake((256, 512), "bfloat16")
+    fgq.quantize_weight(x, eps=1.0)
+    with pytest.raises(error, match=next(iter(options))):
+        fgq.quantize_weight(x, **{"eps": 1.0, **options})
+
+
+def test_a_tile_plan_reads_the_stream_and_checks_given_outputs_at_each_call(fake_gpu, tile_builds):
+    built, launched = tile_builds
+    x = fake((256, 512), "bfloat16")
+    for stream in (0, 0x1111, 0x2222):
+        fake_gpu.stream = stream
+        qt, st = fgq.quantize(x, 128, layout="col", orientation="col")
+        assert launched[-1][4] == stream
+        assert launched[-1][5] == {"qt": qt.data.ptr, "scales_t": st.data.ptr}
+    given = fake((512, 256), "uint8")  # qt's shape: [K, M]
+    qt, _ = fgq.quantize(x, 128, layout="col", orientation="col", out=given)
+    assert qt is given and launched[-1][5]["qt"] == given.data.ptr
+    with pytest.raises(ValueError, match="out"):  # [M, K] is not qt's shape
+        fgq.quantize(x, 128, layout="col", orientation="col", out=fake((256, 512), "uint8"))
+    with pytest.raises(ValueError, match="overlaps"):  # qt over x's own memory
+        overlapping = cupy.ndarray((512, 256), "uint8", x.data)
+        fgq.quantize(x, 128, layout="col", orientation="col", out=overlapping)
+    assert len(built) == 1 and len(launched) == 4  # one plan; nothing launched when refused
+    q, s = fgq.quantize_weight(x)
+    w_launch = launched[-1]
+    assert w_launch[0] == "weight" and w_launch[2:4] == (q.data.ptr, s.data.ptr)
