@@ -186,6 +186,10 @@ def _on_foreign(x, library: str, call: Call, out, scale_out):
                        view(out, "out"), view(scale_out, "scale_out"))  # fmt: skip
     fmt = call.options.fmt
     float8 = fmt.dtype_name if fmt is not None and fmt.is_float8 else None
+    if isinstance(results, BothOrientations):  # codes at 0 and 2, their scales at 1 and 3
+        # (its out= pairs were refused above: a tuple is no array of x's library)
+        return BothOrientations(*(from_cupy(result, library, None if i % 2 else float8)
+                                  for i, result in enumerate(results)))  # fmt: skip
     given = (out, scale_out)
     return tuple(
         given[i] if i < 2 and given[i] is not None

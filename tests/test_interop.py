@@ -24,6 +24,14 @@ def test_jax_arrays_in_and_out():
     np.testing.assert_array_equal(np.asarray(s), s_ref)  # logical values (JAX has no strides)
     q8, s8 = fgq.quantize(x, 64, dtype="int8", layout="col")
     assert q8.dtype == jnp.int8 and s8.dtype == jnp.float32
+    # both orientations: the four results in JAX, both codes float8, as the NumPy backend's
+    both = fgq.quantize(x, 128, layout="col", orientation="both")
+    reference = fgq.quantize(data, 128, layout="col", orientation="both")
+    assert isinstance(both, fgq.BothOrientations) and all(isinstance(a, jax.Array) for a in both)
+    assert both.q.dtype == both.qt.dtype == jnp.float8_e4m3fn and both.qt.shape == (1024, 33)
+    for got, want in zip(both, reference):
+        got_bytes = np.asarray(got).view(np.uint8).reshape(-1)
+        np.testing.assert_array_equal(got_bytes, np.ascontiguousarray(want).view(np.uint8).ravel())
     with pytest.raises(TypeError, match="out: JAX arrays are immutable"):
         fgq.quantize_packed(x, out=q)
 

@@ -201,29 +201,32 @@ def test_no_stale_plan_on_the_gpu(lib):
 @pytest.mark.gpu
 @pytest.mark.parametrize("lib", ["cupy", "torch"])
 def test_no_stale_tile_plan_on_the_gpu(lib):
-    # the tile paths' plans (orientation "both", quantize_weight), planned then served from the
-    # cache, on inputs differing in one field each; every output against the NumPy backend
+    # the tile paths' plans (orientation "both" and "col", quantize_weight) planned, then served
+    # from the cache to a fresh array of the same layout, on inputs differing in one field
+    # each; every output against the NumPy backend
     rng = np.random.default_rng(47)
     host = activations(rng, (256, 512), "bfloat16")
+    half = host.astype(np.float16)
     both = dict(group_size=128, layout="col", orientation="both")
-    cases = [  # (function, input on the host, on the device, options)
-        (fgq.quantize, host, to_device(host, lib), both),
-        (fgq.quantize, host[:200], to_device(host[:200], lib), both),  # shape (a partial tile)
-        (fgq.quantize, host, wider_rows(host, 64, lib, 0), both),  # strides
-        (fgq.quantize, host, wider_rows(host, 8, lib, 4), both),  # strides and alignment
-        (fgq.quantize, host.astype(np.float16), to_device(host.astype(np.float16), lib), both),
-        (fgq.quantize, host, to_device(host, lib), dict(both, scale="ue8m0")),  # an option
-        (fgq.quantize, host, to_device(host, lib), dict(both, orientation="col")),
-        (fgq.quantize_weight, host, to_device(host, lib), {}),
-        (fgq.quantize_weight, host[:200], to_device(host[:200], lib), {}),
-        (fgq.quantize_weight, host, wider_rows(host, 8, lib, 4), {}),
-        (fgq.quantize_weight, host, to_device(host, lib), dict(scale="ue8m0", layout="bytes")),
+    quantize, weight = fgq.quantize, fgq.quantize_weight
+    cases = [  # (function, input on the host, a maker of it on the device, options)
+        (quantize, host, lambda: to_device(host, lib), both),
+        (quantize, host[:200], lambda: to_device(host[:200], lib), both),  # a partial tile
+        (quantize, host, lambda: wider_rows(host, 64, lib, 0), both),  # strides
+        (quantize, host, lambda: wider_rows(host, 8, lib, 4), both),  # strides and alignment
+        (quantize, half, lambda: to_device(half, lib), both),  # dtype
+        (quantize, host, lambda: to_device(host, lib), dict(both, scale="ue8m0")),  # an option
+        (quantize, host, lambda: to_device(host, lib), dict(both, orientation="col")),
+        (weight, host, lambda: to_device(host, lib), {}),
+        (weight, host[:200], lambda: to_device(host[:200], lib), {}),
+        (weight, host, lambda: wider_rows(host, 8, lib, 4), {}),
+        (weight, host, lambda: to_device(host, lib), dict(scale="ue8m0", layout="bytes")),
     ]
     for when in ("planned", "cached"):
-        for number, (function, values, x, options) in enumerate(cases):
+        for number, (function, values, make, options) in enumerate(cases):
             expected = tuple(np.ascontiguousarray(np.asarray(a)).view(np.uint8)
                              for a in function(values, **options))  # fmt: skip
-            got = tuple(to_host_bytes(a).view(np.uint8) for a in function(x, **options))
+            got = tuple(to_host_bytes(a).view(np.uint8) for a in function(make(), **options))
             assert len(got) == len(expected), f"case {number}, {when}"
             for i, (g, e) in enumerate(zip(got, expected)):
                 assert np.array_equal(g.reshape(-1), e.reshape(-1)), f"case {number} {when} {i}"
@@ -310,9 +313,18 @@ TILE_CALLS = {
 
 
 @pytest.mark.parametrize("name", list(TILE_CALLS))
-def test_an_equal_tile_call_reuses_its_plan_and_any_difference_makes_one(tile_builds, name):
+def test_an_equal_tile_call_reuses_its_plan_and_any_difference_makes_one(
+    tile_builds, monkeypatch, name
+):
+    from fp8_group_quant import _run
+
     built, launched = tile_builds
     call = TILE_CALLS[name]
+    slow = []  # calls that missed the entry point's cache lookup
+    for function in ("quantize", "quantize_weight"):
+        original = getattr(_run, function)
+        counted = lambda *a, f=original, **k: slow.append(1) or f(*a, **k)  # noqa: E731
+        monkeypatch.setattr(_run, function, counted)
     arrays = [fake((256, 512), "bfloat16"), fake((384, 512), "bfloat16"),
               fake((256, 512), "float16"), fake((256, 512), "bfloat16", row=640),
               fake((256, 512), "bfloat16", offset=8),
@@ -322,8 +334,10 @@ def test_an_equal_tile_call_reuses_its_plan_and_any_difference_makes_one(tile_bu
         call(x)
         again = fake(tuple(x.shape), x.dtype.name, row=x.strides[0] // x.itemsize,
                      offset=x.data.ptr % 256, device=x.data.device_id)  # fmt: skip
+        missed = len(slow)
         call(again)  # the same layout elsewhere: the plan made for x, launched on `again`
         assert len(built) == before + 1, "an equal call made another plan"
+        assert len(slow) == missed, "an equal call missed the entry point's lookup"
         assert launched[-1][1] == again.data.ptr and launched[-2][1] == x.data.ptr
         request = built[-1][1]
         shape = request.output.shape if name.startswith("weight") else request.input_shape
