@@ -63,7 +63,7 @@ def quantize(x, call: Call, out, scale_out):
     if request.orientation != ROW_WISE:
         if info.kind == NUMPY:
             return _host.run_oriented(request, x, info, out, scale_out)
-        key = (*device_signature(x)[:-1], call.raw, *_operand_key(request, described))
+        key = _plan_key(x, call, request, described)
         return _device.tile_plan(info, request, key).run(info.ptr, out, scale_out)
     if info.kind == NUMPY:
         return _host.run(request, x, info, out, scale_out, call.arrays)
@@ -87,13 +87,19 @@ def device_plan(x, call: Call, out, scale_out, info=None, request=None, describe
     check_preparable(request)
     if request.residual:
         _check_residual_writes(info, described, out, scale_out)
-    key = (*device_signature(x)[:-1], call.raw, *_operand_key(request, described))
+    key = _plan_key(x, call, request, described)
     plan = _device.cached(key) or _device.make_plan(info, request, key)
     return plan, info, request, described
 
 
 def _name(operand: str) -> str:
     return "norm" if operand == "weight" else operand
+
+
+def _plan_key(x, call: Call, request: Request, described: dict) -> tuple:
+    """The plan cache's key of a GPU call: x's layout, the options as given, the other arrays'
+    layout (the entry point's lookup builds the same for a call without them)."""
+    return (*device_signature(x)[:-1], call.raw, *_operand_key(request, described))
 
 
 def _operand_key(request: Request, described: dict) -> tuple:
