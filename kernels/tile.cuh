@@ -28,7 +28,6 @@ template <int kScale>
 constexpr int tile_blocks_per_sm() {
   return kScale == kFloat32Scale ? 2 : 1;
 }
-enum : int { kCodePitch = kTile + 16 };  // bytes between channels of the transposed codes
 
 // how quantize_weight_blocks stores a block's scale (Params.weight_layout; _layout.py)
 enum WeightLayoutKind : int { kWeightFloat = 0, kWeightBytes = 1, kWeightPacked = 2 };
@@ -39,6 +38,19 @@ template <int kIn> struct TileShape {
   static constexpr int kRowsPerPass = kTileThreads / kLanes;
   static constexpr int kPasses = kTile / kRowsPerPass;                 // rows a thread
 };
+
+// where the column kernel keeps the code of (channel, token) in shared memory: each channel's
+// kTile tokens in a kTile-byte row, its 16-byte chunks permuted by the channel's lane
+// NOTES: a warp's byte stores there are one token row of each of its lanes' channels, which
+// lie kValues channels apart: rows padded to 144 bytes put all eight of a 16-bit row's lanes
+// in one bank (eight-way conflicts, sixteen-way for float32); with the chunks xor-permuted by
+// the lane they fall in eight banks (float32: two lanes a bank), and a thread of the store to
+// qt still reads 16 contiguous bytes
+template <int kIn>
+__device__ __forceinline__ int code_slot(int channel, int token) {
+  const int key = (channel / TileShape<kIn>::kValues) & 7;
+  return channel * kTile + ((((token >> 4) ^ key) << 4) | (token & 15));
+}
 
 // one lane of row `row`, columns [col, col + kValues), of batch `batch`: zeros past `rows` and
 // `cols`; vector loads where the lane is whole and `vec` (x's base and strides 16-byte aligned)
@@ -189,7 +201,7 @@ __device__ __forceinline__ void column_tile(const Params& p) {
   static_assert(kArith == kDefaultArith || (kProduct && kScale == kFloat32Scale),
                 "the column kernel's arithmetics: the default, or section 3c's of float scales");
   __shared__ u32 channel_max[kTileWarps][kTile];
-  __shared__ __align__(16) u8 codes_t[kTile * kCodePitch];
+  __shared__ __align__(16) u8 codes_t[kTile * kTile];
   const int group = static_cast<int>(blockIdx.x);  // the row-wise group: the tile's channels
   const u32 token_block = blockIdx.y;
   const int lane = threadIdx.x % S::kLanes;
@@ -295,7 +307,7 @@ __device__ __forceinline__ void column_tile(const Params& p) {
         u32 code = (word >> (8 * j)) & 0xffu;
         code = patch_nonfinite<kIn, false>(code, In::raw(words[i + j], v), p.nonfinite_codes);
         const u32 token = threadIdx.x / S::kLanes + (i + j) * S::kRowsPerPass;
-        codes_t[channel * kCodePitch + token] = static_cast<u8>(code);
+        codes_t[code_slot<kIn>(channel, static_cast<int>(token))] = static_cast<u8>(code);
       }
     }
     const u32 c = static_cast<u32>(group) * kTile + channel;
@@ -321,7 +333,7 @@ __device__ __forceinline__ void column_tile(const Params& p) {
     const i64 token = token0 + part * 16;
     if (token >= m) continue;
     u8* dst = p.qt + (static_cast<i64>(group) * kTile + channel) * m + token;
-    const u8* src = codes_t + channel * kCodePitch + part * 16;
+    const u8* src = codes_t + code_slot<kIn>(channel, part * 16);
     if (qt_vec && token + 16 <= m) {
       *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
     } else {
