@@ -200,6 +200,8 @@ __device__ __forceinline__ void column_tile(const Params& p) {
   constexpr bool kProduct = kArith == kReciprocalArith || kArith == kMultiplierArith;
   static_assert(kArith == kDefaultArith || (kProduct && kScale == kFloat32Scale),
                 "the column kernel's arithmetics: the default, or section 3c's of float scales");
+  // each warp's channel maxima, channel lane * kValues + v at v * kLanes + lane: a warp's
+  // lanes then read and write consecutive words (by channel they were four-way conflicts)
   __shared__ u32 channel_max[kTileWarps][kTile];
   __shared__ __align__(16) u8 codes_t[kTile * kTile];
   const int group = static_cast<int>(blockIdx.x);  // the row-wise group: the tile's channels
@@ -254,7 +256,7 @@ __device__ __forceinline__ void column_tile(const Params& p) {
   const u32 warp = threadIdx.x >> 5;
   if ((threadIdx.x & 31u) < static_cast<u32>(S::kLanes)) {
 #pragma unroll
-    for (int v = 0; v < S::kValues; ++v) channel_max[warp][lane * S::kValues + v] = magnitude[v];
+    for (int v = 0; v < S::kValues; ++v) channel_max[warp][v * S::kLanes + lane] = magnitude[v];
   }
   __syncthreads();
 
@@ -270,9 +272,9 @@ __device__ __forceinline__ void column_tile(const Params& p) {
 #pragma unroll
   for (int v = 0; v < S::kValues; ++v) {
     const int channel = lane * S::kValues + v;
-    u32 m = channel_max[0][channel];
+    u32 m = channel_max[0][v * S::kLanes + lane];
 #pragma unroll
-    for (int w = 1; w < kTileWarps; ++w) m = max(m, channel_max[w][channel]);
+    for (int w = 1; w < kTileWarps; ++w) m = max(m, channel_max[w][v * S::kLanes + lane]);
     const float amax = fmaxf(In::magnitude_to_f32(m), p.eps);
     float scale, factor;
     u32 exponent = 0u;
