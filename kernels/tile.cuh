@@ -48,6 +48,7 @@ template <int kIn> struct TileShape {
 // qt still reads 16 contiguous bytes
 template <int kIn>
 __device__ __forceinline__ int code_slot(int channel, int token) {
+  static_assert(kTile == 128, "eight 16-byte chunks a row: the xor key's three bits");
   const int key = (channel / TileShape<kIn>::kValues) & 7;
   return channel * kTile + ((((token >> 4) ^ key) << 4) | (token & 15));
 }
