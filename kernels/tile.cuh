@@ -25,10 +25,7 @@ namespace fgq {
 // of a tile block) are _abi.ENUMERATORS, in abi.cuh
 enum : int { kTileWarps = kTileThreads / 32 };
 // resident tile blocks an SM the kernels are compiled for: 64 registers, no spill (sm_90)
-template <int kScale>
-constexpr int tile_blocks_per_sm() {
-  return 4;
-}
+enum : int { kTileBlocksPerSm = 4 };
 
 // how quantize_weight_blocks stores a block's scale (Params.weight_layout; _layout.py)
 enum WeightLayoutKind : int { kWeightFloat = 0, kWeightBytes = 1, kWeightPacked = 2 };
@@ -139,7 +136,7 @@ __device__ __forceinline__ u32 block_max(u32 value, u32* warp_max) {
   return value;
 }
 
-// weight_block_tile (quantize_weight_blocks): w [E, N, K] in blocks of 128 x 128 --------------------
+// weight_block_tile (quantize_weight_blocks): w [E, N, K] in blocks of 128 x 128 ----------------
 // Grid (ceil(K / 128), ceil(N / 128), E). Params: rows = N, groups_per_row = kb, x_* strides,
 // q_batch_stride = N * K, eps, the format's numbers; the scale of block (b, i, j) goes to
 // scales + b * s_batch_stride + i * s_row_stride + j * s_word_stride (float words or bytes),
@@ -348,8 +345,9 @@ __device__ __forceinline__ void column_tile(const Params& p) {
         if constexpr (kProduct || kScale != kFloat32Scale) {
           scaled[j] = scaled_value<kOut, kMultiply>(value, scale, factor);
         } else {
-          scaled[j] = scale >= kMinFastDivisor ? scaled_value<kOut, kDivideFast>(value, scale, factor)
-                                               : scaled_value<kOut, kDivideExact>(value, scale, factor);
+          scaled[j] = scale >= kMinFastDivisor
+                          ? scaled_value<kOut, kDivideFast>(value, scale, factor)
+                          : scaled_value<kOut, kDivideExact>(value, scale, factor);
         }
       }
       const u32 word = Output<kOut>::encode4(scaled);
