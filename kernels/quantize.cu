@@ -406,14 +406,14 @@ __global__ void __maxnreg__((norm_registers<kIn, kLayout, kPer>()))
 // (one store a block), so the key is the input type, the format and the scale kind, and an
 // upstream's arithmetic (kArith: DeepGEMM's or torchao's, docs/spec.md section 3c)
 template <int kIn, int kOut, int kScale, int kArith = kDefaultArith>
-__global__ void __launch_bounds__(kTileThreads, tile_blocks_per_sm<kScale>()) quantize_weight_blocks(const __grid_constant__ Params p) {
+__global__ void __launch_bounds__(kTileThreads, kTileBlocksPerSm) quantize_weight_blocks(const __grid_constant__ Params p) {
   weight_block_tile<kIn, kOut, kScale, kArith>(p);
 }
 
 // orientation "col" (p.q null) and "both": one block a tile of 128 tokens by 128 channels;
 // kArith: torchao's arithmetic (docs/spec.md section 3c) or the default
 template <int kIn, int kOut, int kScale, int kLayout, int kArith = kDefaultArith>
-__global__ void __launch_bounds__(kTileThreads, tile_blocks_per_sm<kScale>()) quantize_columns(const __grid_constant__ Params p) {
+__global__ void __launch_bounds__(kTileThreads, kTileBlocksPerSm) quantize_columns(const __grid_constant__ Params p) {
   column_tile<kIn, kOut, kScale, kLayout, kArith>(p);
 }
 

@@ -2,13 +2,17 @@
 // a weight's 128x128 blocks (one scale a tile), and the column-wise orientation (one scale a
 // channel of the tile's 128 tokens), with the row-wise groups of the same read for "both".
 //
-// A block's 256 threads hold the tile in registers: each row is kLanes lanes of 32 bytes (16
-// values of 16-bit input, 8 of float32), consecutive threads along a row (coalesced 256- or
-// 512-byte runs), kPasses rows a thread 128 / kPasses apart. The tile maximum is a warp
-// shuffle reduction and a shared-memory step across the 8 warps; a channel's maximum over the
-// tile's tokens reduces the threads that hold the channel (shuffles within the warp, then
-// shared memory across warps). Column-wise codes go through shared memory, transposed, so qt
-// is stored in 16-byte runs of consecutive tokens. The per-group arithmetic is group.cuh's.
+// Each row is kLanes lanes of 32 bytes (16 values of 16-bit input, 8 of float32), consecutive
+// threads along a row (coalesced 256- or 512-byte runs), kPasses rows a thread 128 / kPasses
+// apart. A tile is read twice: the first pass only reduces (the tile maximum: warp shuffles and
+// a shared-memory step across the 8 warps; a channel's maximum over the tile's tokens: shuffles
+// over the threads of the channel, then shared memory), the second reads each lane again (from
+// L1, where the first pass left it), encodes and stores it, one row at a time.
+// NOTES: holding the tile in registers between the passes took 72-181 registers and one or two
+// blocks an SM, with a block's loads idle while it encoded (1.7-4.0x the roof, docs/perf.md);
+// the second read is L1 traffic, not DRAM's, and keeps four blocks an SM in flight.
+// Column-wise codes go through shared memory, transposed, so qt is stored in 16-byte runs of
+// consecutive tokens. The per-group arithmetic is group.cuh's.
 #pragma once
 #include "common.cuh"
 #include "formats.cuh"
@@ -20,15 +24,8 @@ namespace fgq {
 // kTile (rows and columns of a tile: a weight block, a token group) and kTileThreads (threads
 // of a tile block) are _abi.ENUMERATORS, in abi.cuh
 enum : int { kTileWarps = kTileThreads / 32 };
-// resident tile blocks an SM the kernels are compiled for
-// NOTES: two (128 registers) keep two tiles' loads in flight per SM; the float-scale kernels fit
-// them with no spill (sm_90), the UE8M0 ones need 160-175 registers (8 to 192 bytes spilled at
-// 128) and take one: the first thing to measure on the H200 (docs/perf.md)
-template <int kScale>
-constexpr int tile_blocks_per_sm() {
-  return kScale == kFloat32Scale ? 2 : 1;
-}
-enum : int { kCodePitch = kTile + 16 };  // bytes between channels of the transposed codes
+// resident tile blocks an SM the kernels are compiled for: 64 registers, no spill (sm_90)
+enum : int { kTileBlocksPerSm = 4 };
 
 // how quantize_weight_blocks stores a block's scale (Params.weight_layout; _layout.py)
 enum WeightLayoutKind : int { kWeightFloat = 0, kWeightBytes = 1, kWeightPacked = 2 };
@@ -39,6 +36,44 @@ template <int kIn> struct TileShape {
   static constexpr int kRowsPerPass = kTileThreads / kLanes;
   static constexpr int kPasses = kTile / kRowsPerPass;                 // rows a thread
 };
+
+// where the column kernel keeps the code of (channel, token) in shared memory: each channel's
+// kTile tokens in a kTile-byte row, its 16-byte chunks permuted by the channel's lane
+// NOTES: a warp's byte stores there are one token row of each of its lanes' channels, which
+// lie kValues channels apart: rows padded to 144 bytes put all eight of a 16-bit row's lanes
+// in one bank (eight-way conflicts, sixteen-way for float32); with the chunks xor-permuted by
+// the lane they fall in eight banks (float32: two lanes a bank), and a thread of the store to
+// qt still reads 16 contiguous bytes
+template <int kIn>
+__device__ __forceinline__ int code_slot(int channel, int token) {
+  static_assert(kTile == 128, "eight 16-byte chunks a row: the xor key's three bits");
+  const int key = (channel / TileShape<kIn>::kValues) & 7;
+  return channel * kTile + ((((token >> 4) ^ key) << 4) | (token & 15));
+}
+
+// the finite magnitudes of one loaded word, zero for Inf and NaN: 16-bit inputs two a word (its
+// halves), for max_magnitudes; a channel's running maximum then costs an instruction a word
+template <int kIn>
+__device__ __forceinline__ u32 finite_magnitudes(u32 word) {
+  typedef Input<kIn> In;
+  if constexpr (In::kBytes == 2) {
+    const u32 m = word & ((In::kSign - 1u) * 0x10001u);
+    return m & __vcmpltu2(m, In::kInf * 0x10001u);  // a half's mask: all ones where finite
+  } else {
+    const u32 m = word & (In::kSign - 1u);
+    return m < In::kInf ? m : 0u;
+  }
+}
+
+// the larger of two finite_magnitudes, half by half for 16-bit inputs
+template <int kIn>
+__device__ __forceinline__ u32 max_magnitudes(u32 a, u32 b) {
+  if constexpr (Input<kIn>::kBytes == 2) {
+    return __vmaxu2(a, b);
+  } else {
+    return max(a, b);
+  }
+}
 
 // one lane of row `row`, columns [col, col + kValues), of batch `batch`: zeros past `rows` and
 // `cols`; vector loads where the lane is whole and `vec` (x's base and strides 16-byte aligned)
@@ -101,7 +136,7 @@ __device__ __forceinline__ u32 block_max(u32 value, u32* warp_max) {
   return value;
 }
 
-// weight_block_tile (quantize_weight_blocks): w [E, N, K] in blocks of 128 x 128 --------------------
+// weight_block_tile (quantize_weight_blocks): w [E, N, K] in blocks of 128 x 128 ----------------
 // Grid (ceil(K / 128), ceil(N / 128), E). Params: rows = N, groups_per_row = kb, x_* strides,
 // q_batch_stride = N * K, eps, the format's numbers; the scale of block (b, i, j) goes to
 // scales + b * s_batch_stride + i * s_row_stride + j * s_word_stride (float words or bytes),
@@ -121,31 +156,32 @@ __device__ __forceinline__ void weight_block_tile(const Params& p) {
   const i64 col = static_cast<i64>(block_col) * kTile + lane * S::kValues;
   const bool vec = p.x_aligned != 0u;
 
-  // load, and the tile's largest finite magnitude
-  u32 words[S::kPasses][kLaneWords];
+  // the tile's largest finite magnitude: every lane's loads in flight together, none kept
   u32 magnitude = 0u;
   wait_for_producer();
 #pragma unroll
   for (int i = 0; i < S::kPasses; ++i) {
-    load_tile_lane<kIn>(p, batch, first_row + i * S::kRowsPerPass, col, cols, vec, words[i]);
-    magnitude = max(magnitude, max_finite_magnitude<kIn>(words[i]));
+    u32 words[kLaneWords];
+    load_tile_lane<kIn>(p, batch, first_row + i * S::kRowsPerPass, col, cols, vec, words);
+    magnitude = max(magnitude, max_finite_magnitude<kIn>(words));
   }
   signal_dependents();
   magnitude = block_max(magnitude, warp_max);
   const float amax = fmaxf(Input<kIn>::magnitude_to_f32(magnitude), p.eps);
 
-  // encode and store each row's lane
+  // each row's lane read again, encoded and stored; a rolled loop holds one lane at a time
   float scale = 0.0f;
   u32 exponent = 0u;
   const bool q_vec = cols % S::kValues == 0;  // rows K bytes apart: whole lanes stay aligned
-#pragma unroll
+#pragma unroll 1
   for (int i = 0; i < S::kPasses; ++i) {
     const u32 row = first_row + i * S::kRowsPerPass;
+    u32 words[kLaneWords];
+    load_tile_lane<kIn>(p, batch, row, col, cols, vec, words);
     u32 codes[S::kValues / 4];
-    scale = encode_scaled<kIn, kOut, kScale, S::kValues, kArith>(p, words[i], amax, exponent,
-                                                                 codes);
-    if (__builtin_expect(Input<kIn>::max_magnitude(words[i]) >= Input<kIn>::kInf, 0)) {
-      patch_group<kIn, false, S::kValues>(p, words[i], codes);
+    scale = encode_scaled<kIn, kOut, kScale, S::kValues, kArith>(p, words, amax, exponent, codes);
+    if (__builtin_expect(Input<kIn>::max_magnitude(words) >= Input<kIn>::kInf, 0)) {
+      patch_group<kIn, false, S::kValues>(p, words, codes);
     }
     if (row < p.rows) {
       u8* dst = p.q + batch * p.q_batch_stride + static_cast<i64>(row) * cols + col;
@@ -188,8 +224,11 @@ __device__ __forceinline__ void column_tile(const Params& p) {
   constexpr bool kProduct = kArith == kReciprocalArith || kArith == kMultiplierArith;
   static_assert(kArith == kDefaultArith || (kProduct && kScale == kFloat32Scale),
                 "the column kernel's arithmetics: the default, or section 3c's of float scales");
-  __shared__ u32 channel_max[kTileWarps][kTile];
-  __shared__ __align__(16) u8 codes_t[kTile * kCodePitch];
+  // a channel's entries (lane * kValues + v) sit at slot v * kLanes + lane: a warp's lanes then
+  // read and write consecutive words (by channel they were four-way conflicts)
+  __shared__ u32 channel_max[kTileWarps][kTile];    // each warp's maxima
+  __shared__ float2 channel_scale[kTile];  // the channel's scale and scaled_value's factor
+  __shared__ __align__(16) u8 codes_t[kTile * kTile];
   const int group = static_cast<int>(blockIdx.x);  // the row-wise group: the tile's channels
   const u32 token_block = blockIdx.y;
   const int lane = threadIdx.x % S::kLanes;
@@ -198,55 +237,42 @@ __device__ __forceinline__ void column_tile(const Params& p) {
   const i64 col = static_cast<i64>(group) * kTile + lane * S::kValues;
   const bool vec = p.x_aligned != 0u;
 
-  u32 words[S::kPasses][kLaneWords];
+  // each channel's largest finite magnitude over this thread's rows (loads in flight
+  // together, none kept), then over the threads of the warp that hold the channel
+  u32 magnitudes[kLaneWords];  // word w's channels
+#pragma unroll
+  for (int w = 0; w < kLaneWords; ++w) magnitudes[w] = 0u;
   wait_for_producer();
 #pragma unroll
   for (int i = 0; i < S::kPasses; ++i) {
-    load_tile_lane<kIn>(p, 0u, first_row + i * S::kRowsPerPass, col, k, vec, words[i]);
+    u32 words[kLaneWords];
+    load_tile_lane<kIn>(p, 0u, first_row + i * S::kRowsPerPass, col, k, vec, words);
+#pragma unroll
+    for (int w = 0; w < kLaneWords; ++w) {
+      magnitudes[w] = max_magnitudes<kIn>(magnitudes[w], finite_magnitudes<kIn>(words[w]));
+    }
   }
   signal_dependents();
-
-  // the row-wise groups ("both"): each row's kLanes lanes, as every other kernel quantizes them
-  if (p.q != nullptr) {
-    const u32 warp_lane = threadIdx.x & 31u;
-    const u32 mask = ((1u << S::kLanes) - 1u) << (warp_lane & ~static_cast<u32>(S::kLanes - 1));
+  const u32 warp = threadIdx.x >> 5;
 #pragma unroll
-    for (int i = 0; i < S::kPasses; ++i) {
-      const u32 row = first_row + i * S::kRowsPerPass;
-      const bool real = row < p.rows;
-      quantize_group<kIn, kTile, kOut, kScale, kLayout, false, false, false, kArith>(
-          p, words[i], S::kLanes == 32 ? kAllLanes : mask, real, p.q + row * k + col, real,
-          ScaleLayout<kLayout>::at(p, 0u, row, group), real && lane == 0, group);
-      if (row + 1u == p.rows) {
-        zero_padding_rows<S::kValues, S::kLanes, kLayout>(p, p.q + col, k, 0u, row, group, lane);
+  for (int w = 0; w < kLaneWords; ++w) {
+    u32 m = magnitudes[w];
+#pragma unroll
+    for (int offset = S::kLanes; offset < 32; offset *= 2) {
+      m = max_magnitudes<kIn>(m, __shfl_xor_sync(kAllLanes, m, offset));
+    }
+    if ((threadIdx.x & 31u) < static_cast<u32>(S::kLanes)) {
+      constexpr int kPerWord = 4 / In::kBytes;
+#pragma unroll
+      for (int h = 0; h < kPerWord; ++h) {
+        const int v = w * kPerWord + h;
+        channel_max[warp][v * S::kLanes + lane] = kPerWord == 2 ? (m >> (16 * h)) & 0xffffu : m;
       }
     }
   }
-
-  // each channel's largest finite magnitude over the tile's tokens
-  u32 magnitude[S::kValues];
-#pragma unroll
-  for (int v = 0; v < S::kValues; ++v) {
-    u32 m = 0u;
-#pragma unroll
-    for (int i = 0; i < S::kPasses; ++i) {
-      const u32 a = In::raw(words[i], v) & (In::kSign - 1u);
-      m = max(m, a < In::kInf ? a : 0u);
-    }
-#pragma unroll
-    for (int offset = S::kLanes; offset < 32; offset *= 2) {
-      m = max(m, __shfl_xor_sync(kAllLanes, m, offset));
-    }
-    magnitude[v] = m;
-  }
-  const u32 warp = threadIdx.x >> 5;
-  if ((threadIdx.x & 31u) < static_cast<u32>(S::kLanes)) {
-#pragma unroll
-    for (int v = 0; v < S::kValues; ++v) channel_max[warp][lane * S::kValues + v] = magnitude[v];
-  }
   __syncthreads();
 
-  // each channel's scale, its codes (transposed into shared memory) and, once, its scale
+  // each channel's scale, by one thread a channel, which also stores it
   Params t = p;  // the column-wise result's layout
   t.scales = p.scales_t;
   t.s_batch_stride = 0;
@@ -255,12 +281,12 @@ __device__ __forceinline__ void column_tile(const Params& p) {
   t.groups_per_row = p.t_groups;
   t.scale_rows = p.t_scale_rows;
   const int token_group = static_cast<int>(token_block);
+  if (threadIdx.x < static_cast<u32>(kTile)) {
+    const int slot = static_cast<int>(threadIdx.x);
+    const int channel = (slot % S::kLanes) * S::kValues + slot / S::kLanes;
+    u32 m = channel_max[0][slot];
 #pragma unroll
-  for (int v = 0; v < S::kValues; ++v) {
-    const int channel = lane * S::kValues + v;
-    u32 m = channel_max[0][channel];
-#pragma unroll
-    for (int w = 1; w < kTileWarps; ++w) m = max(m, channel_max[w][channel]);
+    for (int w = 1; w < kTileWarps; ++w) m = max(m, channel_max[w][slot]);
     const float amax = fmaxf(In::magnitude_to_f32(m), p.eps);
     float scale, factor;
     u32 exponent = 0u;
@@ -274,40 +300,63 @@ __device__ __forceinline__ void column_tile(const Params& p) {
       scale = __uint_as_float(exponent << 23);
       factor = ue8m0_inverse<kOut>(exponent);
     }
+    channel_scale[slot] = make_float2(scale, factor);
+    const u32 c = static_cast<u32>(group) * kTile + channel;
+    ScaleLayout<kLayout>::store_at(ScaleLayout<kLayout>::at(t, 0u, c, token_group), t,
+                                   token_group, scale, exponent, true, true);
+  }
+  // the padding rows (channels K .. t_scale_rows) of this token group's scales
+  if (group + 1 == p.groups_per_row && threadIdx.x == 0) {
+    for (u32 c = static_cast<u32>(k); c < p.t_scale_rows; ++c) {
+      ScaleLayout<kLayout>::zero(t, 0u, c, token_group);
+    }
+  }
+  __syncthreads();
+
+  // each row's lane read again: its row-wise group ("both"), as every other kernel quantizes
+  // it, and its values' column-wise codes, transposed into shared memory; a rolled loop holds
+  // one lane at a time
+  const u32 warp_lane = threadIdx.x & 31u;
+  const u32 mask = ((1u << S::kLanes) - 1u) << (warp_lane & ~static_cast<u32>(S::kLanes - 1));
+#pragma unroll 1
+  for (int i = 0; i < S::kPasses; ++i) {
+    const u32 row = first_row + i * S::kRowsPerPass;
+    u32 words[kLaneWords];
+    load_tile_lane<kIn>(p, 0u, row, col, k, vec, words);
+    if (p.q != nullptr) {
+      const bool real = row < p.rows;
+      quantize_group<kIn, kTile, kOut, kScale, kLayout, false, false, false, kArith>(
+          p, words, S::kLanes == 32 ? kAllLanes : mask, real, p.q + row * k + col, real,
+          ScaleLayout<kLayout>::at(p, 0u, row, group), real && lane == 0, group);
+      if (row + 1u == p.rows) {
+        zero_padding_rows<S::kValues, S::kLanes, kLayout>(p, p.q + col, k, 0u, row, group, lane);
+      }
+    }
+    const int token = static_cast<int>(threadIdx.x) / S::kLanes + i * S::kRowsPerPass;
 #pragma unroll
-    for (int i = 0; i < S::kPasses; i += 4) {  // four tokens a code word
+    for (int v = 0; v < S::kValues; v += 4) {  // four channels a code word
       float scaled[4];
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const float value = value_of<kIn>(words[i + j], v);
-        if constexpr (kProduct) {
+        const int slot = (v + j) * S::kLanes + lane;
+        const float value = value_of<kIn>(words, v + j);
+        const float2 pair = channel_scale[slot];
+        const float scale = pair.x, factor = pair.y;
+        if constexpr (kProduct || kScale != kFloat32Scale) {
           scaled[j] = scaled_value<kOut, kMultiply>(value, scale, factor);
-        } else if constexpr (kScale == kFloat32Scale) {
-          scaled[j] = scale >= kMinFastDivisor ? scaled_value<kOut, kDivideFast>(value, scale, factor)
-                                               : scaled_value<kOut, kDivideExact>(value, scale, factor);
         } else {
-          scaled[j] = scaled_value<kOut, kMultiply>(value, scale, factor);
+          scaled[j] = scale >= kMinFastDivisor
+                          ? scaled_value<kOut, kDivideFast>(value, scale, factor)
+                          : scaled_value<kOut, kDivideExact>(value, scale, factor);
         }
       }
       const u32 word = Output<kOut>::encode4(scaled);
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         u32 code = (word >> (8 * j)) & 0xffu;
-        code = patch_nonfinite<kIn, false>(code, In::raw(words[i + j], v), p.nonfinite_codes);
-        const u32 token = threadIdx.x / S::kLanes + (i + j) * S::kRowsPerPass;
-        codes_t[channel * kCodePitch + token] = static_cast<u8>(code);
+        code = patch_nonfinite<kIn, false>(code, In::raw(words, v + j), p.nonfinite_codes);
+        codes_t[code_slot<kIn>(lane * S::kValues + v + j, token)] = static_cast<u8>(code);
       }
-    }
-    const u32 c = static_cast<u32>(group) * kTile + channel;
-    if (threadIdx.x < static_cast<u32>(S::kLanes)) {  // one thread a channel stores its scale
-      ScaleLayout<kLayout>::store_at(ScaleLayout<kLayout>::at(t, 0u, c, token_group), t,
-                                     token_group, scale, exponent, true, true);
-    }
-  }
-  // the padding rows (channels K .. t_scale_rows) of this token group's scales
-  if (group + 1 == p.groups_per_row && threadIdx.x == 0) {
-    for (u32 c = static_cast<u32>(k); c < p.t_scale_rows; ++c) {
-      ScaleLayout<kLayout>::zero(t, 0u, c, token_group);
     }
   }
   __syncthreads();
@@ -321,7 +370,7 @@ __device__ __forceinline__ void column_tile(const Params& p) {
     const i64 token = token0 + part * 16;
     if (token >= m) continue;
     u8* dst = p.qt + (static_cast<i64>(group) * kTile + channel) * m + token;
-    const u8* src = codes_t + channel * kCodePitch + part * 16;
+    const u8* src = codes_t + code_slot<kIn>(channel, part * 16);
     if (qt_vec && token + 16 <= m) {
       *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
     } else {
