@@ -122,11 +122,9 @@ def test_col_floor_rule(backend, orientation):
     assert_same_bytes(to_host_bytes(got[-1]), scales.astype("<f4"), "scales_t (logical order)")
 
 
-@pytest.mark.parametrize("backend", NUMPY_AND_GPU)
-@pytest.mark.parametrize("layout, scale", [("col", "float32"), ("packed", "ue8m0")])
-# a partial last group, NaN/Inf: both results of one call, every byte, into poisoned pairs
-def test_both_against_model(backend, layout, scale):
-    x = activations(np.random.default_rng(1), (200, 256), "bfloat16", specials=True)
+def check_both(x, backend, layout, scale):
+    """orientation="both" into four poisoned outputs: every byte of both results against the
+    model, then the allocating call."""
     (q_spec, s_spec), (qt_spec, st_spec) = _specs(x, 128, "e4m3", scale, layout, "both")
     outs = [poisoned_spec(spec, backend, poison) for spec, poison in (
         (q_spec, Q_POISON), (s_spec, SCALE_POISON), (qt_spec, Q_POISON), (st_spec, SCALE_POISON)
@@ -136,16 +134,37 @@ def test_both_against_model(backend, layout, scale):
                        orientation="both", out=(q, qt), scale_out=(s, st))  # fmt: skip
     assert isinstance(got, fgq.BothOrientations)
     assert got.q is q and got.scales is s and got.qt is qt and got.scales_t is st
+    what = f"{backend} {x.dtype} {x.shape} both {layout} {scale}"
     q_bytes, s_bytes = model_rows(x, 128, "e4m3", scale, layout)
     qt_bytes, st_bytes = model_columns(x, 128, "e4m3", scale, layout)
-    assert_same_bytes(to_host_bytes(q_buf), q_bytes, "q", inputs=x)
-    assert_same_bytes(to_host_bytes(s_buf), s_bytes, "scales")
-    assert_same_bytes(to_host_bytes(qt_buf), qt_bytes, "qt", inputs=x.T)
-    assert_same_bytes(to_host_bytes(st_buf), st_bytes, "scales_t")
+    assert_same_bytes(to_host_bytes(q_buf), q_bytes, f"q ({what})", inputs=x)
+    assert_same_bytes(to_host_bytes(s_buf), s_bytes, f"scales ({what})")
+    assert_same_bytes(to_host_bytes(qt_buf), qt_bytes, f"qt ({what})", inputs=x.T)
+    assert_same_bytes(to_host_bytes(st_buf), st_bytes, f"scales_t ({what})")
     allocated = fgq.quantize(to_device(x, backend), 128, scale=scale, layout=layout,
                              orientation="both")  # fmt: skip
     expected = (q_bytes, to_host_bytes(s), qt_bytes, to_host_bytes(st))
-    assert_allocated(allocated, expected, f"{backend} both {layout}")
+    assert_allocated(allocated, expected, what)
+
+
+@pytest.mark.parametrize("backend", NUMPY_AND_GPU)
+@pytest.mark.parametrize("layout, scale", [("col", "float32"), ("packed", "ue8m0")])
+# a partial last group, NaN/Inf: both results of one call, every byte, into poisoned pairs
+def test_both_against_model(backend, layout, scale):
+    x = activations(np.random.default_rng(1), (200, 256), "bfloat16", specials=True)
+    check_both(x, backend, layout, scale)
+
+
+@pytest.mark.parametrize("backend", NUMPY_AND_GPU)
+@pytest.mark.parametrize("layout, scale", LAYOUT_SCALES)
+@pytest.mark.parametrize("input_dtype", INPUTS)
+# every input type and layout; M from one token to eight token groups and a partial ninth (more
+# tiles than a few SMs hold at once), K of one to three groups
+@pytest.mark.parametrize("m, k", [(1, 128), (127, 384), (129, 256), (1100, 128)])
+def test_both_sweep(backend, layout, scale, input_dtype, m, k):
+    seed = (LAYOUT_SCALES.index((layout, scale)) * 3 + INPUTS.index(input_dtype)) * 7 + m + k
+    x = activations(np.random.default_rng(seed), (m, k), input_dtype, specials=True)
+    check_both(x, backend, layout, scale)
 
 
 def test_both_row_half_equals_row_call():

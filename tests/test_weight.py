@@ -95,9 +95,11 @@ def test_gpu_refuses_e5m2():
 
 
 @pytest.mark.parametrize("backend", NUMPY_AND_GPU)
-# N and K across 1..300: below, at and past one and two blocks, odd and multiple-of-4 rows
+# N and K across 1..300: below, at and past one and two blocks, odd and multiple-of-4 rows; and
+# 9 x 5 blocks, partial both ways (more tiles than a few SMs hold at once)
 @pytest.mark.parametrize("n, k", [(1, 1), (1, 300), (3, 127), (4, 128), (127, 129), (128, 128),
-                                  (129, 255), (200, 256), (256, 17), (300, 300)])  # fmt: skip
+                                  (129, 255), (200, 256), (256, 17), (300, 300),
+                                  (1030, 520)])  # fmt: skip
 def test_weight_shape_sweep(backend, n, k):
     w = weights(np.random.default_rng(n * 1000 + k), (n, k), "bfloat16")
     check_weight(w, backend, scale="ue8m0", layout="packed")
