@@ -15,8 +15,10 @@ from backends import (
 from helpers import ISSUE_SHAPES, NP_INPUT, activations
 
 import fp8_group_quant as fgq
-from fp8_group_quant import reference
+from fp8_group_quant import _arrays, _request, reference
+from fp8_group_quant._arrays import TORCH, describe, device_allocator, strided_extent
 from fp8_group_quant._layout import Geometry
+from fp8_group_quant._outputs import specs, transposed_specs
 from fp8_group_quant._tuning import Tuning
 
 
@@ -536,3 +538,48 @@ def test_norm_grid_policy(monkeypatch, rows, residual, knob, blocks):
     one_lane = _plan.norm_blocks(rows, residual, 2, 132, 1, tuning)
     walks = knob is None and residual and rows > 264
     assert one_lane == (264 if walks else blocks)
+
+
+# every layout, M with and without the padding's multiple, batched (not blocked: 2-D only) and not
+@pytest.mark.parametrize("layout, shape", [
+    (layout, shape)
+    for layout in ("row", "col", "col_tma", "packed", "packed_row", "blocked")
+    for shape in ((1, 512), (4, 512), (6, 1024), (128, 512), (2, 5, 512))
+    if layout != "blocked" or len(shape) == 2
+])  # fmt: skip
+def test_torch_allocation_owns_the_layouts_storage(monkeypatch, layout, shape):
+    """The torch allocator takes empty_strided only where the view's extent is the storage the
+    layout owns (the kernel writes padding past the view): every output of every layout gets
+    at least its storage, with the spec's shape and strides (both orientations' outputs)."""
+    torch = pytest.importorskip("torch")
+
+    class CpuTorch:  # torch with "cuda" devices mapped to the CPU
+        def __getattr__(self, name):
+            return getattr(torch, name)
+
+        def device(self, kind, index=None):
+            return torch.device("cpu")
+
+    monkeypatch.setattr(_arrays, "_torch", lambda: CpuTorch())
+    scale = "ue8m0" if layout.startswith(("packed", "blocked")) else "float32"
+    x = np.zeros(shape, np.float32)
+    oriented = len(shape) == 2 and layout != "blocked"  # and the column-wise result's
+    options = _request.check_options(128, "e4m3", scale, layout,
+                                     orientation="both" if oriented else "row")  # fmt: skip
+    request = _request.make_request(describe(x, "x"), options)
+    for spec in specs(request) + (transposed_specs(request) if oriented else ()):
+        extent = strided_extent(spec.shape, spec.strides)
+        assert extent <= spec.storage  # the view lies inside its storage
+        if spec.shape:  # against numpy's reading of the same strides
+            span = np.lib.stride_tricks.as_strided(np.arange(spec.storage + 1), spec.shape,
+                                                   [s * 8 for s in spec.strides])  # fmt: skip
+            assert extent == (int(span.max()) + 1 if span.size else 0)
+        made = device_allocator(TORCH, 0, *spec.allocation(TORCH))()
+        assert tuple(made.shape) == tuple(spec.shape)
+        assert made.untyped_storage().nbytes() >= spec.storage * made.element_size()
+        if made.numel() > 1:
+            assert _same_view_strides(made, spec)
+
+
+def _same_view_strides(made, spec) -> bool:
+    return all(n <= 1 or a == b for n, a, b in zip(spec.shape, made.stride(), spec.strides))
