@@ -57,7 +57,7 @@ template <int kIn>
 __device__ __forceinline__ u32 finite_magnitudes(u32 word) {
   typedef Input<kIn> In;
   if constexpr (In::kBytes == 2) {
-    const u32 m = word & ((In::kSign - 1u) * 0x10001u);
+    const u32 m = word & kHalfMagnitudes;
     return m & __vcmpltu2(m, In::kInf * 0x10001u);  // a half's mask: all ones where finite
   } else {
     const u32 m = word & (In::kSign - 1u);
@@ -69,7 +69,7 @@ __device__ __forceinline__ u32 finite_magnitudes(u32 word) {
 template <int kIn>
 __device__ __forceinline__ u32 max_magnitudes(u32 a, u32 b) {
   if constexpr (Input<kIn>::kBytes == 2) {
-    return __vmaxu2(a, b);
+    return max_u16x2(a, b);
   } else {
     return max(a, b);
   }
