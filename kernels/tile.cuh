@@ -7,10 +7,10 @@
 // apart. A tile is read twice: the first pass only reduces (the tile maximum: warp shuffles and
 // a shared-memory step across the 8 warps; a channel's maximum over the tile's tokens: shuffles
 // over the threads of the channel, then shared memory), the second reads each lane again (from
-// L1, where the first pass left it), encodes and stores it, one row at a time.
+// L1 where the first pass left it, else L2), encodes and stores it, one row at a time.
 // NOTES: holding the tile in registers between the passes took 72-181 registers and one or two
 // blocks an SM, with a block's loads idle while it encoded (1.7-4.0x the roof, docs/perf.md);
-// the second read is L1 traffic, not DRAM's, and keeps four blocks an SM in flight.
+// the second read is L1 or L2 traffic, not DRAM's, and keeps four blocks an SM in flight.
 // Column-wise codes go through shared memory, transposed, so qt is stored in 16-byte runs of
 // consecutive tokens. The per-group arithmetic is group.cuh's.
 #pragma once
