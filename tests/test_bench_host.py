@@ -52,6 +52,40 @@ def test_quantiles_are_of_single_calls_and_the_queue_is_drained_outside_them():
     assert count[0] == 300 and synced[0] == 1 + 4  # 200 warm-up calls, then a sync per 25
 
 
+def test_interleaved_timing_rotates_the_order_each_round():
+    order: list = []
+    calls = {name: (lambda n=name: order.append(n)) for name in ("a", "b", "c")}
+    synced = [0]
+    timed = timing.interleaved_quantiles_us(calls, lambda: synced.__setitem__(0, synced[0] + 1),
+                                            each=30, rounds=3)  # fmt: skip
+    # each round: 20 warm-up calls and 10 timed a name, the names rotated by one a round
+    firsts = [order[i * 90] for i in range(3)]
+    assert firsts == ["a", "b", "c"]
+    assert all(order.count(name) == 3 * 30 for name in calls)
+    assert set(timed) == {"a", "b", "c"} and synced[0] == 3 * 3 * 2  # after warm-up and run
+    for p50, p90, rounds in timed.values():
+        assert p50 <= p90 and len(rounds) == 3
+
+
+def test_the_launch_floors_are_timed_interleaved_and_compared(monkeypatch, capsys):
+    def slow():  # about 0.5 ms: slower than the others in every round
+        time.sleep(0.0005)
+
+    monkeypatch.setattr(host, "CALLS", 40)
+    monkeypatch.setattr(_hooks, "driver_call", lambda: lambda: None)
+    monkeypatch.setattr(_hooks, "empty_launches", lambda device, stream: {
+        "bindings": lambda: None, "cuda.core": slow, "cupy": "no CuPy kernel here"})  # fmt: skip
+    stream = type("Stream", (), {"ptr": 0, "synchronize": lambda self: None})()
+    rows = host._floors(0, stream)
+    by_line = {row["line"]: row for row in rows}
+    assert by_line["empty kernel: cuda.core LaunchConfig + launch"]["p50_us"] > 100
+    assert len(by_line["empty kernel: cuda.bindings, pre-packed"]["rounds_p50_us"]) == 10
+    assert by_line["empty kernel: CuPy RawKernel"]["skipped"] == "no CuPy kernel here"
+    out = capsys.readouterr().out
+    assert "fastest launch of the empty kernel: bindings" in out
+    assert "the fastest in 10 of 10 interleaved rounds" in out
+
+
 def test_the_ratios_hold_each_target_to_its_torch_op(capsys):
     rows = [{"lib": "torch", "M": 1, "K": 7168, "line": line, "p50_us": us}
             for line, us in (("torch.abs(x, out=y)", 10.0), ("torch.abs(x)", 12.0),

@@ -4,9 +4,11 @@ op timed in the same process.
 Every line is the host time of single calls, p50 and p90 of ``CALLS`` calls (``timing.
 call_quantiles_us``), all on one stream (a CuPy stream, which torch uses too). The floors: an
 empty kernel launched through NVIDIA's bindings with pre-packed arguments (the library's
-launch), through ``cuda.core`` and through CuPy's ``RawKernel``, and a driver call that launches
-nothing. Then, at each M (``--m``, default 1, 16, 64) and K (``--k``, default 7168), bf16 input:
-``torch.abs(x, out=y)`` and ``torch.abs(x)``, and for torch and CuPy inputs the steps of
+launch), through ``cuda.core`` and through CuPy's ``RawKernel``, timed interleaved in rounds
+(``timing.interleaved_quantiles_us``: each round's p50 kept, and in how many rounds the fastest
+was fastest), and a driver call that launches nothing. Then, at each M (``--m``, default 1,
+16, 64) and K (``--k``, default 7168), bf16 input: ``torch.abs(x, out=y)`` and
+``torch.abs(x)``, and for torch and CuPy inputs the steps of
 ``quantize_packed(x)``'s fast path each alone (describing x, the plan lookup, allocation,
 argument packing, the launch), a prepared call, ``quantize_packed(x)`` and, for torch, the torch
 custom op. Last, the ratios the targets are set in (issue 45): a prepared call at most 1.0x
@@ -23,7 +25,7 @@ from .. import api
 from .._sample import activation
 from . import _hooks
 from .shapes import own_k, own_m
-from .timing import call_quantiles_us
+from .timing import call_quantiles_us, interleaved_quantiles_us
 
 HOST_M = (1, 16, 64)
 HOST_K = 7168
@@ -94,13 +96,29 @@ def _floors(device: int, stream) -> list[dict]:
     names = {"bindings": "empty kernel: cuda.bindings, pre-packed",
              "cuda.core": "empty kernel: cuda.core LaunchConfig + launch",
              "cupy": "empty kernel: CuPy RawKernel"}  # fmt: skip
+    runnable = {way: call for way, call in launches.items() if callable(call)}
+    # NOTES: the ways are timed interleaved, in rounds, so that the choice between two launches
+    # a fraction of a microsecond apart does not rest on which one ran first
+    timed = interleaved_quantiles_us(runnable, stream.synchronize, CALLS) if runnable else {}
     for way, line in names.items():
-        _line(rows, line, launches[way], stream.synchronize)
-    timed = {way: r["p50_us"] for way, r in zip(names, rows[-3:]) if "p50_us" in r}
+        row = {"lib": "-", "M": "-", "K": "-", "line": line}
+        if way in timed:
+            row["p50_us"], row["p90_us"], row["rounds_p50_us"] = timed[way]
+            print(f"{line:<44} {'-':>6} {'-':>5} {row['p50_us']:>8.2f} {row['p90_us']:>8.2f}")
+        else:
+            row["skipped"] = launches[way] or "not available here"
+            print(f"{line:<44} {'-':>6} {'-':>5}   skipped: {row['skipped']}")
+        rows.append(row)
     if len(timed) > 1:
-        fastest = min(timed, key=timed.get)  # type: ignore[arg-type]
-        print(f"# fastest launch of the empty kernel: {fastest} ({timed[fastest]:.2f} us p50); "
-              f"the library launches through cuda.bindings")  # fmt: skip
+        p50 = {way: result[0] for way, result in timed.items()}
+        fastest = min(p50, key=p50.get)  # type: ignore[arg-type]
+        rounds = len(timed[fastest][2])
+        wins = sum(
+            all(timed[fastest][2][r] <= timed[way][2][r] for way in timed) for r in range(rounds)
+        )
+        print(f"# fastest launch of the empty kernel: {fastest} ({p50[fastest]:.2f} us p50, the "
+              f"fastest in {wins} of {rounds} interleaved rounds); the library launches through "
+              f"cuda.bindings")  # fmt: skip
     return rows
 
 

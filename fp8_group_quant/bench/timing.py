@@ -128,6 +128,29 @@ def eager_time_us(sync, call, iterations: int = 200, repeats: int = 11) -> float
     return statistics.median(times)
 
 
+def interleaved_quantiles_us(calls: dict, sync=None, each: int = 10_000, rounds: int = 10):
+    """{name: (p50, p90, [each round's p50])} of the host time of single calls of each of
+    ``calls``, timed in ``rounds`` rounds of ``each // rounds`` calls a name, the names' order
+    rotated a round: a drift of the host over the run (clocks, other processes) falls on every
+    name alike, and the per-round medians show how far one comparison can be trusted.
+    """
+    names = list(calls)
+    samples: dict = {name: [] for name in names}
+    rounds_p50: dict = {name: [] for name in names}
+    per_round = max(1, each // rounds)
+    for r in range(rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            p50, _, taken = _quantiles_and_samples(calls[name], sync, per_round, warmup=20)
+            samples[name] += taken
+            rounds_p50[name].append(p50)
+    out = {}
+    for name in names:
+        taken = sorted(samples[name])
+        out[name] = (taken[len(taken) // 2] / 1e3, taken[(len(taken) * 9) // 10] / 1e3,
+                     rounds_p50[name])  # fmt: skip
+    return out
+
+
 def call_quantiles_us(call, sync=None, calls: int = 10_000, sync_every: int = 500):
     """(p50, p90) of the host time of ``calls`` single calls, in microseconds.
 
@@ -136,8 +159,14 @@ def call_quantiles_us(call, sync=None, calls: int = 10_000, sync_every: int = 50
     every ``sync_every`` calls outside the timed spans, so the launch queue never fills and a
     call never waits for the GPU. The garbage collector is paused, as in ``eager_time_us``.
     """
+    p50, p90, _ = _quantiles_and_samples(call, sync, calls, 200, sync_every)
+    return p50, p90
+
+
+def _quantiles_and_samples(call, sync, calls: int, warmup: int, sync_every: int = 500):
+    """(p50 us, p90 us, the samples in ns) of ``calls`` single calls after ``warmup``."""
     clock = time.perf_counter_ns
-    for _ in range(200):
+    for _ in range(warmup):
         call()
     if sync is not None:
         sync()
@@ -155,5 +184,5 @@ def call_quantiles_us(call, sync=None, calls: int = 10_000, sync_every: int = 50
     finally:
         if collecting:
             gc.enable()
-    samples.sort()
-    return samples[len(samples) // 2] / 1e3, samples[(len(samples) * 9) // 10] / 1e3
+    ordered = sorted(samples)
+    return ordered[len(ordered) // 2] / 1e3, ordered[(len(ordered) * 9) // 10] / 1e3, samples
