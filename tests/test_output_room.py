@@ -1,6 +1,7 @@
 """A caller's output buffer holds everything the layout writes (padding included), counted
 against the view's own extent, or the call is refused before anything is written: on the NumPy
-backend, on torch CPU tensors and on the GPU alike (issue 43, items 1 and 3).
+backend, on torch CPU tensors and on the GPU alike (issue 43, items 1 and 3), for the row-wise
+outputs and the tile kernels' (orientation "both", quantize_weight).
 
 Each case places the view at the start of a region inside a larger buffer poisoned before and
 after it; after the call every byte outside the view's extent is unchanged, and the storage the
@@ -15,6 +16,7 @@ from backends import (
     HOST_AND_GPU,
     compiled_kernels,  # noqa: F401 - GPU tests find the kernels compiled
     poisoned_bytes,
+    poisoned_spec,
     strided_view,
     to_device,
     to_host_bytes,
@@ -22,7 +24,16 @@ from backends import (
 from helpers import activations, assert_same_bytes, reference_storage
 
 import fp8_group_quant as fgq
+from fp8_group_quant._arrays import describe, strided_extent
 from fp8_group_quant._layout import Geometry
+from fp8_group_quant._outputs import specs as output_specs
+from fp8_group_quant._outputs import transposed_specs, weight_specs
+from fp8_group_quant._request import (
+    check_options,
+    check_weight_options,
+    make_request,
+    make_weight_request,
+)
 from fp8_group_quant._spec import OUTPUT_FORMATS
 
 # (group size, dtype, scale) each layout takes; K = 384 gives 3 groups of 128 (a packed word
@@ -130,3 +141,92 @@ def test_the_issue_view_of_31_floats_is_refused(backend):
     with pytest.raises(ValueError, match="scale_out: .* the view covers 124"):
         fgq.quantize(x, 128, layout="col_tma", scale_out=view)
     assert (to_host_bytes(buffer) == POISON).all()
+
+
+# the tile kernels' outputs (issue 44): orientation "both" (q, scales, qt, scales_t) and
+# quantize_weight (q, scales), each inside a larger buffer poisoned before and after it --------
+
+BOTH_LAYOUTS = {"row": "float32", "col": "float32", "col_tma": "ue8m0", "packed": "ue8m0",
+                "packed_row": "ue8m0"}  # fmt: skip
+WEIGHT_LAYOUTS = {"row": "float32", "col": "ue8m0", "bytes": "ue8m0", "packed": "ue8m0"}
+
+
+def _itemsize(spec) -> int:
+    return 4 if spec.dtype in ("float32", "int32") else 1
+
+
+def _storage_bytes(outputs) -> list:
+    """Each output's storage bytes (``poisoned_spec``'s buffers), on the host."""
+    return [to_host_bytes(buffer) for _, buffer in outputs]
+
+
+def _guarded_call(backend, specs, call):
+    """Place each of ``specs`` BEFORE bytes into a buffer poisoned BEFORE + storage + AFTER and
+    call ``call(views)``. Where a layout's storage runs past its view (padding on the caller's
+    neighbouring data) the call must be refused with nothing written; else every byte outside
+    each storage stays poisoned. Returns the storages' bytes, or None where refused."""
+    buffers, views, refused = [], [], False
+    for spec in specs:
+        need = spec.storage * _itemsize(spec)
+        refused |= strided_extent(spec.shape, spec.strides) * _itemsize(spec) < need
+        buffers.append(poisoned_bytes(BEFORE + need + AFTER, POISON, backend))
+        views.append(strided_view(buffers[-1][BEFORE:], spec.dtype, spec.shape, spec.strides,
+                                  backend))  # fmt: skip
+    if refused:
+        with pytest.raises(ValueError, match="owns"):
+            call(views)
+        assert all((to_host_bytes(b) == POISON).all() for b in buffers), "a refused call wrote"
+        return None
+    call(views)
+    stored = []
+    for spec, buffer in zip(specs, buffers):
+        got, need = to_host_bytes(buffer), spec.storage * _itemsize(spec)
+        assert (got[:BEFORE] == POISON).all() and (got[BEFORE + need :] == POISON).all()
+        stored.append(got[BEFORE : BEFORE + need])
+    return stored
+
+
+@pytest.mark.parametrize("backend", HOST_AND_GPU)
+@pytest.mark.parametrize("layout", list(BOTH_LAYOUTS))
+# M: one token, the TMA alignment's residues, both sides of a token group, a partial third
+@pytest.mark.parametrize("m", [1, 3, 4, 127, 129, 300])
+def test_both_orientations_inside_larger_buffers(m, layout, backend):
+    scale = BOTH_LAYOUTS[layout]
+    x_host = activations(np.random.default_rng(m), (m, 256), "bfloat16", specials=True)
+    options = check_options(128, "e4m3", scale, layout, orientation="both")
+    request = make_request(describe(x_host, "x"), options)
+    specs = [*output_specs(request), *transposed_specs(request)]
+    reference = [poisoned_spec(spec, "numpy", POISON) for spec in specs]
+    fgq.quantize(x_host, 128, scale=scale, layout=layout, orientation="both",
+                 out=(reference[0][0], reference[2][0]),
+                 scale_out=(reference[1][0], reference[3][0]))  # fmt: skip
+    x = to_device(x_host, backend)
+    stored = _guarded_call(backend, specs, lambda v: fgq.quantize(
+        x, 128, scale=scale, layout=layout, orientation="both", out=(v[0], v[2]),
+        scale_out=(v[1], v[3])))  # fmt: skip
+    if stored is not None:
+        for name, got, want in zip(("q", "scales", "qt", "scales_t"), stored,
+                                   _storage_bytes(reference)):  # fmt: skip
+            assert_same_bytes(got, want, f"{name} ({backend} both {layout} M={m})")
+
+
+@pytest.mark.parametrize("backend", HOST_AND_GPU)
+@pytest.mark.parametrize("layout", list(WEIGHT_LAYOUTS))
+# one block, partial blocks both ways, whole blocks, and experts with partial blocks
+@pytest.mark.parametrize("shape", [(1, 128), (3, 200), (130, 300), (256, 256), (2, 130, 200)],
+                         ids=str)  # fmt: skip
+def test_weight_outputs_inside_larger_buffers(shape, layout, backend):
+    scale = WEIGHT_LAYOUTS[layout]
+    w_host = activations(np.random.default_rng(len(shape) + shape[-1]), shape, "bfloat16",
+                         specials=True)  # fmt: skip
+    options = check_weight_options((128, 128), "e4m3", scale, layout, 1e-10, "rceil")
+    specs = list(weight_specs(make_weight_request(describe(w_host, "w"), options)))
+    reference = [poisoned_spec(spec, "numpy", POISON) for spec in specs]
+    fgq.quantize_weight(w_host, scale=scale, layout=layout, out=reference[0][0],
+                        scale_out=reference[1][0])  # fmt: skip
+    w = to_device(w_host, backend)
+    stored = _guarded_call(backend, specs, lambda v: fgq.quantize_weight(
+        w, scale=scale, layout=layout, out=v[0], scale_out=v[1]))  # fmt: skip
+    if stored is not None:
+        for name, got, want in zip(("q", "scales"), stored, _storage_bytes(reference)):
+            assert_same_bytes(got, want, f"{name} ({backend} weight {layout} {shape})")
