@@ -24,6 +24,7 @@ from ._outputs import (
     check_disjoint,
     check_output,
     check_writes,
+    oriented_names,
     output_pair,
     specs,
     transposed_specs,
@@ -284,9 +285,10 @@ def run_oriented(request: Request, x_info: ArrayInfo, out, scale_out):
     row_s, col_s = output_pair(scale_out, "scale_out", both)
     q_spec, s_spec = specs(request)
     qt_spec, st_spec = transposed_specs(request)
-    pairs = [(col_out, "out", qt_spec), (col_s, "scale_out", st_spec)]
+    (row_q_name, row_s_name), (col_q_name, col_s_name) = oriented_names(both)
+    pairs = [(col_out, col_q_name, qt_spec), (col_s, col_s_name, st_spec)]
     if both:
-        pairs += [(row_out, "out[0]", q_spec), (row_s, "scale_out[0]", s_spec)]
+        pairs += [(row_out, row_q_name, q_spec), (row_s, row_s_name, s_spec)]
     device = x_info.device
     assert device is not None  # a GPU array
     with _jit.current_device(device):
