@@ -24,6 +24,7 @@ from ._outputs import (
     check_disjoint,
     check_output,
     check_writes,
+    oriented_names,
     output_pair,
     specs,
     transposed_specs,
@@ -271,9 +272,9 @@ class TilePlan(_Plan):
         self.weight = isinstance(request, WeightRequest)
         self.both = not self.weight and request.orientation == BOTH
         made: tuple = weight_specs(request) if self.weight else transposed_specs(request)
-        names: tuple = ("out", "scale_out")
+        row_names, names = oriented_names(self.both)  # a weight's: out and scale_out, as "col"
         if self.both:
-            names, made = (*names, "out[0]", "scale_out[0]"), (*made, *specs(request))
+            names, made = (*names, *row_names), (*made, *specs(request))
         self.specs = tuple(zip(names, made))
         allocations = [spec.allocation(self.kind) for spec in made]
         self.allocators = [device_allocator(self.kind, self.device, *a) for a in allocations]

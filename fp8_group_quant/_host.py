@@ -18,6 +18,7 @@ from ._outputs import (
     check_disjoint,
     check_output,
     check_writes,
+    oriented_names,
     output_pair,
     specs,
     transposed_specs,
@@ -81,13 +82,15 @@ def run(request: Request, x: np.ndarray, x_info: ArrayInfo, out, scale_out, oper
     return q, scales
 
 
-def _checked(x_info: ArrayInfo, q_spec, s_spec, out, scale_out, others=()) -> tuple:
+def _checked(x_info: ArrayInfo, q_spec, s_spec, out, scale_out, others=(),
+             names=("out", "scale_out")) -> tuple:  # fmt: skip
     """(q, q_info, scales, s_info, given): both outputs, allocated or the caller's, checked
-    against their specs and for overlap with x and ``others`` (name, info, spec), given too."""
-    q, q_info = _output(out, "out", x_info, q_spec)
-    scales, s_info = _output(scale_out, "scale_out", x_info, s_spec)
+    against their specs and for overlap with x and ``others`` (name, info, spec), given too;
+    ``names``: theirs in messages."""
+    q, q_info = _output(out, names[0], x_info, q_spec)
+    scales, s_info = _output(scale_out, names[1], x_info, s_spec)
     given = [(name, info, spec) for name, info, spec, array in (
-        ("out", q_info, q_spec, out), ("scale_out", s_info, s_spec, scale_out)
+        (names[0], q_info, q_spec, out), (names[1], s_info, s_spec, scale_out)
     ) if array is not None]  # fmt: skip
     check_disjoint(x_info, x_info.ptr, given + list(others))
     return q, q_info, scales, s_info, given
@@ -134,9 +137,10 @@ def run_oriented(request: Request, x: np.ndarray, x_info: ArrayInfo, out, scale_
     row_out, col_out = output_pair(out, "out", both)
     row_scale_out, col_scale_out = output_pair(scale_out, "scale_out", both)
     q_spec, s_spec = transposed_specs(request)
-    rows_given = _row_outputs(request, x_info, row_out, row_scale_out)
+    row_names, col_names = oriented_names(both)
+    rows_given = _row_outputs(request, x_info, row_out, row_scale_out, row_names)
     qt, qt_info, st, st_info, _ = _checked(x_info, q_spec, s_spec, col_out, col_scale_out,
-                                           rows_given)  # fmt: skip
+                                           rows_given, col_names)  # fmt: skip
     rows = run(request, x, x_info, row_out, row_scale_out, {}) if both else (None, None)
     geometry = request.transposed
     values = np.asarray(x).astype(np.float32)
@@ -154,11 +158,12 @@ def run_oriented(request: Request, x: np.ndarray, x_info: ArrayInfo, out, scale_
     return BothOrientations(rows[0], rows[1], qt, st) if both else (qt, st)
 
 
-def _row_outputs(request: Request, x_info: ArrayInfo, out, scale_out) -> list:
-    """(name, info, spec) of the row-wise outputs a "both" call was given, checked."""
+def _row_outputs(request: Request, x_info: ArrayInfo, out, scale_out, names) -> list:
+    """(name, info, spec) of the row-wise outputs a "both" call was given, checked; ``names``:
+    theirs in messages."""
     q_spec, scale_spec = specs(request)
     found = []
-    for name, array, spec in (("out", out, q_spec), ("scale_out", scale_out, scale_spec)):
+    for name, array, spec in ((names[0], out, q_spec), (names[1], scale_out, scale_spec)):
         if array is not None:
             found.append((name, check_output(array, name, x_info, spec), spec))
     return found

@@ -121,8 +121,9 @@ def check_output(given, name: str, x_info: ArrayInfo, spec: OutputSpec) -> Array
         raise ValueError(f"{name}: the array is read-only")
     if not spec.storage:  # nothing is written: an empty output's pointer and strides are moot
         return info
-    # NOTES: the blocked layout's padding is zeroed with 4- and 16-byte stores on the GPU
-    vector = name == "out" or (info.kind != NUMPY and spec.dtype == "uint8")
+    # NOTES: codes are stored 16 bytes at a time (q, and each orientation's codes: "out[i]");
+    # the blocked layout's padding is zeroed with 4- and 16-byte stores on the GPU
+    vector = name.split("[")[0] == "out" or (info.kind != NUMPY and spec.dtype == "uint8")
     if vector and info.ptr % VECTOR_ALIGNMENT:
         raise ValueError(
             f"{name}: expected a {VECTOR_ALIGNMENT}-byte aligned pointer, got {info.ptr:#x}"
@@ -185,6 +186,14 @@ def _check_ranges(ranges, reads: int, message: str = "{b}: its storage overlaps 
             name_b, (b0, b1) = ranges[j]
             if a0 < b1 and b0 < a1 and j >= reads:
                 raise ValueError(message.format(a=name_a, b=name_b))
+
+
+def oriented_names(both: bool) -> tuple:
+    """((row q, row scales), (col q, col scales)): how an oriented call's outputs are named in
+    messages, as the caller gave them (a pair's items for "both", the arrays for "col")."""
+    if both:
+        return ("out[0]", "scale_out[0]"), ("out[1]", "scale_out[1]")
+    return (None, None), ("out", "scale_out")
 
 
 def output_pair(given, name: str, both: bool) -> tuple:

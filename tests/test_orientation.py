@@ -6,10 +6,13 @@ partial last token groups, layouts' shapes and strides, argument checks."""
 import numpy as np
 import pytest
 from backends import (
+    HOST_AND_GPU,
     NUMPY_AND_GPU,
     assert_allocated,
     compiled_kernels,  # noqa: F401 - autouse: GPU tests find every kernel loaded
+    poisoned_bytes,
     poisoned_spec,
+    strided_view,
     to_device,
     to_host_bytes,
 )
@@ -278,11 +281,42 @@ def test_orientation_bad_input_and_outputs():
         fgq.quantize(x, 128, orientation="col", out=np.zeros((8, 128), np.uint8), scale_out=st)
     assert (st == 5.0).all()  # nothing written on a rejected call
     row_s = np.full((8, 1), 5.0, np.float32)
-    with pytest.raises(ValueError, match="scale_out: expected strides"):
+    with pytest.raises(ValueError, match=r"scale_out\[1\]: expected strides"):
         fgq.quantize(
             x, 128, orientation="both", scale_out=(row_s, np.zeros((128, 2), np.float32)[:, :1])
         )
     assert (row_s == 5.0).all()
+
+
+# each orientation's codes, as a "both" call takes them (out[0] row-wise, out[1] column-wise)
+@pytest.mark.parametrize("which", [0, 1])
+@pytest.mark.parametrize("backend", HOST_AND_GPU)
+def test_both_refuses_codes_not_16_byte_aligned(backend, which):
+    """The kernels store codes 16 bytes at a time: a code output one byte past an aligned
+    base is refused, named as the caller gave it, with nothing written (on the GPU it was
+    launched with the row-wise codes misaligned: a misaligned-address fault)."""
+    x = activations(np.random.default_rng(which), (32, 256), "bfloat16")
+    (q_spec, _), (qt_spec, _) = _specs(x, 128, "e4m3", "float32", "col", "both")
+    spec = (q_spec, qt_spec)[which]
+    buffer = poisoned_bytes(spec.storage + 16, Q_POISON, backend)
+    view = strided_view(buffer[1:], spec.dtype, spec.shape, spec.strides, backend)
+    out = (view, None) if which == 0 else (None, view)
+    with pytest.raises(ValueError, match=rf"out\[{which}\]: expected a 16-byte aligned pointer"):
+        fgq.quantize(to_device(x, backend), 128, layout="col", orientation="both", out=out)
+    assert (to_host_bytes(buffer) == Q_POISON).all()
+
+
+@pytest.mark.parametrize("which", [0, 1])
+def test_both_refuses_misaligned_codes_before_the_launch(fake_gpu, which):
+    """The GPU path's checks, on the CPU (fake_gpu): nothing is planned or launched."""
+    from fake_gpu import fake
+
+    x = fake((32, 256), "bfloat16")
+    out = (fake((32, 256), "uint8", offset=1), None) if which == 0 else (
+        None, fake((256, 32), "uint8", offset=1))  # fmt: skip
+    with pytest.raises(ValueError, match=rf"out\[{which}\]: expected a 16-byte aligned pointer"):
+        fgq.quantize(x, 128, layout="col", orientation="both", out=out)
+    assert not fake_gpu.launches
 
 
 def test_specs_are_what_the_spec_says():
