@@ -2,8 +2,9 @@
 host profile's plumbing need where there is no device.
 
 CuPy builds arrays over invented addresses without a device; ``fake_gpu`` stands in for the
-device runtime's current device, CuPy's allocator, the caller's stream and ``_plan.prepare``
-(whose launches record each call), and gives the test a fresh plan cache. Nothing touches the
+device runtime's current device, CuPy's allocator, the caller's stream and the planner
+(``_plan.prepare`` and the tile kernels' ``prepare_weight`` and ``prepare_columns``, whose
+launches record each call), and gives the test a fresh plan cache. Nothing touches the
 invented memory. A pytest plugin of the test suite (conftest.py), so CuPy is imported only by
 the tests that use it.
 """
@@ -44,6 +45,10 @@ def fake_gpu(monkeypatch):
         state.plans.append((request, device, tuning))
         return [Launch(request, tuning)]
 
+    def prepare_tile(request, *args):  # prepare_weight's and prepare_columns' one launch
+        state.plans.append((request, *args[-2:]))
+        return Launch(request, args[-1])
+
     monkeypatch.setattr(cupy.cuda, "alloc", alloc)
     monkeypatch.setattr(cupy.cuda.runtime, "getDevice", lambda: state.device)
     monkeypatch.setattr(cupy.cuda.runtime, "setDevice", lambda d: setattr(state, "device", d))
@@ -51,6 +56,8 @@ def fake_gpu(monkeypatch):
     monkeypatch.setattr(_device, "_thread_state", type(_device._thread_state)())
     monkeypatch.setattr(_device, "PLANS", _device.PlanCache(64))
     monkeypatch.setattr(_plan, "prepare", prepare)
+    monkeypatch.setattr(_plan, "prepare_weight", prepare_tile)
+    monkeypatch.setattr(_plan, "prepare_columns", prepare_tile)
     return state
 
 

@@ -317,6 +317,9 @@ def test_both_refuses_misaligned_codes_before_the_launch(fake_gpu, which):
     with pytest.raises(ValueError, match=rf"out\[{which}\]: expected a 16-byte aligned pointer"):
         fgq.quantize(x, 128, layout="col", orientation="both", out=out)
     assert not fake_gpu.launches
+    aligned = (fake((32, 256), "uint8"), fake((256, 32), "uint8"))
+    fgq.quantize(x, 128, layout="col", orientation="both", out=aligned)
+    assert len(fake_gpu.launches) == 1  # the same call with aligned codes is launched
 
 
 def test_specs_are_what_the_spec_says():
