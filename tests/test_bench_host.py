@@ -58,9 +58,10 @@ def test_interleaved_timing_rotates_the_order_each_round():
     synced = [0]
     timed = timing.interleaved_quantiles_us(calls, lambda: synced.__setitem__(0, synced[0] + 1),
                                             each=30, rounds=3)  # fmt: skip
-    # each round: 20 warm-up calls and 10 timed a name, the names rotated by one a round
-    firsts = [order[i * 90] for i in range(3)]
-    assert firsts == ["a", "b", "c"]
+    # each round: 20 warm-up calls and 10 timed a name, the names rotated by one a round and
+    # every other round reversed (a c b: a no longer precedes b)
+    rounds = [[order[i * 90 + j * 30] for j in range(3)] for i in range(3)]
+    assert rounds == [["a", "b", "c"], ["a", "c", "b"], ["c", "a", "b"]]
     assert all(order.count(name) == 3 * 30 for name in calls)
     assert set(timed) == {"a", "b", "c"} and synced[0] == 3 * 3 * 2  # after warm-up and run
     for p50, p90, rounds in timed.values():

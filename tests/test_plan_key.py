@@ -1,15 +1,18 @@
 """The plan cache's key covers everything that decides a plan: a call that differs from a cached
 plan's in any one of them is planned anew, never served the stale plan.
 
-The key (``api.quantize``'s fast path, ``_run.device_plan``, ``PreparedQuantize``) is x's
-library, dtype, shape, strides, device and 16-byte alignment (``_arrays.device_signature``),
-the options as given, the layout of the call's other arrays, and the tuning table in force
-(which holds PDL). Nothing else decides a plan: the stream is read at each call, and the other
-pointers (out, scale_out, masked_m, the norm's weight and residual) are checked at each call.
+The key (``api.quantize``'s fast path, ``_run.device_plan``, ``PreparedQuantize``, and the tile
+calls' ``_device.tile_plan``: ``quantize_weight`` and orientation "col" / "both") is x's library,
+dtype, shape, strides, device and 16-byte alignment (``_arrays.device_signature``), the options
+as given (a weight's block, format, scale, layout, eps, rule and arithmetic), the layout of the
+call's other arrays, and the tuning table in force (which holds PDL). Nothing else decides a
+plan: the stream is read at each call, and the other pointers (out, scale_out, masked_m, the
+norm's weight and residual) are checked at each call.
 
 On the CPU the planner's GPU steps are stood in for (``fake_gpu``, tests/fake_gpu.py): CuPy
-arrays over invented addresses (CuPy builds them without a device), a ``_plan.prepare`` that
-records each plan and returns launches that record each call. Everything else is the library's
+arrays over invented addresses (CuPy builds them without a device), a ``_plan.prepare`` (and
+the tile kernels' ``prepare_weight`` / ``prepare_columns``) that records each plan and returns
+launches that record each call. Everything else is the library's
 own code. The GPU tests
 at the end run the real kernels on arrays differing in each field, torch and CuPy.
 """

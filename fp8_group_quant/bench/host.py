@@ -104,10 +104,11 @@ def _floors(device: int, stream) -> list[dict]:
         row = {"lib": "-", "M": "-", "K": "-", "line": line}
         if way in timed:
             row["p50_us"], row["p90_us"], row["rounds_p50_us"] = timed[way]
-            print(f"{line:<44} {'-':>6} {'-':>5} {row['p50_us']:>8.2f} {row['p90_us']:>8.2f}")
+            print(f"{line:<44} {'-':>6} {'-':>5} {row['p50_us']:>8.2f} {row['p90_us']:>8.2f}",
+                  flush=True)  # fmt: skip
         else:
             row["skipped"] = launches[way] or "not available here"
-            print(f"{line:<44} {'-':>6} {'-':>5}   skipped: {row['skipped']}")
+            print(f"{line:<44} {'-':>6} {'-':>5}   skipped: {row['skipped']}", flush=True)
         rows.append(row)
     if len(timed) > 1:
         p50 = {way: result[0] for way, result in timed.items()}

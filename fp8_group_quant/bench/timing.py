@@ -130,16 +130,18 @@ def eager_time_us(sync, call, iterations: int = 200, repeats: int = 11) -> float
 
 def interleaved_quantiles_us(calls: dict, sync=None, each: int = 10_000, rounds: int = 10):
     """{name: (p50, p90, [each round's p50])} of the host time of single calls of each of
-    ``calls``, timed in ``rounds`` rounds of ``each // rounds`` calls a name, the names' order
-    rotated a round: a drift of the host over the run (clocks, other processes) falls on every
-    name alike, and the per-round medians show how far one comparison can be trusted.
+    ``calls``, timed in ``rounds`` rounds of ``each // rounds`` calls a name (at least one),
+    the names' order rotated a round and reversed every other round, so that no name always
+    follows the same one: a drift of the host over the run (clocks, other processes) falls on
+    every name alike, and the per-round medians show how far one comparison can be trusted.
     """
     names = list(calls)
     samples: dict = {name: [] for name in names}
     rounds_p50: dict = {name: [] for name in names}
     per_round = max(1, each // rounds)
     for r in range(rounds):
-        for name in names[r % len(names) :] + names[: r % len(names)]:
+        order = names[r % len(names) :] + names[: r % len(names)]
+        for name in order[::-1] if r % 2 else order:
             p50, _, taken = _quantiles_and_samples(calls[name], sync, per_round, warmup=20)
             samples[name] += taken
             rounds_p50[name].append(p50)
