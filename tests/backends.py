@@ -294,11 +294,15 @@ def check(x_host, x_device, lib, group_size, dtype, scale, layout, pad_rows=Fals
     assert_same_bytes(to_host_bytes(s2), to_host_bytes(s), f"scales, allocated ({what})")
 
 
+def spec_itemsize(spec) -> int:
+    """Bytes an element of an ``OutputSpec`` (float32 and int32 scales; one-byte codes)."""
+    return 4 if spec.dtype in ("float32", "int32") else 1
+
+
 def poisoned_spec(spec, lib: str, poison: int):
     """(view, storage bytes): a view with ``spec``'s shape and strides (an ``OutputSpec`` of
     fp8_group_quant._outputs) over ``spec.storage`` poisoned elements of ``lib``."""
-    itemsize = 4 if spec.dtype in ("float32", "int32") else 1
-    buffer = poisoned_bytes(spec.storage * itemsize, poison, lib)
+    buffer = poisoned_bytes(spec.storage * spec_itemsize(spec), poison, lib)
     return strided_view(buffer, spec.dtype, spec.shape, spec.strides, lib), buffer
 
 

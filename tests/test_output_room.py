@@ -17,6 +17,7 @@ from backends import (
     compiled_kernels,  # noqa: F401 - GPU tests find the kernels compiled
     poisoned_bytes,
     poisoned_spec,
+    spec_itemsize,
     strided_view,
     to_device,
     to_host_bytes,
@@ -151,10 +152,6 @@ BOTH_LAYOUTS = {"row": "float32", "col": "float32", "col_tma": "ue8m0", "packed"
 WEIGHT_LAYOUTS = {"row": "float32", "col": "ue8m0", "bytes": "ue8m0", "packed": "ue8m0"}
 
 
-def _itemsize(spec) -> int:
-    return 4 if spec.dtype in ("float32", "int32") else 1
-
-
 def _storage_bytes(outputs) -> list:
     """Each output's storage bytes (``poisoned_spec``'s buffers), on the host."""
     return [to_host_bytes(buffer) for _, buffer in outputs]
@@ -167,8 +164,8 @@ def _guarded_call(backend, specs, call):
     each storage stays poisoned. Returns the storages' bytes, or None where refused."""
     buffers, views, refused = [], [], False
     for spec in specs:
-        need = spec.storage * _itemsize(spec)
-        refused |= strided_extent(spec.shape, spec.strides) * _itemsize(spec) < need
+        need = spec.storage * spec_itemsize(spec)
+        refused |= strided_extent(spec.shape, spec.strides) * spec_itemsize(spec) < need
         buffers.append(poisoned_bytes(BEFORE + need + AFTER, POISON, backend))
         views.append(strided_view(buffers[-1][BEFORE:], spec.dtype, spec.shape, spec.strides,
                                   backend))  # fmt: skip
@@ -180,7 +177,7 @@ def _guarded_call(backend, specs, call):
     call(views)
     stored = []
     for spec, buffer in zip(specs, buffers):
-        got, need = to_host_bytes(buffer), spec.storage * _itemsize(spec)
+        got, need = to_host_bytes(buffer), spec.storage * spec_itemsize(spec)
         assert (got[:BEFORE] == POISON).all() and (got[BEFORE + need :] == POISON).all()
         stored.append(got[BEFORE : BEFORE + need])
     return stored

@@ -73,14 +73,19 @@ def profile_host(args) -> list[dict]:
     return rows
 
 
-def _line(rows: list, line: str, call, sync=None, lib: str = "-", m: Any = "-", k: Any = "-"):
-    """Time ``call`` (or record why it cannot run: a string), print and append its row."""
+def _line(rows: list, line: str, call, sync=None, lib: str = "-", m: Any = "-", k: Any = "-",
+          timed: tuple | None = None):  # fmt: skip
+    """Time ``call`` (or record why it cannot run: a string), print and append its row;
+    ``timed``: its (p50, p90, each round's p50) where already timed."""
     row = {"lib": lib, "M": m, "K": k, "line": line}
-    if isinstance(call, str) or call is None:
+    if timed is None and (isinstance(call, str) or call is None):
         row["skipped"] = call or "not available here"
         print(f"{line:<44} {lib:>6} {m!s:>5}   skipped: {row['skipped']}", flush=True)
     else:
-        row["p50_us"], row["p90_us"] = call_quantiles_us(call, sync, CALLS)
+        if timed is None:
+            row["p50_us"], row["p90_us"] = call_quantiles_us(call, sync, CALLS)
+        else:
+            row["p50_us"], row["p90_us"], row["rounds_p50_us"] = timed
         print(f"{line:<44} {lib:>6} {m!s:>5} {row['p50_us']:>8.2f} {row['p90_us']:>8.2f}",
               flush=True)  # fmt: skip
     rows.append(row)
@@ -101,15 +106,7 @@ def _floors(device: int, stream) -> list[dict]:
     # a fraction of a microsecond apart does not rest on which one ran first
     timed = interleaved_quantiles_us(runnable, stream.synchronize, CALLS) if runnable else {}
     for way, line in names.items():
-        row = {"lib": "-", "M": "-", "K": "-", "line": line}
-        if way in timed:
-            row["p50_us"], row["p90_us"], row["rounds_p50_us"] = timed[way]
-            print(f"{line:<44} {'-':>6} {'-':>5} {row['p50_us']:>8.2f} {row['p90_us']:>8.2f}",
-                  flush=True)  # fmt: skip
-        else:
-            row["skipped"] = launches[way] or "not available here"
-            print(f"{line:<44} {'-':>6} {'-':>5}   skipped: {row['skipped']}", flush=True)
-        rows.append(row)
+        _line(rows, line, launches[way], timed=timed.get(way))
     if len(timed) > 1:
         p50 = {way: result[0] for way, result in timed.items()}
         fastest = min(p50, key=p50.get)  # type: ignore[arg-type]

@@ -145,12 +145,7 @@ def interleaved_quantiles_us(calls: dict, sync=None, each: int = 10_000, rounds:
             p50, _, taken = _quantiles_and_samples(calls[name], sync, per_round, warmup=20)
             samples[name] += taken
             rounds_p50[name].append(p50)
-    out = {}
-    for name in names:
-        taken = sorted(samples[name])
-        out[name] = (taken[len(taken) // 2] / 1e3, taken[(len(taken) * 9) // 10] / 1e3,
-                     rounds_p50[name])  # fmt: skip
-    return out
+    return {name: (*_p50_p90_us(samples[name]), rounds_p50[name]) for name in names}
 
 
 def call_quantiles_us(call, sync=None, calls: int = 10_000, sync_every: int = 500):
@@ -186,5 +181,10 @@ def _quantiles_and_samples(call, sync, calls: int, warmup: int, sync_every: int 
     finally:
         if collecting:
             gc.enable()
-    ordered = sorted(samples)
-    return ordered[len(ordered) // 2] / 1e3, ordered[(len(ordered) * 9) // 10] / 1e3, samples
+    return (*_p50_p90_us(samples), samples)
+
+
+def _p50_p90_us(samples_ns) -> tuple[float, float]:
+    """(p50, p90) in microseconds of samples in nanoseconds."""
+    ordered = sorted(samples_ns)
+    return ordered[len(ordered) // 2] / 1e3, ordered[(len(ordered) * 9) // 10] / 1e3
