@@ -216,6 +216,36 @@ __device__ __forceinline__ float product_scale(const Params& p, float amax, floa
   }
 }
 
+// the scale of a group (or a column tile's channel) whose maximum is amax (eps applied), by the
+// rules of docs/spec.md or kArith's; `exponent` receives the UE8M0 byte (0 for float scales),
+// `factor` what scaled_value multiplies by (for the default float scales RN(1 / scale), the
+// fast division's reciprocal)
+template <int kOut, int kScale, int kArith>
+__device__ __forceinline__ float group_scale(const Params& p, float amax, float& factor,
+                                             u32& exponent) {
+  constexpr bool kProduct = kArith == kReciprocalArith || kArith == kMultiplierArith;
+  static_assert(kArith != kUnflooredArith || (kOut == kE4M3 && kScale == kUE8M0Scale),
+                "MXFP8's arithmetic");
+  static_assert(!kProduct || (kOut == kE4M3 && kScale == kFloat32Scale), "section 3c's");
+  exponent = 0u;
+  if constexpr (kProduct) {
+    return product_scale<kArith>(p, amax, factor);
+  } else if constexpr (kScale == kFloat32Scale) {
+    const float scale = divide_by_max(amax, p.fmax, p.inverse_fmax);
+    factor = rcp_rn(scale);
+    return scale;
+  } else {
+    if constexpr (kArith == kUnflooredArith) {
+      exponent = unfloored_exponent(amax, p.fmax);
+      factor = unfloored_inverse(exponent);
+    } else {
+      exponent = rule_exponent(p, amax);
+      factor = ue8m0_inverse<kOut>(exponent);
+    }
+    return __uint_as_float(exponent << 23);
+  }
+}
+
 // the scale of a group whose maximum is amax (eps applied), and this lane's codes under it;
 // `exponent` receives the UE8M0 byte (0 for float scales). kArith: an upstream's arithmetic,
 // kUnflooredArith (e4m3, UE8M0; amax unfloored), kReciprocalArith or kMultiplierArith (e4m3,
@@ -223,10 +253,7 @@ __device__ __forceinline__ float product_scale(const Params& p, float amax, floa
 template <int kIn, int kOut, int kScale, int kValues, int kArith = kDefaultArith, typename V>
 __device__ __forceinline__ float encode_scaled(const Params& p, const V& values, float amax,
                                                u32& exponent, u32 (&codes)[kValues / 4]) {
-  constexpr bool kUnfloored = kArith == kUnflooredArith;
   constexpr bool kProduct = kArith == kReciprocalArith || kArith == kMultiplierArith;
-  static_assert(!kUnfloored || (kOut == kE4M3 && kScale == kUE8M0Scale), "MXFP8's arithmetic");
-  static_assert(!kProduct || (kOut == kE4M3 && kScale == kFloat32Scale), "section 3c's");
   float scale;
   // NOTES: a runtime mode under a uniform branch, for the one drop-in that asks for it;
   // bfloat16 input only (the request checks it), so no other instantiation carries it
@@ -234,12 +261,8 @@ __device__ __forceinline__ float encode_scaled(const Params& p, const V& values,
     exponent = 0u;
     const float inverse = bf16_scale<kScale>(p, amax, scale, exponent);
     encode_lane<kIn, kOut, kMultiplyBf16, kValues>(values, scale, inverse, codes);
-  } else if constexpr (kProduct) {
-    exponent = 0u;
-    float factor;
-    scale = product_scale<kArith>(p, amax, factor);
-    encode_lane<kIn, kOut, kMultiply, kValues>(values, scale, factor, codes);
-  } else if constexpr (kScale == kFloat32Scale) {
+  } else if constexpr (kScale == kFloat32Scale && !kProduct) {
+    // group_scale's rule, with the reciprocal taken only where the fast division uses it
     exponent = 0u;
     scale = divide_by_max(amax, p.fmax, p.inverse_fmax);
     if (scale >= kMinFastDivisor) {
@@ -248,16 +271,9 @@ __device__ __forceinline__ float encode_scaled(const Params& p, const V& values,
       encode_lane<kIn, kOut, kDivideExact, kValues>(values, scale, 0.0f, codes);
     }
   } else {
-    float inverse;
-    if constexpr (kUnfloored) {
-      exponent = unfloored_exponent(amax, p.fmax);
-      inverse = unfloored_inverse(exponent);
-    } else {
-      exponent = rule_exponent(p, amax);
-      inverse = ue8m0_inverse<kOut>(exponent);
-    }
-    scale = __uint_as_float(exponent << 23);
-    encode_lane<kIn, kOut, kMultiply, kValues>(values, scale, inverse, codes);
+    float factor;
+    scale = group_scale<kOut, kScale, kArith>(p, amax, factor, exponent);
+    encode_lane<kIn, kOut, kMultiply, kValues>(values, scale, factor, codes);
   }
   return scale;
 }

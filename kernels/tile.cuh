@@ -288,18 +288,9 @@ __device__ __forceinline__ void column_tile(const Params& p) {
 #pragma unroll
     for (int w = 1; w < kTileWarps; ++w) m = max(m, channel_max[w][slot]);
     const float amax = fmaxf(In::magnitude_to_f32(m), p.eps);
-    float scale, factor;
-    u32 exponent = 0u;
-    if constexpr (kProduct) {
-      scale = product_scale<kArith>(p, amax, factor);
-    } else if constexpr (kScale == kFloat32Scale) {
-      scale = divide_by_max(amax, p.fmax, p.inverse_fmax);
-      factor = rcp_rn(scale);
-    } else {
-      exponent = rule_exponent(p, amax);
-      scale = __uint_as_float(exponent << 23);
-      factor = ue8m0_inverse<kOut>(exponent);
-    }
+    float factor;
+    u32 exponent;
+    const float scale = group_scale<kOut, kScale, kArith>(p, amax, factor, exponent);
     channel_scale[slot] = make_float2(scale, factor);
     const u32 c = static_cast<u32>(group) * kTile + channel;
     ScaleLayout<kLayout>::store_at(ScaleLayout<kLayout>::at(t, 0u, c, token_group), t,
