@@ -1,28 +1,32 @@
-"""Do two kernel trees compile to the same code? PTX of sampled instantiations, compared.
+"""Do two kernel trees compile to the same code? PTX or machine code of sampled instantiations.
 
-    python tools/same_code.py OTHER_CHECKOUT [--count N] [--arch compute_90]
+    python tools/same_code.py OTHER_CHECKOUT [--count N] [--arch compute_90 | sm_90]
 
 Compiles N instantiations (the default kernel and a seeded sample of those both trees have) in
 this checkout and in OTHER_CHECKOUT, each in its own process, and compares their PTX with
 comments, line marks, the order of global declarations and the per-file hash in internal names
 left out. A change
 that only moves comments or renames files prints "same"; anything else prints the first diff.
-Needs NVRTC, not a GPU.
+With a real architecture (``sm_90``) it compares the cubins' code sections byte for byte
+instead: PTX that differs only in register numbering or the order of independent instructions
+often assembles to the same machine code. Needs NVRTC, not a GPU.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import difflib
 import json
 import os
 import random
 import re
+import struct
 import subprocess
 import sys
 
 _CHILD = r"""
-import json, random, sys
+import base64, json, random, sys
 from fp8_group_quant import _jit
 try:
     from fp8_group_quant import _plan as plan
@@ -37,6 +41,8 @@ out = {}
 for name in wanted:
     if name in known:
         binary, _, _ = _jit._nvrtc_compile(plan.SOURCE, [name], arch)
+        if arch.startswith("sm_"):  # a cubin
+            binary = base64.b64encode(binary)
         out[name] = binary.decode() if isinstance(binary, bytes) else binary
 json.dump(out, sys.stdout)
 """
@@ -48,6 +54,23 @@ def _normalised(ptx: str) -> list[str]:
     lines = [line for line in lines if not line.lstrip().startswith(("//", ".loc", ".file"))]
     declarations = sorted(line for line in lines if line.startswith(".global"))
     return declarations + [line for line in lines if not line.startswith(".global")]
+
+
+def _code_sections(cubin_b64: str) -> list[str]:
+    """A cubin's code sections (ELF64 ``.text.*``: the kernels' machine code) as name and hex."""
+    elf = base64.b64decode(cubin_b64)
+    (section_table,) = struct.unpack_from("<Q", elf, 0x28)
+    entry_size, count, names_index = struct.unpack_from("<HHH", elf, 0x3A)
+    sections = [struct.unpack_from("<IIQQQQIIQQ", elf, section_table + i * entry_size)
+                for i in range(count)]  # fmt: skip
+    names_at = sections[names_index][4]
+
+    def name(offset: int) -> str:
+        start = names_at + offset
+        return elf[start : elf.index(b"\0", start)].decode()
+
+    return sorted(f"{name(s[0])} {elf[s[4] : s[4] + s[5]].hex()}" for s in sections
+                  if name(s[0]).startswith(".text"))  # fmt: skip
 
 
 def _child(tree: str, arch: str, wanted) -> object:
@@ -76,6 +99,15 @@ def main() -> int:
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     names = _sample(here, args.other, args.count, args.arch)
     mine, theirs = _child(here, args.arch, names), _child(args.other, args.arch, names)
+    if args.arch.startswith("sm_"):
+        differ = [n for n in mine if _code_sections(mine[n]) != _code_sections(theirs[n])]
+        for name in differ[:1]:
+            sizes = [
+                [len(s.split()[1]) // 2 for s in _code_sections(t[name])] for t in (theirs, mine)
+            ]
+            print(f"{name}: code sections differ (bytes, theirs then mine: {sizes})")
+        print(f"{len(mine) - len(differ)} of {len(mine)} instantiations: same machine code")
+        return 1 if differ else 0
     differ = [name for name in mine if _normalised(mine[name]) != _normalised(theirs.get(name, ""))]
     for name in differ[:1]:
         diff = difflib.unified_diff(_normalised(theirs.get(name, "")), _normalised(mine[name]),
