@@ -56,8 +56,8 @@ def _normalised(ptx: str) -> list[str]:
     return declarations + [line for line in lines if not line.startswith(".global")]
 
 
-def _code_sections(cubin_b64: str) -> list[str]:
-    """A cubin's code sections (ELF64 ``.text.*``: the kernels' machine code) as name and hex."""
+def _code_sections(cubin_b64: str) -> list[tuple[str, bytes]]:
+    """A cubin's code sections (ELF64 ``.text.*``: the kernels' machine code), by name."""
     elf = base64.b64decode(cubin_b64)
     (section_table,) = struct.unpack_from("<Q", elf, 0x28)
     entry_size, count, names_index = struct.unpack_from("<HHH", elf, 0x3A)
@@ -69,7 +69,7 @@ def _code_sections(cubin_b64: str) -> list[str]:
         start = names_at + offset
         return elf[start : elf.index(b"\0", start)].decode()
 
-    return sorted(f"{name(s[0])} {elf[s[4] : s[4] + s[5]].hex()}" for s in sections
+    return sorted((name(s[0]), elf[s[4] : s[4] + s[5]]) for s in sections
                   if name(s[0]).startswith(".text"))  # fmt: skip
 
 
@@ -100,11 +100,10 @@ def main() -> int:
     names = _sample(here, args.other, args.count, args.arch)
     mine, theirs = _child(here, args.arch, names), _child(args.other, args.arch, names)
     if args.arch.startswith("sm_"):
-        differ = [n for n in mine if _code_sections(mine[n]) != _code_sections(theirs[n])]
+        code = {n: (_code_sections(theirs[n]), _code_sections(mine[n])) for n in mine}
+        differ = [n for n, (old, new) in code.items() if old != new]
         for name in differ[:1]:
-            sizes = [
-                [len(s.split()[1]) // 2 for s in _code_sections(t[name])] for t in (theirs, mine)
-            ]
+            sizes = [[len(text) for _, text in sections] for sections in code[name]]
             print(f"{name}: code sections differ (bytes, theirs then mine: {sizes})")
         print(f"{len(mine) - len(differ)} of {len(mine)} instantiations: same machine code")
         return 1 if differ else 0
