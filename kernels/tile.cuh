@@ -77,13 +77,22 @@ __device__ __forceinline__ u32 max_magnitudes(u32 a, u32 b) {
 
 // one lane of row `row`, columns [col, col + kValues), of batch `batch`: zeros past `rows` and
 // `cols`; vector loads where the lane is whole and `vec` (x's base and strides 16-byte aligned)
-template <int kIn>
+// kWhole: the caller knows the lane is real, whole and aligned (a whole tile: WholeTile), so
+// the load is one straight-line vector load and a thread's loads can all be in flight together
+template <bool kWhole> struct WholeTile {
+  static constexpr bool value = kWhole;
+};
+template <int kIn, bool kWhole = false>
 __device__ __forceinline__ void load_tile_lane(const Params& p, u32 batch, u32 row, i64 col,
                                                i64 cols, bool vec, u32 (&w)[kLaneWords]) {
   typedef typename Input<kIn>::Storage Storage;
   constexpr int kValues = TileShape<kIn>::kValues;
   const Storage* src = static_cast<const Storage*>(p.x) + batch * p.x_batch_stride +
                        static_cast<i64>(row) * p.x_row_stride + col;
+  if constexpr (kWhole) {
+    load_lane<kIn, true>(src, w);
+    return;
+  }
 #pragma unroll
   for (int i = 0; i < kLaneWords; ++i) w[i] = 0u;
   if (row >= p.rows) return;
@@ -157,13 +166,22 @@ __device__ __forceinline__ void weight_block_tile(const Params& p) {
   const bool vec = p.x_aligned != 0u;
 
   // the tile's largest finite magnitude: every lane's loads in flight together, none kept
+  // (a whole tile's loads without branches between them: with them each waited for the last)
   u32 magnitude = 0u;
-  wait_for_producer();
+  const auto reduce = [&](auto whole) {
 #pragma unroll
-  for (int i = 0; i < S::kPasses; ++i) {
-    u32 words[kLaneWords];
-    load_tile_lane<kIn>(p, batch, first_row + i * S::kRowsPerPass, col, cols, vec, words);
-    magnitude = max(magnitude, max_finite_magnitude<kIn>(words));
+    for (int i = 0; i < S::kPasses; ++i) {
+      u32 words[kLaneWords];
+      load_tile_lane<kIn, decltype(whole)::value>(p, batch, first_row + i * S::kRowsPerPass, col,
+                                                 cols, vec, words);
+      magnitude = max(magnitude, max_finite_magnitude<kIn>(words));
+    }
+  };
+  wait_for_producer();
+  if (vec && (block_row + 1u) * kTile <= p.rows && (block_col + 1) * kTile <= cols) {
+    reduce(WholeTile<true>());
+  } else {
+    reduce(WholeTile<false>());
   }
   signal_dependents();
   magnitude = block_max(magnitude, warp_max);
@@ -242,15 +260,23 @@ __device__ __forceinline__ void column_tile(const Params& p) {
   u32 magnitudes[kLaneWords];  // word w's channels
 #pragma unroll
   for (int w = 0; w < kLaneWords; ++w) magnitudes[w] = 0u;
-  wait_for_producer();
+  const auto reduce = [&](auto whole) {
 #pragma unroll
-  for (int i = 0; i < S::kPasses; ++i) {
-    u32 words[kLaneWords];
-    load_tile_lane<kIn>(p, 0u, first_row + i * S::kRowsPerPass, col, k, vec, words);
+    for (int i = 0; i < S::kPasses; ++i) {
+      u32 words[kLaneWords];
+      load_tile_lane<kIn, decltype(whole)::value>(p, 0u, first_row + i * S::kRowsPerPass, col, k,
+                                                 vec, words);
 #pragma unroll
-    for (int w = 0; w < kLaneWords; ++w) {
-      magnitudes[w] = max_magnitudes<kIn>(magnitudes[w], finite_magnitudes<kIn>(words[w]));
+      for (int w = 0; w < kLaneWords; ++w) {
+        magnitudes[w] = max_magnitudes<kIn>(magnitudes[w], finite_magnitudes<kIn>(words[w]));
+      }
     }
+  };
+  wait_for_producer();
+  if (vec && (token_block + 1u) * kTile <= p.rows) {  // K is whole tiles
+    reduce(WholeTile<true>());
+  } else {
+    reduce(WholeTile<false>());
   }
   signal_dependents();
   const u32 warp = threadIdx.x >> 5;
