@@ -77,11 +77,13 @@ __device__ __forceinline__ u32 max_magnitudes(u32 a, u32 b) {
 
 // one lane of row `row`, columns [col, col + kValues), of batch `batch`: zeros past `rows` and
 // `cols`; vector loads where the lane is whole and `vec` (x's base and strides 16-byte aligned)
-// kWhole: the caller knows the lane is real, whole and aligned (a whole tile: WholeTile), so
-// the load is one straight-line vector load and a thread's loads can all be in flight together
-template <bool kWhole> struct WholeTile {
-  static constexpr bool value = kWhole;
+// a bool as a type, so that a generic lambda compiles one body per value under a uniform branch
+template <bool kValue> struct Flag {
+  static constexpr bool value = kValue;
 };
+
+// kWhole: the caller knows the lane is real, whole and aligned (a whole tile), so the load is
+// one straight-line vector load and a thread's loads can all be in flight together
 template <int kIn, bool kWhole = false>
 __device__ __forceinline__ void load_tile_lane(const Params& p, u32 batch, u32 row, i64 col,
                                                i64 cols, bool vec, u32 (&w)[kLaneWords]) {
@@ -179,9 +181,9 @@ __device__ __forceinline__ void weight_block_tile(const Params& p) {
   };
   wait_for_producer();
   if (vec && (block_row + 1u) * kTile <= p.rows && (block_col + 1) * kTile <= cols) {
-    reduce(WholeTile<true>());
+    reduce(Flag<true>());
   } else {
-    reduce(WholeTile<false>());
+    reduce(Flag<false>());
   }
   signal_dependents();
   magnitude = block_max(magnitude, warp_max);
@@ -224,6 +226,48 @@ __device__ __forceinline__ void weight_block_tile(const Params& p) {
       *at = static_cast<u8>(exponent);
     } else {
       *reinterpret_cast<float*>(at) = scale;
+    }
+  }
+}
+
+// one lane's column-wise codes (its kValues channels at one token) under the channels' scales,
+// into the transposed shared rows. kGeneral: the lane holds a non-finite value or the tile a
+// float scale below kMinFastDivisor, so each value picks its division and is patched
+// (patch_nonfinite); the common case skips both tests, a third of the column encoding's
+// instructions
+template <int kIn, int kOut, int kScale, bool kProduct, bool kGeneral>
+__device__ __forceinline__ void encode_column_codes(const Params& p, const u32 (&words)[kLaneWords],
+                                                    const float2* channel_scale, int lane,
+                                                    int token, u8* codes_t) {
+  typedef TileShape<kIn> S;
+  // channel lane * kValues + v sits v * kTile bytes after channel lane * kValues (code_slot's
+  // key is the same for a lane's channels)
+  const int first = code_slot<kIn>(lane * S::kValues, token);
+#pragma unroll
+  for (int v = 0; v < S::kValues; v += 4) {  // four channels a code word
+    float scaled[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float value = value_of<kIn>(words, v + j);
+      const float2 pair = channel_scale[(v + j) * S::kLanes + lane];
+      if constexpr (kProduct || kScale != kFloat32Scale) {
+        scaled[j] = scaled_value<kOut, kMultiply>(value, pair.x, pair.y);
+      } else if constexpr (kGeneral) {
+        scaled[j] = pair.x >= kMinFastDivisor
+                        ? scaled_value<kOut, kDivideFast>(value, pair.x, pair.y)
+                        : scaled_value<kOut, kDivideExact>(value, pair.x, pair.y);
+      } else {
+        scaled[j] = scaled_value<kOut, kDivideFast>(value, pair.x, pair.y);
+      }
+    }
+    const u32 word = Output<kOut>::encode4(scaled);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      u32 code = (word >> (8 * j)) & 0xffu;
+      if constexpr (kGeneral) {
+        code = patch_nonfinite<kIn, false>(code, Input<kIn>::raw(words, v + j), p.nonfinite_codes);
+      }
+      codes_t[first + (v + j) * kTile] = static_cast<u8>(code);
     }
   }
 }
@@ -274,9 +318,9 @@ __device__ __forceinline__ void column_tile(const Params& p) {
   };
   wait_for_producer();
   if (vec && (token_block + 1u) * kTile <= p.rows) {  // K is whole tiles
-    reduce(WholeTile<true>());
+    reduce(Flag<true>());
   } else {
-    reduce(WholeTile<false>());
+    reduce(Flag<false>());
   }
   signal_dependents();
   const u32 warp = threadIdx.x >> 5;
@@ -307,6 +351,10 @@ __device__ __forceinline__ void column_tile(const Params& p) {
   t.groups_per_row = p.t_groups;
   t.scale_rows = p.t_scale_rows;
   const int token_group = static_cast<int>(token_block);
+  // a float scale below the fast division's range (a tiny eps) anywhere in the tile, or a
+  // non-finite value in the lane, takes the general encoding below; the common one has neither
+  // test a value
+  bool tiny = false;
   if (threadIdx.x < static_cast<u32>(kTile)) {
     const int slot = static_cast<int>(threadIdx.x);
     const int channel = (slot % S::kLanes) * S::kValues + slot / S::kLanes;
@@ -318,6 +366,7 @@ __device__ __forceinline__ void column_tile(const Params& p) {
     u32 exponent;
     const float scale = group_scale<kOut, kScale, kArith>(p, amax, factor, exponent);
     channel_scale[slot] = make_float2(scale, factor);
+    if constexpr (kScale == kFloat32Scale && !kProduct) tiny = scale < kMinFastDivisor;
     const u32 c = static_cast<u32>(group) * kTile + channel;
     ScaleLayout<kLayout>::store_at(ScaleLayout<kLayout>::at(t, 0u, c, token_group), t,
                                    token_group, scale, exponent, true, true);
@@ -328,7 +377,7 @@ __device__ __forceinline__ void column_tile(const Params& p) {
       ScaleLayout<kLayout>::zero(t, 0u, c, token_group);
     }
   }
-  __syncthreads();
+  const bool tiny_scales = __syncthreads_or(tiny) != 0;
 
   // each row's lane read again: its row-wise group ("both"), as every other kernel quantizes
   // it, and its values' column-wise codes, transposed into shared memory; a rolled loop holds
@@ -350,30 +399,12 @@ __device__ __forceinline__ void column_tile(const Params& p) {
       }
     }
     const int token = static_cast<int>(threadIdx.x) / S::kLanes + i * S::kRowsPerPass;
-#pragma unroll
-    for (int v = 0; v < S::kValues; v += 4) {  // four channels a code word
-      float scaled[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int slot = (v + j) * S::kLanes + lane;
-        const float value = value_of<kIn>(words, v + j);
-        const float2 pair = channel_scale[slot];
-        const float scale = pair.x, factor = pair.y;
-        if constexpr (kProduct || kScale != kFloat32Scale) {
-          scaled[j] = scaled_value<kOut, kMultiply>(value, scale, factor);
-        } else {
-          scaled[j] = scale >= kMinFastDivisor
-                          ? scaled_value<kOut, kDivideFast>(value, scale, factor)
-                          : scaled_value<kOut, kDivideExact>(value, scale, factor);
-        }
-      }
-      const u32 word = Output<kOut>::encode4(scaled);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        u32 code = (word >> (8 * j)) & 0xffu;
-        code = patch_nonfinite<kIn, false>(code, In::raw(words, v + j), p.nonfinite_codes);
-        codes_t[code_slot<kIn>(lane * S::kValues + v + j, token)] = static_cast<u8>(code);
-      }
+    if (tiny_scales || __builtin_expect(In::max_magnitude(words) >= In::kInf, 0)) {
+      encode_column_codes<kIn, kOut, kScale, kProduct, true>(p, words, channel_scale, lane, token,
+                                                           codes_t);
+    } else {
+      encode_column_codes<kIn, kOut, kScale, kProduct, false>(p, words, channel_scale, lane,
+                                                            token, codes_t);
     }
   }
   __syncthreads();
