@@ -39,18 +39,18 @@ def _specs(x, group_size, dtype, scale, layout, orientation):
     return specs(request), transposed_specs(request)
 
 
-def model_columns(x, group_size, dtype, scale, layout, rule="rceil"):
+def model_columns(x, group_size, dtype, scale, layout, rule="rceil", eps=1e-10):
     """(qt bytes, scale storage bytes) of the column-wise result, from the scalar model and
     section 6's layout over K rows of ceil(M / G) groups."""
-    codes, scales = spec_model.quantize_columns(x, group_size, dtype, scale, 1e-10, rule)
+    codes, scales = spec_model.quantize_columns(x, group_size, dtype, scale, eps, rule)
     m, k = x.shape
     groups = -(-m // group_size)
     storage = spec_model.Storage((k, groups * group_size), group_size, layout, False)
     return codes, spec_model.expected_scale_bytes(scales, storage)
 
 
-def model_rows(x, group_size, dtype, scale, layout):
-    codes, scales = spec_model.quantize(x, group_size, dtype, scale, 1e-10)
+def model_rows(x, group_size, dtype, scale, layout, eps=1e-10):
+    codes, scales = spec_model.quantize(x, group_size, dtype, scale, eps)
     storage = spec_model.Storage(tuple(x.shape), group_size, layout, False)
     return spec_model.expected_storage(codes, scales, storage)
 
@@ -130,7 +130,7 @@ def _as_param(backend):
     return backend if hasattr(backend, "values") else pytest.param(backend, id=backend)
 
 
-def check_both(x, backend, layout, scale):
+def check_both(x, backend, layout, scale, eps=1e-10):
     """orientation="both" into four poisoned outputs: every byte of both results against the
     model, then the allocating call."""
     (q_spec, s_spec), (qt_spec, st_spec) = _specs(x, 128, "e4m3", scale, layout, "both")
@@ -138,18 +138,18 @@ def check_both(x, backend, layout, scale):
         (q_spec, Q_POISON), (s_spec, SCALE_POISON), (qt_spec, Q_POISON), (st_spec, SCALE_POISON)
     )]  # fmt: skip
     (q, q_buf), (s, s_buf), (qt, qt_buf), (st, st_buf) = outs
-    got = fgq.quantize(to_device(x, backend), 128, scale=scale, layout=layout,
+    got = fgq.quantize(to_device(x, backend), 128, scale=scale, layout=layout, eps=eps,
                        orientation="both", out=(q, qt), scale_out=(s, st))  # fmt: skip
     assert isinstance(got, fgq.BothOrientations)
     assert got.q is q and got.scales is s and got.qt is qt and got.scales_t is st
     what = f"{backend} {x.dtype} {x.shape} both {layout} {scale}"
-    q_bytes, s_bytes = model_rows(x, 128, "e4m3", scale, layout)
-    qt_bytes, st_bytes = model_columns(x, 128, "e4m3", scale, layout)
+    q_bytes, s_bytes = model_rows(x, 128, "e4m3", scale, layout, eps)
+    qt_bytes, st_bytes = model_columns(x, 128, "e4m3", scale, layout, eps=eps)
     assert_same_bytes(to_host_bytes(q_buf), q_bytes, f"q ({what})", inputs=x)
     assert_same_bytes(to_host_bytes(s_buf), s_bytes, f"scales ({what})")
     assert_same_bytes(to_host_bytes(qt_buf), qt_bytes, f"qt ({what})", inputs=x.T)
     assert_same_bytes(to_host_bytes(st_buf), st_bytes, f"scales_t ({what})")
-    allocated = fgq.quantize(to_device(x, backend), 128, scale=scale, layout=layout,
+    allocated = fgq.quantize(to_device(x, backend), 128, scale=scale, layout=layout, eps=eps,
                              orientation="both")  # fmt: skip
     expected = (q_bytes, to_host_bytes(s), qt_bytes, to_host_bytes(st))
     assert_allocated(allocated, expected, what)
@@ -178,6 +178,22 @@ def test_both_sweep(backend, layout, scale, input_dtype, m, k):
     seed = (LAYOUT_SCALES.index((layout, scale)) * 3 + INPUTS.index(input_dtype)) * 7 + m + k
     x = activations(np.random.default_rng(seed), (m, k), input_dtype, specials=True)
     check_both(x, backend, layout, scale)
+
+
+@pytest.mark.parametrize("backend", NUMPY_AND_GPU)
+@pytest.mark.parametrize("input_dtype", ["bfloat16", "float32"])
+# float scales below 2^-80 (the smallest eps, channels of tiny values) take the exact division
+# on the GPU: one token group with such a channel, one with none and Inf or NaN in a few rows
+# only, one whole and finite (the common encoding), a partial fourth; every byte of both results
+def test_both_tiny_scales_and_lone_specials(backend, input_dtype):
+    rng = np.random.default_rng(44)
+    x = activations(rng, (430, 256), input_dtype)
+    x[:128, 5] = rng.standard_normal(128) * 1e-30  # scale about 1e-32
+    x[:128, 200] = 0.0  # all zero: the scale is eps / 448, subnormal
+    x[130, 17], x[250, 128], x[255, 3] = np.inf, np.nan, -np.inf
+    x[400, 100] = np.nan  # the partial group
+    check_both(x, backend, "col", "float32", eps=float(np.finfo(np.float32).tiny))
+    check_both(x, backend, "packed", "ue8m0", eps=float(np.finfo(np.float32).tiny))
 
 
 def test_both_row_half_equals_row_call():
