@@ -93,27 +93,27 @@ __device__ __forceinline__ void load_tile_lane(const Params& p, u32 batch, u32 r
                        static_cast<i64>(row) * p.x_row_stride + col;
   if constexpr (kWhole) {
     load_lane<kIn, true>(src, w);
-    return;
-  }
+  } else {
 #pragma unroll
-  for (int i = 0; i < kLaneWords; ++i) w[i] = 0u;
-  if (row >= p.rows) return;
-  if (col + kValues <= cols) {
-    if (vec) {
-      load_lane<kIn, true>(src, w);
-    } else {
-      load_lane<kIn, false>(src, w);
-    }
-    return;
-  }
-#pragma unroll
-  for (int i = 0; i < kValues; ++i) {  // a partial lane at the right edge
-    if (col + i < cols) {
-      const u32 v = static_cast<u32>(__ldg(src + i));
-      if constexpr (Input<kIn>::kBytes == 4) {
-        w[i] = v;
+    for (int i = 0; i < kLaneWords; ++i) w[i] = 0u;
+    if (row >= p.rows) return;
+    if (col + kValues <= cols) {
+      if (vec) {
+        load_lane<kIn, true>(src, w);
       } else {
-        w[i / 2] |= v << (16 * (i % 2));
+        load_lane<kIn, false>(src, w);
+      }
+      return;
+    }
+#pragma unroll
+    for (int i = 0; i < kValues; ++i) {  // a partial lane at the right edge
+      if (col + i < cols) {
+        const u32 v = static_cast<u32>(__ldg(src + i));
+        if constexpr (Input<kIn>::kBytes == 4) {
+          w[i] = v;
+        } else {
+          w[i / 2] |= v << (16 * (i % 2));
+        }
       }
     }
   }
@@ -180,7 +180,9 @@ __device__ __forceinline__ void weight_block_tile(const Params& p) {
     }
   };
   wait_for_producer();
-  if (vec && (block_row + 1u) * kTile <= p.rows && (block_col + 1) * kTile <= cols) {
+  const bool whole = vec && (block_row + 1u) * kTile <= p.rows &&
+                     static_cast<i64>(block_col + 1) * kTile <= cols;
+  if (whole) {
     reduce(Flag<true>());
   } else {
     reduce(Flag<false>());
