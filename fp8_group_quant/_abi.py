@@ -88,6 +88,7 @@ PARAMS = (
     ("u32", "nonfinite_codes", "codes of +NaN, -NaN, +Inf, -Inf, a byte each from the lowest"),
     ("u32", "floor_emax", "scale_rule='floor': the format's emax_elem; 0 for 'rceil'"),
     ("u32", "bf16_arithmetic", "arithmetic='bfloat16': scale steps rounded to bfloat16"),
+    ("u32", "output", "the format's OutputType code: the kFloat8 binary branches on it"),
     ("u32", "masked_i64", "masked layout: 1 when masked_m holds int64 counts"),
     ("i64", "x_up_offset", "SiLU-mul: elements from a gate value to its up value"),
     ("u32", "table_by_threads", "SiLU-mul, one pass: every thread copies part of the table"),

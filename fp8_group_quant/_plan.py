@@ -72,7 +72,7 @@ class KernelKey:
 
     input_dtype: str  # a key of _spec.INPUT_TYPES
     group_size: int
-    output: str  # a key of _spec.OUTPUT_FORMATS
+    output: str  # a key of _spec.OUTPUT_FORMATS naming the binary: the format's kernel_format
     scale: str  # a key of _spec.SCALE_FORMATS
     layout_trait: str  # a ScaleLayout.kernel_trait: the address function
     vec16: bool  # input base and strides 16-byte aligned: vector loads
@@ -145,7 +145,7 @@ def all_kernel_keys() -> list[KernelKey]:
     # Layouts that share an address function share a binary.
     combinations = list(
         dict.fromkeys(
-            (i, g, o, s, SCALE_LAYOUTS[layout].kernel_trait)
+            (i, g, OUTPUT_FORMATS[o].kernel_format, s, SCALE_LAYOUTS[layout].kernel_trait)
             for i in INPUT_TYPES
             for g in GROUP_SIZES
             for o, s, layout in supported_combinations()
@@ -565,6 +565,7 @@ def make_params(request, tuning: Tuning, **pointers):
         clamp_limit=_clamp_limit(request),
         ue8m0_floor=UE8M0_FLOOR,
         nonfinite_codes=fmt.nonfinite_word,
+        output=fmt.kernel_code,
         x_up_offset=request.x_up_offset,
         masked_i64=1 if request.masked == "int64" else 0,
         r_batch_stride=request.r_batch_stride,
@@ -701,8 +702,9 @@ def warmup_keys(input_dtype: str, options) -> list[KernelKey]:
     if options.fp4 is not None:
         return [fp4_key(input_dtype, options.fp4, options.layout, arithmetic)]
     fmt, scale, layout = options.fmt, options.scale, options.layout
-    key = KernelKey(input_dtype, options.group_size, fmt.name, scale.name, layout.kernel_trait,
-                    vec16=True, activation=options.mode.name, arithmetic=arithmetic)  # fmt: skip
+    key = KernelKey(input_dtype, options.group_size, fmt.kernel_format, scale.name,
+                    layout.kernel_trait, vec16=True, activation=options.mode.name,
+                    arithmetic=arithmetic)  # fmt: skip
     if options.mode.name is not None:  # the fused modes have the one-pass kernel only
         return [dataclasses.replace(key, one_pass=True)]
     # every path: one pass for contiguous rows (the load linear in the slot, where the layout
@@ -716,6 +718,8 @@ def warmup_keys(input_dtype: str, options) -> list[KernelKey]:
 # 128x128 tiles: weight blocks, the column-wise orientation and "both" (kernels/tile.cuh) ------
 
 TILE_FORMAT = "e4m3"  # the one format the tile kernels are instantiated for
+# its own encoding trait, not the float8 binary's: the tiles have no branch on Params.output
+TILE_OUTPUT_TRAIT = "fgq::kE4M3"
 # how quantize_weight_blocks stores a block's scale (WeightLayoutKind)
 WEIGHT_LAYOUT_CODES = {"row": 0, "col": 0, "bytes": 1, "packed": 2}
 # the column kernel's (scale, address function) pairs: float words, UE8M0 in them, packed
@@ -732,7 +736,7 @@ def weight_name(input_dtype: str, scale: str, arithmetic: str | None = None) -> 
     """The quantize_weight_blocks instantiation of an input type and scale kind, and of a
     compiled arithmetic (compiled_arithmetic) or None."""
     return _template("quantize_weight_blocks", INPUT_TYPES[input_dtype].kernel_trait,
-                     OUTPUT_FORMATS[TILE_FORMAT].kernel_trait, SCALE_FORMATS[scale].kernel_trait,
+                     TILE_OUTPUT_TRAIT, SCALE_FORMATS[scale].kernel_trait,
                      *_arithmetic_argument(arithmetic))  # fmt: skip
 
 
@@ -741,7 +745,7 @@ def columns_name(input_dtype: str, scale: str, layout_trait: str,
     """The quantize_columns instantiation of an input type, scale kind and address function,
     and of a compiled arithmetic (compiled_arithmetic) or None."""
     return _template("quantize_columns", INPUT_TYPES[input_dtype].kernel_trait,
-                     OUTPUT_FORMATS[TILE_FORMAT].kernel_trait, SCALE_FORMATS[scale].kernel_trait,
+                     TILE_OUTPUT_TRAIT, SCALE_FORMATS[scale].kernel_trait,
                      layout_trait, *_arithmetic_argument(arithmetic))  # fmt: skip
 
 

@@ -401,7 +401,7 @@ class Request:
             return fp4_key(self.input_dtype, self.fp4, self.layout, arithmetic)
         assert self.fmt is not None and self.scale is not None
         return KernelKey(
-            self.input_dtype, self.group_size, self.fmt.name, self.scale.name,
+            self.input_dtype, self.group_size, self.fmt.kernel_format, self.scale.name,
             self.layout.kernel_trait, self.x_aligned, activation=self.mode.name,
             masked=self.masked is not None, norm=self.norm, arithmetic=arithmetic,
         )  # fmt: skip

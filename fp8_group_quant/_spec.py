@@ -63,7 +63,8 @@ class OutputFormat:
     signed_nan: bool  # a NaN's code carries the input's sign bit
     keeps_inf: bool  # +-Inf inputs stay +-Inf (inf_code) rather than saturating to +-fmax
     inf_code: int
-    kernel_trait: str  # Output<> specialisation in kernels/common.cuh: the encoding instructions
+    kernel_trait: str  # the Output<> trait of its binary in kernels/formats.cuh
+    kernel_code: int  # its own OutputType code in kernels/formats.cuh (Params.output)
     emax_elem: int | None = None  # OCP MX: the largest normal's exponent (scale_rule="floor")
     notes: str = field(default="", compare=False)
 
@@ -104,6 +105,12 @@ class OutputFormat:
         """``nonfinite_codes`` one byte each, lowest first: the kernel's Params.nonfinite_codes."""
         return sum(code << (8 * i) for i, code in enumerate(self.nonfinite_codes))
 
+    @property
+    def kernel_format(self) -> str:
+        """The format that names this one's binary (KernelKey.output): the first of the same
+        kernel trait. e4m3 and e5m2 share one, kFloat8, which branches on Params.output."""
+        return next(f.name for f in OUTPUT_FORMATS.values() if f.kernel_trait == self.kernel_trait)
+
     @cached_property
     def inverse_fmax(self) -> np.float32:
         """RN(1 / fmax) in float32."""
@@ -116,22 +123,24 @@ OUTPUT_FORMATS = {
         OutputFormat(
             "e4m3", ("float8_e4m3fn", "fp8_e4m3"), "float8_e4m3fn", 448.0,
             nan_code=0x7F, signed_nan=True, keeps_inf=False, inf_code=0,
-            kernel_trait="fgq::kE4M3", emax_elem=8, notes="the default; NVIDIA GPUs",
+            kernel_trait="fgq::kFloat8", kernel_code=0, emax_elem=8,
+            notes="the default; NVIDIA GPUs",
         ),
         OutputFormat(
             "e5m2", ("float8_e5m2", "fp8_e5m2"), "float8_e5m2", 57344.0,
             nan_code=0x7E, signed_nan=True, keeps_inf=True, inf_code=0x7C,
-            kernel_trait="fgq::kE5M2", emax_elem=15,
+            kernel_trait="fgq::kFloat8", kernel_code=1, emax_elem=15,
         ),
         OutputFormat(
             "int8", (), "int8", 127.0,
             nan_code=0x00, signed_nan=False, keeps_inf=False, inf_code=0,
-            kernel_trait="fgq::kInt8", notes="rounds half to even; NaN has no code and becomes 0",
+            kernel_trait="fgq::kInt8", kernel_code=2,
+            notes="rounds half to even; NaN has no code and becomes 0",
         ),
         OutputFormat(
             "e4m3fnuz", ("float8_e4m3fnuz", "fp8_e4m3fnuz"), "float8_e4m3fnuz", 224.0,
             nan_code=0x80, signed_nan=False, keeps_inf=False, inf_code=0,
-            kernel_trait="fgq::kE4M3FNUZ",
+            kernel_trait="fgq::kE4M3FNUZ", kernel_code=3,
             notes="AMD MI300; clamped at 224 as vLLM and SGLang do on ROCm (the format reaches "
             "240); 0x80 is its NaN, so there is no -0",
         ),

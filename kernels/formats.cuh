@@ -9,7 +9,8 @@ namespace fgq {
 
 // template codes; the Python registries (_spec.py) name them in their rows
 enum InputType : int { kBF16 = 0, kF16 = 1, kF32 = 2 };
-enum OutputType : int { kE4M3 = 0, kE5M2 = 1, kInt8 = 2, kE4M3FNUZ = 3 };
+// kFloat8: the binary of e4m3 and e5m2, which reads its format from Params.output
+enum OutputType : int { kE4M3 = 0, kE5M2 = 1, kInt8 = 2, kE4M3FNUZ = 3, kFloat8 = 4 };
 enum ScaleFormat : int { kFloat32Scale = 0, kUE8M0Scale = 1 };
 
 enum : u32 { kHalfMagnitudes = 0x7fff7fffu };  // the magnitude bits of a word's two 16-bit halves
@@ -314,6 +315,14 @@ template <> struct Output<kE4M3FNUZ> {
     constexpr u32 kByteMagnitudes = 0x7f7f7f7fu;
     return codes & __vcmpne4(codes & kByteMagnitudes, 0u);
   }
+};
+
+// e4m3 and e5m2 in one binary: encode_lane (group.cuh) takes the format's encoding by one
+// uniform branch on Params.output; the two differ in the cvt alone (one lean budget, no
+// factor: e4m3fnuz's, which has one, keeps a binary of its own)
+template <> struct Output<kFloat8> {
+  static constexpr bool kLean = true;
+  static constexpr u32 kCodeExponent = 0;
 };
 
 template <> struct Output<kInt8> {

@@ -54,17 +54,26 @@ __device__ __forceinline__ float scaled_value(float v, float scale, float factor
   return t;
 }
 
+// kFloat8 (e4m3 and e5m2): the format's encoding by one uniform branch on Params.output
 template <int kIn, int kOut, int kOp, int kValues, typename V>
-__device__ __forceinline__ void encode_lane(const V& values, float scale, float factor,
-                                            u32 (&codes)[kValues / 4]) {
-#pragma unroll
-  for (int w = 0; w < kValues / 4; ++w) {
-    float t[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      t[j] = scaled_value<kOut, kOp>(LaneValues<kIn, V>::value(values, 4 * w + j), scale, factor);
+__device__ __forceinline__ void encode_lane(const Params& p, const V& values, float scale,
+                                            float factor, u32 (&codes)[kValues / 4]) {
+  if constexpr (kOut == kFloat8) {
+    if (p.output == kE5M2) {
+      encode_lane<kIn, kE5M2, kOp, kValues>(p, values, scale, factor, codes);
+    } else {
+      encode_lane<kIn, kE4M3, kOp, kValues>(p, values, scale, factor, codes);
     }
-    codes[w] = Output<kOut>::encode4(t);
+  } else {
+#pragma unroll
+    for (int w = 0; w < kValues / 4; ++w) {
+      float t[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        t[j] = scaled_value<kOut, kOp>(LaneValues<kIn, V>::value(values, 4 * w + j), scale, factor);
+      }
+      codes[w] = Output<kOut>::encode4(t);
+    }
   }
 }
 
@@ -224,9 +233,10 @@ template <int kOut, int kScale, int kArith>
 __device__ __forceinline__ float group_scale(const Params& p, float amax, float& factor,
                                              u32& exponent) {
   constexpr bool kProduct = kArith == kReciprocalArith || kArith == kMultiplierArith;
-  static_assert(kArith != kUnflooredArith || (kOut == kE4M3 && kScale == kUE8M0Scale),
+  constexpr bool kE4M3Binary = kOut == kE4M3 || kOut == kFloat8;  // e4m3 runs the float8 binary
+  static_assert(kArith != kUnflooredArith || (kE4M3Binary && kScale == kUE8M0Scale),
                 "MXFP8's arithmetic");
-  static_assert(!kProduct || (kOut == kE4M3 && kScale == kFloat32Scale), "section 3c's");
+  static_assert(!kProduct || (kE4M3Binary && kScale == kFloat32Scale), "section 3c's");
   exponent = 0u;
   if constexpr (kProduct) {
     return product_scale<kArith>(p, amax, factor);
@@ -260,20 +270,20 @@ __device__ __forceinline__ float encode_scaled(const Params& p, const V& values,
   if (kIn == kBF16 && __builtin_expect(p.bf16_arithmetic != 0u, 0)) {
     exponent = 0u;
     const float inverse = bf16_scale<kScale>(p, amax, scale, exponent);
-    encode_lane<kIn, kOut, kMultiplyBf16, kValues>(values, scale, inverse, codes);
+    encode_lane<kIn, kOut, kMultiplyBf16, kValues>(p, values, scale, inverse, codes);
   } else if constexpr (kScale == kFloat32Scale && !kProduct) {
     // group_scale's rule, with the reciprocal taken only where the fast division uses it
     exponent = 0u;
     scale = divide_by_max(amax, p.fmax, p.inverse_fmax);
     if (scale >= kMinFastDivisor) {
-      encode_lane<kIn, kOut, kDivideFast, kValues>(values, scale, rcp_rn(scale), codes);
+      encode_lane<kIn, kOut, kDivideFast, kValues>(p, values, scale, rcp_rn(scale), codes);
     } else {
-      encode_lane<kIn, kOut, kDivideExact, kValues>(values, scale, 0.0f, codes);
+      encode_lane<kIn, kOut, kDivideExact, kValues>(p, values, scale, 0.0f, codes);
     }
   } else {
     float factor;
     scale = group_scale<kOut, kScale, kArith>(p, amax, factor, exponent);
-    encode_lane<kIn, kOut, kMultiply, kValues>(values, scale, factor, codes);
+    encode_lane<kIn, kOut, kMultiply, kValues>(p, values, scale, factor, codes);
   }
   return scale;
 }

@@ -47,13 +47,14 @@ def _check_compiled(arch: str, keys: list[str], lowered: dict[str, str], report:
 
 
 def test_instantiation_count():
-    # inputs x group sizes x (formats x (float scales, ue8m0 in float words, packed) and the
-    # blocked layout of e4m3 and e5m2), each with plain input (x alignment x the two paths),
-    # each gated activation (aligned, one pass), the masked kernel for all (aligned) and the
-    # RMSNorm kernel (aligned, residual at run time, one or two lanes a thread, and for 16-bit
-    # input the two-lane walking kernel with the weight in shared memory); bfloat16 SiLU of
-    # UE8M0 scales (float words and packed, four formats) at six blocks an SM too; the one-pass
-    # kernel of plain aligned input with the load linear in the slot (contiguous rows);
+    # inputs x group sizes x (output binaries (e4m3 and e5m2's one, int8's, e4m3fnuz's) x
+    # (float scales, ue8m0 in float words, packed) and the blocked layout of float8), each with
+    # plain input (x alignment x the two paths), each gated activation (aligned, one pass), the
+    # masked kernel for all (aligned) and the RMSNorm kernel (aligned, residual at run time,
+    # one or two lanes a thread, and for 16-bit input the two-lane walking kernel with the
+    # weight in shared memory); bfloat16 SiLU of UE8M0 scales (float words and packed, the
+    # three binaries) at six blocks an SM too; the one-pass kernel of plain aligned input with
+    # the load linear in the slot (contiguous rows);
     # arithmetic="unfloored" (MXFP8: plain input, 32 values, e4m3, UE8M0 in the blocked layout
     # and float words, x the four paths and the linear load) and "multiplier" (torchao's: plain
     # input, 128 and 256 values, e4m3, float scales in float words, x the four paths and the
@@ -63,8 +64,8 @@ def test_instantiation_count():
     # and the column-wise kernel (inputs x float words, UE8M0 in them, packed); then section
     # 3c's tiles of float scales: weight blocks (inputs x "reciprocal" and "multiplier") and
     # columns (inputs x "multiplier")
-    combinations = 4 * (4 * 3 + 2)
-    six_blocks = 4 * 4 * 2
+    combinations = 4 * (3 * 3 + 1)
+    six_blocks = 4 * 3 * 2
     flat = 3 * combinations
     gated = len(INPUT_MODES) - 1  # SiLU-mul, GeGLU
     assert len(_plan.all_name_expressions()) == (

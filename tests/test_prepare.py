@@ -217,7 +217,7 @@ def test_warmup_loads_the_variants_asked_for():
     ]
     fused = fgq.warmup(device, [{"scale": "ue8m0", "layout": "packed", "activation": "silu_mul"}])
     assert fused == [  # the fused modes have the one-pass kernel only
-        "fgq::quantize_groups<fgq::kBF16, 128, fgq::kE4M3, fgq::kUE8M0Scale, "
+        "fgq::quantize_groups<fgq::kBF16, 128, fgq::kFloat8, fgq::kUE8M0Scale, "
         "fgq::kPackedExponents, true, true, fgq::kSiluMul>"
     ]
     assert all((device, _plan.SOURCE, e) in _jit._functions for e in loaded)
