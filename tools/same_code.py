@@ -1,9 +1,10 @@
 """Do two kernel trees compile to the same code? PTX or machine code of sampled instantiations.
 
-    python tools/same_code.py OTHER_CHECKOUT [--count N] [--arch compute_90 | sm_90]
+    python tools/same_code.py OTHER_CHECKOUT [--count N] [--arch compute_90 | sm_90] [--match RE]
 
 Compiles N instantiations (the default kernel and a seeded sample of those both trees have) in
-this checkout and in OTHER_CHECKOUT, each in its own process, and compares their PTX with
+this checkout and in OTHER_CHECKOUT (with ``--match``, only names that the regular expression
+finds), each in its own process, and compares their PTX with
 comments, line marks, the order of global declarations and the per-file hash in internal names
 left out. A change
 that only moves comments or renames files prints "same"; anything else prints the first diff.
@@ -81,12 +82,15 @@ def _child(tree: str, arch: str, wanted) -> object:
     return json.loads(result.stdout)
 
 
-def _sample(here: str, other: str, count: int, arch: str) -> list[str]:
+def _sample(here: str, other: str, count: int, arch: str, match: str | None) -> list[str]:
     """The default kernel and ``count`` seeded picks among the names both trees know."""
     mine, theirs = _child(here, arch, None), _child(other, arch, None)
     default = next(n for n in mine if n.startswith("DEFAULT:"))[len("DEFAULT:") :]
     both = sorted(set(mine) & set(theirs) - {n for n in mine if n.startswith("DEFAULT:")})
     random.seed(count)
+    if match is not None:
+        both = [n for n in both if re.search(match, n)]
+        return random.sample(both, min(count, len(both)))
     return [default] + random.sample(both, min(count, len(both)))
 
 
@@ -95,9 +99,13 @@ def main() -> int:
     parser.add_argument("other")
     parser.add_argument("--count", type=int, default=40)
     parser.add_argument("--arch", default="compute_90")
+    parser.add_argument("--match", help="sample only the names this regular expression finds")
     args = parser.parse_args()
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    names = _sample(here, args.other, args.count, args.arch)
+    names = _sample(here, args.other, args.count, args.arch, args.match)
+    if not names:
+        print(f"no instantiation both trees know matches {args.match!r}")
+        return 2
     mine, theirs = _child(here, args.arch, names), _child(args.other, args.arch, names)
     if args.arch.startswith("sm_"):
         code = {n: (_code_sections(theirs[n]), _code_sections(mine[n])) for n in mine}
