@@ -154,4 +154,9 @@ __device__ __forceinline__ u32 max_u16x2(u32 a, u32 b) {
 #endif
 }
 
+// a bool as a type, so that a generic lambda compiles one body per value under a uniform branch
+template <bool kValue> struct Flag {
+  static constexpr bool value = kValue;
+};
+
 }  // namespace fgq

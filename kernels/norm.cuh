@@ -83,34 +83,35 @@ __device__ __forceinline__ float warp_fold(float v) {
 }
 
 // RN(x * r), rounded to the input type first with norm_rounding "twice" and
-// "twice_unrounded_sum" (vLLM's, docs/spec.md section 2b; a runtime value: one select a value)
-template <int kIn>
-__device__ __forceinline__ float normalized(float x, float r, bool twice) {
+// "twice_unrounded_sum" (kTwice: vLLM's, docs/spec.md section 2b)
+template <int kIn, bool kTwice>
+__device__ __forceinline__ float normalized(float x, float r) {
   const float n = mul_rn(x, r);
-  return twice ? round_to_input<kIn>(n) : n;
+  if constexpr (kTwice) return round_to_input<kIn>(n);
+  return n;
 }
 
 // y = round(RN(x * r) * w), in the input type, into `words`; x(i) is the lane's value i as
 // float32 (it may read `words`: map_lane writes them last); weight(i) is w's value i as float32
 // (from the loaded words, or from the float32 copy a walking block keeps: kStash); `maybe_nan`
 // false promises that no product is NaN (norm_rows)
-template <int kIn, typename Value, typename Weight>
+template <int kIn, bool kTwice, typename Value, typename Weight>
 __device__ __forceinline__ void normalize_lane(u32 (&words)[kLaneWords], Value x, Weight weight,
-                                               float r, bool twice, bool maybe_nan) {
+                                               float r, bool maybe_nan) {
   map_lane<kIn, false>(words, [&](int i) {
-    return mul_rn(normalized<kIn>(x(i), r, twice), weight(i));
+    return mul_rn(normalized<kIn, kTwice>(x(i), r), weight(i));
   }, maybe_nan);
 }
 
 // y = round(RN(x * r) * w) for each value of a lane, rounded to the input type and kept as
 // float32 for the quantizer (FloatLane, whose NaN it encodes as +NaN, the canonical NaN the
 // definition gives); x and weight as above
-template <int kIn, int kValues, typename Value, typename Weight>
-__device__ __forceinline__ void normalize_lane(Value x, Weight weight, float r, bool twice,
+template <int kIn, bool kTwice, int kValues, typename Value, typename Weight>
+__device__ __forceinline__ void normalize_lane(Value x, Weight weight, float r,
                                                FloatLane<kValues>& y) {
 #pragma unroll
   for (int i = 0; i < kValues; ++i) {
-    y.v[i] = round_to_input<kIn>(mul_rn(normalized<kIn>(x(i), r, twice), weight(i)));
+    y.v[i] = round_to_input<kIn>(mul_rn(normalized<kIn, kTwice>(x(i), r), weight(i)));
   }
 }
 
@@ -339,13 +340,21 @@ __device__ __forceinline__ void norm_rows(const Params& p, float (&warp_sums)[2]
       const bool maybe_nan =
           !(lane_sums[j] <= float32_max() && r <= float32_max()) || weight_nonfinite[j];
       FloatLane<kValues> y;
-      const bool twice = kUnrounded || p.norm_rounding != 0u;
+      // NOTES: norm_rounding chosen once a lane (a uniform branch), not a value at a time: a
+      // select a value became a predicated convert issued for every value whatever the mode
       auto normalize = [&](auto weight_of) {
         auto x_of = [&](int i) { return value(j, i); };
-        if constexpr (kFloat) {
-          normalize_lane<kIn>(x_of, weight_of, r, twice, y);
+        auto rounded = [&](auto twice) {
+          if constexpr (kFloat) {
+            normalize_lane<kIn, decltype(twice)::value>(x_of, weight_of, r, y);
+          } else {
+            normalize_lane<kIn, decltype(twice)::value>(words[j], x_of, weight_of, r, maybe_nan);
+          }
+        };
+        if (kUnrounded || p.norm_rounding != 0u) {
+          rounded(Flag<true>());
         } else {
-          normalize_lane<kIn>(words[j], x_of, weight_of, r, twice, maybe_nan);
+          rounded(Flag<false>());
         }
       };
       if constexpr (kStash) {

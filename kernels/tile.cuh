@@ -77,11 +77,6 @@ __device__ __forceinline__ u32 max_magnitudes(u32 a, u32 b) {
 
 // one lane of row `row`, columns [col, col + kValues), of batch `batch`: zeros past `rows` and
 // `cols`; vector loads where the lane is whole and `vec` (x's base and strides 16-byte aligned)
-// a bool as a type, so that a generic lambda compiles one body per value under a uniform branch
-template <bool kValue> struct Flag {
-  static constexpr bool value = kValue;
-};
-
 // kWhole: the caller knows the lane is real, whole and aligned (a whole tile), so the load is
 // one straight-line vector load and a thread's loads can all be in flight together
 template <int kIn, bool kWhole = false>
