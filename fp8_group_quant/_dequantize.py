@@ -25,7 +25,7 @@ from ._arrays import (
     to_cupy,
     torch_cpu_to_numpy,
 )
-from ._layout import BLOCKED, SCALE_LAYOUTS, WEIGHT_BLOCK, Geometry, scale_layout
+from ._layout import BLOCKED, SCALE_LAYOUTS, WEIGHT_BLOCK, WEIGHT_BLOCKS, Geometry, scale_layout
 from ._request import NVFP4_GROUP
 from ._spec import FORMATS_BY_DTYPE, FP4_FORMATS, GROUP_SIZES, OUTPUT_FORMATS, output_format
 
@@ -223,12 +223,17 @@ def _spread(scales, info: ArrayInfo, width: int, extent: int, axis: int):
 
 
 def dequantize_weight(q, scales, block=(128, 128), dtype=None):
-    """Float32 ``q_i * s`` of the 128x128 block each value lies in, shape of ``q``
+    """Float32 ``q_i * s`` of the block (128x128 or 256x256) each value lies in, shape of ``q``
     ``[..., N, K]``, from any layout ``quantize_weight`` writes: float32 ``[..., nb, kb]``
     (``row`` or ``col``), uint8 exponent bytes ``[..., nb, kb]`` (``bytes``) or packed int32
-    ``[..., N, ceil(kb / 4)]`` (``packed``, row ``n`` holding block row ``n // 128``)."""
-    if tuple(block) != (WEIGHT_BLOCK, WEIGHT_BLOCK):
-        raise ValueError(f"block: only (128, 128) blocks are supported, got {block!r}")
+    ``[..., N, ceil(kb / 4)]`` (``packed``, 128x128 blocks, row ``n`` holding block row
+    ``n // 128``)."""
+    if not isinstance(block, (tuple, list)) or len(block) != 2 or block[0] != block[1] or (
+        block[0] not in WEIGHT_BLOCKS or isinstance(block[0], bool)
+    ):  # fmt: skip
+        squares = " or ".join(str((b, b)) for b in WEIGHT_BLOCKS)
+        raise ValueError(f"block: expected {squares}, got {block!r}")
+    side = int(block[0])
     if is_torch_cpu(q) or is_torch_cpu(scales):
         _same_host_library(q, scales)
         values = dequantize_weight(torch_cpu_to_numpy(q, "q"),
@@ -238,18 +243,21 @@ def dequantize_weight(q, scales, block=(128, 128), dtype=None):
     if len(q_info.shape) not in (2, 3):
         raise ValueError(f"q: expected [N, K] or [E, N, K] codes, got shape {q_info.shape}")
     n, k = q_info.shape[-2:]
-    nb, kb = -(-n // WEIGHT_BLOCK), -(-k // WEIGHT_BLOCK)
+    nb, kb = -(-n // side), -(-k // side)
     if s_info.dtype == "int32":
+        if side != WEIGHT_BLOCK:
+            raise ValueError(
+                f"scales: packed int32 scales are of 128x128 blocks, got block {block}"
+            )
         rows = unpack_scales(scales, kb)  # already one row of scales per weight row
     else:
         if tuple(s_info.shape[-2:]) != (nb, kb):
             raise ValueError(f"scales: expected [..., {nb}, {kb}] blocks, got {s_info.shape}")
         blocks = _exponents_to_float(scales, s_info) if s_info.dtype == "uint8" else scales
-        rows = _spread(blocks, s_info, WEIGHT_BLOCK, n, -2)
+        rows = _spread(blocks, s_info, side, n, -2)
     if tuple(rows.shape) != tuple(q_info.shape[:-1]) + (kb,):
         raise ValueError(f"scales: expected {n} rows of {kb} blocks, got shape {s_info.shape}")
-    return _decoded(q, q_info, _format_of(q_info, dtype)) * _spread(rows, q_info, WEIGHT_BLOCK,
-                                                                    k, -1)  # fmt: skip
+    return _decoded(q, q_info, _format_of(q_info, dtype)) * _spread(rows, q_info, side, k, -1)
 
 
 def _described_pair(q, scales) -> tuple[ArrayInfo, ArrayInfo]:

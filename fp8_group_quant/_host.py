@@ -181,6 +181,7 @@ def run_weight(request: WeightRequest, w: np.ndarray, w_info: ArrayInfo, out, sc
         options.scale,
         options.eps,
         options.scale_rule,
+        block=g.block,
         arithmetic=options.arithmetic,
     )
     _flat(q_info, q_spec.storage).view(np.uint8)[...] = codes.reshape(-1)

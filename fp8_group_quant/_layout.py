@@ -343,7 +343,8 @@ def row_strides(shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[int, 
 
 # 128x128 weight blocks and the column-wise orientation (docs/spec.md, sections 4c and 4d) -----
 
-WEIGHT_BLOCK = TILE  # rows and columns of a weight block: the tile kernels' tile
+WEIGHT_BLOCK = TILE  # rows and columns of a weight block by default: the tile kernels' tile
+WEIGHT_BLOCKS = (TILE, 2 * TILE)  # the blocks quantize_weight takes (square), 256 torchao's
 # a test keeps WeightLayoutName equal to WEIGHT_LAYOUTS
 WeightLayoutName = Literal["row", "col", "bytes", "packed"]
 WEIGHT_LAYOUTS: tuple[str, ...] = ("row", "col", "bytes", "packed")
@@ -354,13 +355,15 @@ WEIGHT_NEEDS_UE8M0 = ("bytes", "packed")
 @dataclass(frozen=True)
 class WeightGeometry:
     """Where the outputs of ``quantize_weight`` live: ``shape`` is w's (and q's), ``[N, K]`` or
-    ``[E, N, K]``. The float and packed layouts store the bytes of an activation ``Geometry``
-    (``scales``): float ones over ``nb`` rows of ``kb`` groups, ``packed`` over ``N`` rows, row
-    ``n`` holding block row ``n // 128`` (DeepGEMM's SM100 weight layout); ``bytes`` is a
-    row-major uint8 matrix per batch."""
+    ``[E, N, K]``, in blocks of ``block`` x ``block``. The float and packed layouts store the
+    bytes of an activation ``Geometry`` (``scales``): float ones over ``nb`` rows of ``kb``
+    groups, ``packed`` (128x128 blocks) over ``N`` rows, row ``n`` holding block row
+    ``n // 128`` (DeepGEMM's SM100 weight layout); ``bytes`` is a row-major uint8 matrix per
+    batch."""
 
     shape: tuple[int, ...]
     layout: str
+    block: int = WEIGHT_BLOCK
 
     @property
     def batched(self) -> bool:
@@ -381,7 +384,7 @@ class WeightGeometry:
     @property
     def blocks(self) -> tuple[int, int]:
         """(nb, kb): block rows and block columns."""
-        return -(-self.n // WEIGHT_BLOCK), -(-self.k // WEIGHT_BLOCK)
+        return -(-self.n // self.block), -(-self.k // self.block)
 
     @property
     def empty(self) -> bool:
@@ -398,7 +401,7 @@ class WeightGeometry:
         rows = self.n if self.layout == PACKED else nb
         base = ROW if self.layout == WEIGHT_BYTES else self.layout
         lead = (self.batches,) if self.batched else ()
-        return Geometry((*lead, rows, kb * WEIGHT_BLOCK), WEIGHT_BLOCK, SCALE_LAYOUTS[base], False)
+        return Geometry((*lead, rows, kb * self.block), self.block, SCALE_LAYOUTS[base], False)
 
     @property
     def scale_dtype(self) -> str:

@@ -715,7 +715,7 @@ def warmup_keys(input_dtype: str, options) -> list[KernelKey]:
     return keys
 
 
-# 128x128 tiles: weight blocks, the column-wise orientation and "both" (kernels/tile.cuh) ------
+# tiles: weight blocks, the column-wise orientation and "both" (kernels/tile.cuh) --------------
 
 TILE_FORMAT = "e4m3"  # the one format the tile kernels are instantiated for
 # its own encoding trait, not the float8 binary's: the tiles have no branch on Params.output
@@ -727,26 +727,32 @@ COLUMN_LAYOUTS = (("float32", "fgq::kFloatWords"), ("ue8m0", "fgq::kFloatWords")
                   ("ue8m0", "fgq::kPackedExponents"))  # fmt: skip
 
 
-def _arithmetic_argument(arithmetic: str | None) -> tuple[str, ...]:
-    """A tile kernel's trailing kArith: none for the default arithmetic."""
+TILE_SIZES = (TILE, 2 * TILE)  # a weight block's side, a column tile's tokens
+
+
+def _tile_arguments(arithmetic: str | None, size: int) -> tuple[str, ...]:
+    """A tile kernel's trailing kArith and tile size, left out where they are the defaults."""
+    if size != TILE:
+        return (ARITHMETIC_TRAITS.get(arithmetic or "", "fgq::kDefaultArith"), str(size))
     return () if arithmetic is None else (ARITHMETIC_TRAITS[arithmetic],)
 
 
-def weight_name(input_dtype: str, scale: str, arithmetic: str | None = None) -> str:
-    """The quantize_weight_blocks instantiation of an input type and scale kind, and of a
-    compiled arithmetic (compiled_arithmetic) or None."""
+def weight_name(input_dtype: str, scale: str, arithmetic: str | None = None,
+                block: int = TILE) -> str:  # fmt: skip
+    """The quantize_weight_blocks instantiation of an input type and scale kind, a compiled
+    arithmetic (compiled_arithmetic) or None, and the block's side (128 or 256)."""
     return _template("quantize_weight_blocks", INPUT_TYPES[input_dtype].kernel_trait,
                      TILE_OUTPUT_TRAIT, SCALE_FORMATS[scale].kernel_trait,
-                     *_arithmetic_argument(arithmetic))  # fmt: skip
+                     *_tile_arguments(arithmetic, block))  # fmt: skip
 
 
 def columns_name(input_dtype: str, scale: str, layout_trait: str,
-                 arithmetic: str | None = None) -> str:  # fmt: skip
+                 arithmetic: str | None = None, tokens: int = TILE) -> str:  # fmt: skip
     """The quantize_columns instantiation of an input type, scale kind and address function,
-    and of a compiled arithmetic (compiled_arithmetic) or None."""
+    a compiled arithmetic (compiled_arithmetic) or None, and the token group (128 or 256)."""
     return _template("quantize_columns", INPUT_TYPES[input_dtype].kernel_trait,
                      TILE_OUTPUT_TRAIT, SCALE_FORMATS[scale].kernel_trait,
-                     layout_trait, *_arithmetic_argument(arithmetic))  # fmt: skip
+                     layout_trait, *_tile_arguments(arithmetic, tokens))  # fmt: skip
 
 
 # section 3c's arithmetics of the tiles: DeepGEMM's ("reciprocal") and torchao's ("multiplier")
@@ -756,14 +762,17 @@ COLUMN_ARITHMETICS = (MULTIPLIER,)
 
 
 def tile_name_expressions() -> list[str]:
-    """Every tile instantiation: input types x scale kinds for weights (the layout is a
-    run-time store), and x the three (scale, address function) pairs for columns; then
-    section 3c's arithmetics (float scales)."""
-    names = [weight_name(i, s) for i in INPUT_TYPES for s in ("float32", "ue8m0")]
-    names += [columns_name(i, s, t) for i in INPUT_TYPES for s, t in COLUMN_LAYOUTS]
-    names += [weight_name(i, "float32", a) for i in INPUT_TYPES for a in WEIGHT_ARITHMETICS]
-    return names + [columns_name(i, "float32", "fgq::kFloatWords", a)
-                    for i in INPUT_TYPES for a in COLUMN_ARITHMETICS]  # fmt: skip
+    """Every tile instantiation, for each tile size: input types x scale kinds for weights (the
+    layout is a run-time store), and x the three (scale, address function) pairs for columns;
+    then section 3c's arithmetics (float scales)."""
+    names = []
+    for n in TILE_SIZES:
+        names += [weight_name(i, s, None, n) for i in INPUT_TYPES for s in ("float32", "ue8m0")]
+        names += [columns_name(i, s, t, None, n) for i in INPUT_TYPES for s, t in COLUMN_LAYOUTS]
+        names += [weight_name(i, "float32", a, n) for i in INPUT_TYPES for a in WEIGHT_ARITHMETICS]
+        names += [columns_name(i, "float32", "fgq::kFloatWords", a, n)
+                  for i in INPUT_TYPES for a in COLUMN_ARITHMETICS]  # fmt: skip
+    return names
 
 
 def _common_tile_params(options, x_aligned: bool) -> dict:
@@ -797,7 +806,7 @@ def prepare_weight(request, x_aligned: bool, device: int, tuning: Tuning) -> Lau
     nb, kb = g.blocks
     params = weight_params(request, x_aligned)
     name = weight_name(request.input_dtype, options.scale.name,
-                       compiled_arithmetic(options.arithmetic))  # fmt: skip
+                       compiled_arithmetic(options.arithmetic), g.block)  # fmt: skip
     handle = _loaded(name, device, TILE_THREADS)[0]
     pdl = pdl_supported(device, tuning.pdl)
     return Launch(handle, (kb, nb, g.batches), (TILE_THREADS, 1, 1), params, pdl)
@@ -816,12 +825,14 @@ def columns_params(request, tuning: Tuning):
 
 
 def prepare_columns(request, device: int, tuning: Tuning) -> Launch:
-    """quantize_columns over a (K / 128, ceil(M / 128)) grid: the row-wise Params of the
-    request (used where q is given: "both") and the column-wise result's t_* fields."""
+    """quantize_columns over a (K / 128, ceil(M / G)) grid, G = 128 or 256 tokens: the row-wise
+    Params of the request (used where q is given: "both") and the column-wise result's t_*
+    fields."""
     m, k = request.input_shape
+    tokens = request.group_size
     params = columns_params(request, tuning)
     name = columns_name(request.input_dtype, request.scale.name, request.layout.kernel_trait,
-                        compiled_arithmetic(request.arithmetic))  # fmt: skip
+                        compiled_arithmetic(request.arithmetic), tokens)  # fmt: skip
     handle = _loaded(name, device, TILE_THREADS)[0]
-    grid = (k // TILE, -(-m // TILE), 1)
+    grid = (k // TILE, -(-m // tokens), 1)
     return Launch(handle, grid, (TILE_THREADS, 1, 1), params, pdl_supported(device, tuning.pdl))

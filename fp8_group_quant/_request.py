@@ -21,7 +21,9 @@ from ._abi import LANE_BYTES, MAX_NORM_LANES, NORM_ROUNDINGS
 from ._arrays import NUMPY, ArrayInfo, check_companion
 from ._layout import (
     BLOCKED,
+    PACKED,
     WEIGHT_BLOCK,
+    WEIGHT_BLOCKS,
     WEIGHT_LAYOUTS,
     WEIGHT_NEEDS_UE8M0,
     Geometry,
@@ -531,15 +533,18 @@ def _check_mode_operands(info: ArrayInfo, options: Options, operands: Operands) 
 
 
 def _check_columns_on_device(info: ArrayInfo, options: Options) -> None:
-    """The column kernel's limits: tiles of 128 tokens by 128 channels, e4m3."""
-    if options.group_size != WEIGHT_BLOCK:
+    """The column kernel's limits: tiles of 128 or 256 tokens by 128 channels ("both": 128
+    tokens, whose tile is one row-wise group), e4m3."""
+    g = options.group_size
+    sizes = WEIGHT_BLOCKS if options.orientation == COLUMN_WISE else (WEIGHT_BLOCK,)
+    if g not in sizes:
         raise ValueError(
             f"group_size: orientation={options.orientation!r} on the GPU takes groups of "
-            f"{WEIGHT_BLOCK} tokens (its 128x128 tiles), got {options.group_size}; other sizes "
-            f"run on the NumPy backend"
+            f"{' or '.join(map(str, sizes))} tokens (its tiles), got {g}; other sizes run on "
+            f"the NumPy backend"
         )
     assert options.fmt is not None
-    _check_tile_limits(options.fmt, -(-info.shape[0] // WEIGHT_BLOCK), 1, "x")
+    _check_tile_limits(options.fmt, -(-info.shape[0] // g), 1, "x")
 
 
 def _check_k(k: int, options: Options) -> None:
@@ -738,7 +743,7 @@ def _check_global(info: ArrayInfo, operands: Operands, computed: bool) -> dict:
     return {"global_mode": NVFP4_ON_DEVICE}
 
 
-# 128x128 weight blocks (docs/spec.md, section 4c) ---------------------------------------------
+# 128x128 and 256x256 weight blocks (docs/spec.md, section 4c) --------------------------------
 
 
 @dataclass(frozen=True)
@@ -751,6 +756,7 @@ class WeightOptions:
     eps: float
     scale_rule: str = "rceil"
     arithmetic: str = "float32"  # a key of WEIGHT_ARITHMETICS (section 3c's modes)
+    block: int = WEIGHT_BLOCK  # a block's rows and columns: WEIGHT_BLOCKS
 
 
 # the arithmetics of quantize_weight: section 3, and 3c's (DeepGEMM's and torchao's)
@@ -760,13 +766,19 @@ WEIGHT_ARITHMETICS = ("float32", RECIPROCAL, MULTIPLIER)
 def check_weight_options(block, dtype, scale, layout, eps, scale_rule,
                          arithmetic="float32") -> WeightOptions:  # fmt: skip
     """The ``WeightOptions`` of a ``quantize_weight`` call (TypeError or ValueError naming it)."""
-    square = (WEIGHT_BLOCK, WEIGHT_BLOCK)
+    squares = " or ".join(str((b, b)) for b in WEIGHT_BLOCKS)
     if not isinstance(block, (tuple, list)) or len(block) != 2 or any(
         isinstance(b, bool) or not isinstance(b, int | np.integer) for b in block
     ):  # fmt: skip
-        raise TypeError(f"block: expected a pair of ints {square}, got {block!r}")
-    if tuple(block) != square:
-        raise ValueError(f"block: only {square} blocks are supported, got {tuple(block)}")
+        raise TypeError(f"block: expected a pair of ints, {squares}, got {block!r}")
+    side = int(block[0])
+    if block[1] != side or side not in WEIGHT_BLOCKS:
+        raise ValueError(f"block: expected {squares}, got {tuple(block)}")
+    if side != WEIGHT_BLOCK and layout == PACKED:
+        raise ValueError(
+            f"layout='packed' is DeepGEMM's layout of 128x128 weight scales; it needs "
+            f"block=(128, 128), got {tuple(block)}"
+        )
     fmt = output_format(dtype)
     if fmt.name not in WEIGHT_FORMATS:
         raise ValueError(
@@ -787,7 +799,7 @@ def check_weight_options(block, dtype, scale, layout, eps, scale_rule,
         )
     if arithmetic != "float32":
         check_product_arithmetic(arithmetic, fmt, scale, eps)
-    return WeightOptions(fmt, scale, layout, eps, scale_rule, arithmetic)
+    return WeightOptions(fmt, scale, layout, eps, scale_rule, arithmetic, side)
 
 
 @dataclass(frozen=True)
@@ -817,7 +829,7 @@ def make_weight_request(info: ArrayInfo, options: WeightOptions) -> WeightReques
             )
         strides = row_strides(shape, tuple(info.strides))
     assert strides is not None  # rows of [N, K] or [E, N, K] always collapse
-    geometry = WeightGeometry(shape, options.layout)
+    geometry = WeightGeometry(shape, options.layout, options.block)
     aligned = _aligned(info, strides, geometry.n, geometry.batches)
     request = WeightRequest(options, info.dtype, geometry, *strides, aligned)
     if info.kind != NUMPY:
@@ -843,4 +855,4 @@ def _check_tile_limits(fmt: OutputFormat, tiles_y: int, tiles_z: int, name: str)
             f"{TILE_FORMAT!r}; {fmt.name!r} runs on the NumPy backend (docs/spec.md, section 9)"
         )
     if tiles_y > 65535 or tiles_z > 65535:
-        raise ValueError(f"{name}: more than 65,535 tiles of 128 rows (or batches) on the GPU")
+        raise ValueError(f"{name}: more than 65,535 tiles of rows (or batches) on the GPU")

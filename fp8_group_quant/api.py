@@ -273,22 +273,24 @@ def quantize_weight(
     scale_out=None,
     arithmetic: str = "float32",
 ) -> tuple[Array, Array]:
-    """Quantize a weight ``w [N, K]`` (or experts ``[E, N, K]``) in 128x128 blocks.
+    """Quantize a weight ``w [N, K]`` (or experts ``[E, N, K]``) in 128x128 (or 256x256) blocks.
 
-    For each block ``v`` of 128 rows by 128 columns (cut at ``N`` and ``K``: a partial edge
-    block's maximum is over the values that exist): ``amax = max(eps, max|v_i| over finite
-    v_i)``, ``s = amax / fmax`` or its UE8M0 power of two, ``q_i = RNE(clamp(v_i / s))``: the
-    arithmetic of ``quantize`` (``docs/spec.md``, section 4c), bit for bit.
+    For each block ``v`` of ``B = 128`` (or 256) rows by ``B`` columns (cut at ``N`` and
+    ``K``: a partial edge block's maximum is over the values that exist): ``amax = max(eps,
+    max|v_i| over finite v_i)``, ``s = amax / fmax`` or its UE8M0 power of two,
+    ``q_i = RNE(clamp(v_i / s))``: the arithmetic of ``quantize`` (``docs/spec.md``, section
+    4c), bit for bit.
 
     Parameters
     ----------
     w : numpy.ndarray or torch CPU tensor, ``[N, K]`` or ``[E, N, K]``
         bfloat16, float16 or float32; last dimension contiguous; any ``N`` and ``K``.
-    block : (128, 128)
+    block : (128, 128) or (256, 256)
+        256x256: torchao's other block size (every layout but ``packed``).
     dtype : {"e4m3", "e5m2"}
     scale : {"float32", "ue8m0"}
     layout : {"row", "col", "bytes", "packed"}
-        With ``nb = ceil(N/128)``, ``kb = ceil(K/128)``: ``row`` float32 ``[nb, kb]`` strides
+        With ``nb = ceil(N/B)``, ``kb = ceil(K/B)``: ``row`` float32 ``[nb, kb]`` strides
         ``(kb, 1)`` (DeepGEMM on SM90; ``torch._scaled_mm`` takes its ``.t()``); ``col``
         float32 ``[nb, kb]`` strides ``(1, nb)``; ``bytes`` uint8 exponent bytes ``[nb, kb]``
         (UE8M0); ``packed`` int32 ``[N, ceil(kb/4)]`` strides ``(1, align(N, 4))``, row ``n``

@@ -611,7 +611,7 @@ def per_block_cast_to_fp8(x, use_ue8m0: bool, gran_k: int = 128):
 
 
 TORCHAO_GROUPS = (128, 256)  # torchao's block sizes the activation drop-ins take
-TORCHAO_BLOCKS = (128,)  # and the weight drop-ins (quantize_weight's 128x128 blocks)
+TORCHAO_BLOCKS = (128, 256)  # and the weight drop-ins (square blocks of these sides)
 
 
 def _torchao_checks(block_size, dtype, sizes: tuple[int, ...]) -> None:
@@ -650,8 +650,8 @@ def act_quant_transposed_lhs(x, block_size: int = 128, dtype=None):
     block_size, orientation="col", layout="col")``. torchao requires M to be a multiple of
     ``block_size``; here the last token group may be partial. Any K, as torchao: where K is
     not a multiple of ``block_size``, a copy of x padded with zero channels is quantized and
-    the scales are copied to strides ``(1, K)``. Values as ``act_quant_lhs``'s; on the GPU
-    ``block_size`` is 128 (the column kernel's tiles), on the host 128 or 256."""
+    the scales are copied to strides ``(1, K)``. Values as ``act_quant_lhs``'s; ``block_size``
+    128 or 256."""
     _torchao_checks(block_size, dtype, TORCHAO_GROUPS)
     k = x.shape[-1] if len(tuple(x.shape)) == 2 else 0
     padded_k = -(-k // block_size) * block_size
@@ -676,12 +676,11 @@ def act_quant_rhs(x, block_size: int = 128, dtype=None):
 
 
 def weight_quant_rhs(x, block_size: int = 128, dtype=None):
-    """torchao's ``triton_fp8_blockwise_weight_quant_rhs`` (same file and commit): 128x128
-    blocks of ``x [M, N]``; codes ``[M, N]`` column-major (strides ``(1, M)``), scales
-    ``[M/128, N/128]`` strides ``(1, M/128)``. Column-major codes are those of ``x``
-    transposed, so ``x.T`` is quantized (a copy of the input where it is not already
-    column-major). Values as ``act_quant_lhs``'s; ``block_size`` 128 only (torchao also takes
-    256: no 256x256 block kernel here)."""
+    """torchao's ``triton_fp8_blockwise_weight_quant_rhs`` (same file and commit): ``B x B``
+    blocks of ``x [M, N]`` (``B = block_size``, 128 or 256); codes ``[M, N]`` column-major
+    (strides ``(1, M)``), scales ``[M/B, N/B]`` strides ``(1, M/B)``. Column-major codes are
+    those of ``x`` transposed, so ``x.T`` is quantized (a copy of the input where it is not
+    already column-major). Values as ``act_quant_lhs``'s."""
     _torchao_checks(block_size, dtype, TORCHAO_BLOCKS)
     q, scales = quantize_weight(_contiguous(x.T), (block_size, block_size), eps=TORCHAO_EPS,
                                 arithmetic=TORCHAO_ARITHMETIC)  # fmt: skip
@@ -690,8 +689,8 @@ def weight_quant_rhs(x, block_size: int = 128, dtype=None):
 
 def weight_quant_transposed_rhs(x, block_size: int = 128, dtype=None):
     """torchao's ``triton_fp8_blockwise_weight_quant_transposed_rhs`` (same file and commit):
-    128x128 blocks of ``x [M, N]``, returned transposed: codes ``[N, M]`` column-major (strides
-    ``(1, N)``), scales ``[N/128, M/128]`` strides ``(1, N/128)``: the transposes of
+    ``B x B`` blocks of ``x [M, N]``, returned transposed: codes ``[N, M]`` column-major (strides
+    ``(1, N)``), scales ``[N/B, M/B]`` strides ``(1, N/B)``: the transposes of
     ``quantize_weight(x)``, no copy. Values and block sizes as ``weight_quant_rhs``'s."""
     _torchao_checks(block_size, dtype, TORCHAO_BLOCKS)
     q, scales = quantize_weight(x, (block_size, block_size), eps=TORCHAO_EPS,

@@ -295,23 +295,23 @@ def expected_scale_bytes(scales, storage: Storage) -> np.ndarray:
 WEIGHT_BLOCK = 128
 
 
-def quantize_weight(w, fmt, scale, eps, rule="rceil", arithmetic="float32"):
+def quantize_weight(w, fmt, scale, eps, rule="rceil", arithmetic="float32", block=WEIGHT_BLOCK):
     """(codes uint8 [E, N, K], block scales float64 [E, nb, kb]) of ``w`` ``[N, K]`` or
-    ``[E, N, K]``: each block of 128 x 128 values that exist is one group of section 3 (or of
-    section 3c's ``arithmetic``)."""
+    ``[E, N, K]``: each block of ``block`` x ``block`` values that exist is one group of
+    section 3 (or of section 3c's ``arithmetic``)."""
     values = np.asarray(w).astype(np.float32)
     values = values.reshape((values.shape[0] if values.ndim == 3 else 1, *values.shape[-2:]))
     e, n, k = values.shape
-    nb, kb = -(-n // WEIGHT_BLOCK), -(-k // WEIGHT_BLOCK)
+    nb, kb = -(-n // block), -(-k // block)
     codes = np.zeros((e, n, k), np.uint8)
     scales = np.zeros((e, nb, kb))
     for b, i, j in np.ndindex(e, nb, kb):
-        rows = slice(i * WEIGHT_BLOCK, (i + 1) * WEIGHT_BLOCK)
-        columns = slice(j * WEIGHT_BLOCK, (j + 1) * WEIGHT_BLOCK)
-        block = values[b, rows, columns]
-        group, scales[b, i, j] = scalar_group(block.reshape(-1).tolist(), fmt, scale == "ue8m0",
-                                              eps, rule, arithmetic)  # fmt: skip
-        codes[b, rows, columns] = np.array(group, np.uint8).reshape(block.shape)
+        rows = slice(i * block, (i + 1) * block)
+        columns = slice(j * block, (j + 1) * block)
+        values_ij = values[b, rows, columns]
+        group, scales[b, i, j] = scalar_group(values_ij.reshape(-1).tolist(), fmt,
+                                              scale == "ue8m0", eps, rule, arithmetic)  # fmt: skip
+        codes[b, rows, columns] = np.array(group, np.uint8).reshape(values_ij.shape)
     return codes, scales
 
 

@@ -400,21 +400,23 @@ __global__ void __maxnreg__((norm_registers<kIn, kLayout, kPer>()))
   }
 }
 
-// 128x128 tiles (tile.cuh) ------------------------------------------------------------------------
+// tiles (tile.cuh) -------------------------------------------------------------------------------
 
-// quantize_weight: one block a 128x128 weight block; the scale layout is a run-time choice
-// (one store a block), so the key is the input type, the format and the scale kind, and an
-// upstream's arithmetic (kArith: DeepGEMM's or torchao's, docs/spec.md section 3c)
-template <int kIn, int kOut, int kScale, int kArith = kDefaultArith>
-__global__ void __launch_bounds__(kTileThreads, kTileBlocksPerSm) quantize_weight_blocks(const __grid_constant__ Params p) {
-  weight_block_tile<kIn, kOut, kScale, kArith>(p);
+// quantize_weight: one block a kBlock x kBlock weight block (128 or 256); the scale layout is a
+// run-time choice (one store a block), so the key is the input type, the format and the scale
+// kind, an upstream's arithmetic (kArith: DeepGEMM's or torchao's, docs/spec.md section 3c)
+// and the block
+template <int kIn, int kOut, int kScale, int kArith = kDefaultArith, int kBlock = kTile>
+__global__ void __launch_bounds__(kTileThreads, TileBlocks<kBlock>::kPerSm) quantize_weight_blocks(const __grid_constant__ Params p) {
+  weight_block_tile<kIn, kOut, kScale, kArith, kBlock>(p);
 }
 
-// orientation "col" (p.q null) and "both": one block a tile of 128 tokens by 128 channels;
-// kArith: torchao's arithmetic (docs/spec.md section 3c) or the default
-template <int kIn, int kOut, int kScale, int kLayout, int kArith = kDefaultArith>
-__global__ void __launch_bounds__(kTileThreads, kTileBlocksPerSm) quantize_columns(const __grid_constant__ Params p) {
-  column_tile<kIn, kOut, kScale, kLayout, kArith>(p);
+// orientation "col" (p.q null) and "both" (kTokens = 128): one block a tile of kTokens tokens by
+// 128 channels; kArith: torchao's arithmetic (docs/spec.md section 3c) or the default
+template <int kIn, int kOut, int kScale, int kLayout, int kArith = kDefaultArith,
+          int kTokens = kTile>
+__global__ void __launch_bounds__(kTileThreads, TileBlocks<kTokens>::kPerSm) quantize_columns(const __grid_constant__ Params p) {
+  column_tile<kIn, kOut, kScale, kLayout, kArith, kTokens>(p);
 }
 
 // FP4 (fp4.cuh) -----------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
-// Tiles of 128 rows by 128 columns, one thread block each (docs/spec.md, sections 4c and 4d):
-// a weight's 128x128 blocks (one scale a tile), and the column-wise orientation (one scale a
-// channel of the tile's 128 tokens), with the row-wise groups of the same read for "both".
+// Tiles of 128 or 256 rows by 128 or 256 columns, one thread block each (docs/spec.md, sections
+// 4c and 4d): a weight's 128x128 or 256x256 blocks (one scale a tile), and the column-wise
+// orientation (one scale a channel of the tile's 128 or 256 tokens, 128 channels a tile), with
+// the row-wise groups of the same read for "both" (128 tokens only).
 //
 // Each row is kLanes lanes of 32 bytes (16 values of 16-bit input, 8 of float32), consecutive
 // threads along a row (coalesced 256- or 512-byte runs), kPasses rows a thread 128 / kPasses
@@ -24,31 +25,39 @@ namespace fgq {
 // kTile (rows and columns of a tile: a weight block, a token group) and kTileThreads (threads
 // of a tile block) are _abi.ENUMERATORS, in abi.cuh
 enum : int { kTileWarps = kTileThreads / 32 };
-// resident tile blocks an SM the kernels are compiled for: 64 registers, no spill (sm_90)
+// resident tile blocks an SM the kernels are compiled for: 64 registers, no spill (sm_90);
+// tiles of 256 rows take twice the loads a thread and two blocks an SM (128 registers)
 enum : int { kTileBlocksPerSm = 4 };
+template <int kRows> struct TileBlocks {
+  static_assert(kRows == kTile || kRows == 2 * kTile, "tiles of 128 or 256 rows");
+  static constexpr int kPerSm = kTileBlocksPerSm * kTile / kRows;
+};
 
 // how quantize_weight_blocks stores a block's scale (Params.weight_layout; _layout.py)
 enum WeightLayoutKind : int { kWeightFloat = 0, kWeightBytes = 1, kWeightPacked = 2 };
 
-template <int kIn> struct TileShape {
+// kRows x kCols: a weight block (128 or 256 square), or a column tile (128 or 256 tokens by
+// 128 channels)
+template <int kIn, int kRows = kTile, int kCols = kTile> struct TileShape {
   static constexpr int kValues = kLaneWords * 4 / Input<kIn>::kBytes;  // values a lane
-  static constexpr int kLanes = kTile / kValues;                       // lanes a row
+  static constexpr int kLanes = kCols / kValues;                       // lanes a row
   static constexpr int kRowsPerPass = kTileThreads / kLanes;
-  static constexpr int kPasses = kTile / kRowsPerPass;                 // rows a thread
+  static constexpr int kPasses = kRows / kRowsPerPass;                 // rows a thread
+  static_assert(kLanes <= 32 && kPasses * kRowsPerPass == kRows, "a row's lanes in one warp");
 };
 
 // where the column kernel keeps the code of (channel, token) in shared memory: each channel's
-// kTile tokens in a kTile-byte row, its 16-byte chunks permuted by the channel's lane
+// kTokens tokens in a kTokens-byte row, its 16-byte chunks permuted by the channel's lane
 // NOTES: a warp's byte stores there are one token row of each of its lanes' channels, which
 // lie kValues channels apart: rows padded to 144 bytes put all eight of a 16-bit row's lanes
 // in one bank (eight-way conflicts, sixteen-way for float32); with the chunks xor-permuted by
 // the lane they fall in eight banks (float32: two lanes a bank), and a thread of the store to
 // qt still reads 16 contiguous bytes
-template <int kIn>
+template <int kIn, int kTokens>
 __device__ __forceinline__ int code_slot(int channel, int token) {
-  static_assert(kTile == 128, "eight 16-byte chunks a row: the xor key's three bits");
+  static_assert(kTokens >= 128, "eight 16-byte chunks a row or more: the xor key's three bits");
   const int key = (channel / TileShape<kIn>::kValues) & 7;
-  return channel * kTile + ((((token >> 4) ^ key) << 4) | (token & 15));
+  return channel * kTokens + ((((token >> 4) ^ key) << 4) | (token & 15));
 }
 
 // the finite magnitudes of one loaded word, zero for Inf and NaN: 16-bit inputs two a word (its
@@ -83,7 +92,7 @@ template <int kIn, bool kWhole = false>
 __device__ __forceinline__ void load_tile_lane(const Params& p, u32 batch, u32 row, i64 col,
                                                i64 cols, bool vec, u32 (&w)[kLaneWords]) {
   typedef typename Input<kIn>::Storage Storage;
-  constexpr int kValues = TileShape<kIn>::kValues;
+  constexpr int kValues = TileShape<kIn>::kValues;  // the same for every tile shape
   const Storage* src = static_cast<const Storage*>(p.x) + batch * p.x_batch_stride +
                        static_cast<i64>(row) * p.x_row_stride + col;
   if constexpr (kWhole) {
@@ -142,24 +151,25 @@ __device__ __forceinline__ u32 block_max(u32 value, u32* warp_max) {
   return value;
 }
 
-// weight_block_tile (quantize_weight_blocks): w [E, N, K] in blocks of 128 x 128 ----------------
-// Grid (ceil(K / 128), ceil(N / 128), E). Params: rows = N, groups_per_row = kb, x_* strides,
+// weight_block_tile (quantize_weight_blocks): w [E, N, K] in blocks of kBlock x kBlock ----------
+// Grid (ceil(K / kBlock), ceil(N / kBlock), E). Params: rows = N, groups_per_row = kb, x_* strides,
 // q_batch_stride = N * K, eps, the format's numbers; the scale of block (b, i, j) goes to
 // scales + b * s_batch_stride + i * s_row_stride + j * s_word_stride (float words or bytes),
 // or for the packed layout to byte j % 4 of the word of each row n of the block at
 // b * s_batch_stride + n * s_row_stride + (j / 4) * s_word_stride, the padding rows below N
-// and the bytes above the last block of a row zeroed (layouts.cuh's packed store). kArith: the
-// block's arithmetic (encode_scaled's: the default, or section 3c's with float scales).
-template <int kIn, int kOut, int kScale, int kArith = kDefaultArith>
+// and the bytes above the last block of a row zeroed (layouts.cuh's packed store; 128x128 blocks
+// only). kArith: the block's arithmetic (encode_scaled's: the default, or section 3c's with
+// float scales). kBlock: 128 or 256.
+template <int kIn, int kOut, int kScale, int kArith = kDefaultArith, int kBlock = kTile>
 __device__ __forceinline__ void weight_block_tile(const Params& p) {
-  typedef TileShape<kIn> S;
+  typedef TileShape<kIn, kBlock, kBlock> S;
   __shared__ u32 warp_max[kTileWarps];
   const u32 batch = blockIdx.z, block_row = blockIdx.y;
   const int block_col = static_cast<int>(blockIdx.x);
   const int lane = threadIdx.x % S::kLanes;
-  const u32 first_row = block_row * kTile + threadIdx.x / S::kLanes;
+  const u32 first_row = block_row * kBlock + threadIdx.x / S::kLanes;
   const i64 cols = p.cols;  // K: the weight's columns (a partial last block allowed)
-  const i64 col = static_cast<i64>(block_col) * kTile + lane * S::kValues;
+  const i64 col = static_cast<i64>(block_col) * kBlock + lane * S::kValues;
   const bool vec = p.x_aligned != 0u;
 
   // the tile's largest finite magnitude: every lane's loads in flight together, none kept
@@ -175,8 +185,8 @@ __device__ __forceinline__ void weight_block_tile(const Params& p) {
     }
   };
   wait_for_producer();
-  const bool whole = vec && (block_row + 1u) * kTile <= p.rows &&
-                     static_cast<i64>(block_col + 1) * kTile <= cols;
+  const bool whole = vec && (block_row + 1u) * kBlock <= p.rows &&
+                     static_cast<i64>(block_col + 1) * kBlock <= cols;
   if (whole) {
     reduce(Flag<true>());
   } else {
@@ -208,7 +218,7 @@ __device__ __forceinline__ void weight_block_tile(const Params& p) {
 
   // the block's scale
   u8* base = p.scales + batch * p.s_batch_stride;
-  if (p.weight_layout == kWeightPacked) {
+  if (kBlock == kTile && p.weight_layout == kWeightPacked) {
     // each row of the block holds the block's byte; the padding rows [N, align(N, 4)), all in
     // the last block row (align(N, 4) <= 128 nb), zeros
     const u32 row = block_row * kTile + threadIdx.x;
@@ -232,14 +242,14 @@ __device__ __forceinline__ void weight_block_tile(const Params& p) {
 // float scale below kMinFastDivisor, so each value picks its division and is patched
 // (patch_nonfinite); the common case skips both tests, a third of the column encoding's
 // instructions
-template <int kIn, int kOut, int kScale, bool kProduct, bool kGeneral>
+template <int kIn, int kOut, int kScale, bool kProduct, bool kGeneral, int kTokens>
 __device__ __forceinline__ void encode_column_codes(const Params& p, const u32 (&words)[kLaneWords],
                                                     const float2* channel_scale, int lane,
                                                     int token, u8* codes_t) {
   typedef TileShape<kIn> S;
-  // channel lane * kValues + v sits v * kTile bytes after channel lane * kValues (code_slot's
+  // channel lane * kValues + v sits v * kTokens bytes after channel lane * kValues (code_slot's
   // key is the same for a lane's channels)
-  const int first = code_slot<kIn>(lane * S::kValues, token);
+  const int first = code_slot<kIn, kTokens>(lane * S::kValues, token);
 #pragma unroll
   for (int v = 0; v < S::kValues; v += 4) {  // four channels a code word
     float scaled[4];
@@ -264,21 +274,24 @@ __device__ __forceinline__ void encode_column_codes(const Params& p, const u32 (
       if constexpr (kGeneral) {
         code = patch_nonfinite<kIn, false>(code, Input<kIn>::raw(words, v + j), p.nonfinite_codes);
       }
-      codes_t[first + (v + j) * kTile] = static_cast<u8>(code);
+      codes_t[first + (v + j) * kTokens] = static_cast<u8>(code);
     }
   }
 }
 
 // column_tile (quantize_columns): x [M, K] column-wise, and row-wise where p.q is set ("both") -
-// Grid (K / 128, ceil(M / 128)). The row-wise result uses the plain Params (rows = M,
-// groups_per_row = K / 128, the layout's strides, q, scales) through quantize_group, as the
+// Grid (K / 128, ceil(M / kTokens)); Params.cols = K. The row-wise result (kTokens = 128 only)
+// uses the plain Params (rows = M, groups_per_row = K / 128, the layout's strides, q, scales)
+// through quantize_group, as the
 // other kernels; the column-wise one the t_* fields: codes at qt (K rows of M bytes), scales
 // of channel c, token group j where the layout puts (row c, group j) of a [K, t_groups]
 // matrix (t_row_stride, t_word_stride, t_scale_rows: its padding rows are zeroed). kArith: both
-// results' arithmetic (the default, or section 3c's with float scales).
-template <int kIn, int kOut, int kScale, int kLayout, int kArith = kDefaultArith>
+// results' arithmetic (the default, or section 3c's with float scales). kTokens: a token group,
+// 128 or 256.
+template <int kIn, int kOut, int kScale, int kLayout, int kArith = kDefaultArith,
+          int kTokens = kTile>
 __device__ __forceinline__ void column_tile(const Params& p) {
-  typedef TileShape<kIn> S;
+  typedef TileShape<kIn, kTokens, kTile> S;
   typedef Input<kIn> In;
   constexpr bool kProduct = kArith == kReciprocalArith || kArith == kMultiplierArith;
   static_assert(kArith == kDefaultArith || (kProduct && kScale == kFloat32Scale),
@@ -287,12 +300,12 @@ __device__ __forceinline__ void column_tile(const Params& p) {
   // read and write consecutive words (by channel they were four-way conflicts)
   __shared__ u32 channel_max[kTileWarps][kTile];    // each warp's maxima
   __shared__ float2 channel_scale[kTile];  // the channel's scale and scaled_value's factor
-  __shared__ __align__(16) u8 codes_t[kTile * kTile];
+  __shared__ __align__(16) u8 codes_t[kTile * kTokens];
   const int group = static_cast<int>(blockIdx.x);  // the row-wise group: the tile's channels
   const u32 token_block = blockIdx.y;
   const int lane = threadIdx.x % S::kLanes;
-  const u32 first_row = token_block * kTile + threadIdx.x / S::kLanes;
-  const i64 k = static_cast<i64>(p.groups_per_row) * kTile;
+  const u32 first_row = token_block * kTokens + threadIdx.x / S::kLanes;
+  const i64 k = p.cols;
   const i64 col = static_cast<i64>(group) * kTile + lane * S::kValues;
   const bool vec = p.x_aligned != 0u;
 
@@ -314,7 +327,7 @@ __device__ __forceinline__ void column_tile(const Params& p) {
     }
   };
   wait_for_producer();
-  if (vec && (token_block + 1u) * kTile <= p.rows) {  // K is whole tiles
+  if (vec && (token_block + 1u) * kTokens <= p.rows) {  // K is whole tiles
     reduce(Flag<true>());
   } else {
     reduce(Flag<false>());
@@ -369,7 +382,7 @@ __device__ __forceinline__ void column_tile(const Params& p) {
                                    token_group, scale, exponent, true, true);
   }
   // the padding rows (channels K .. t_scale_rows) of this token group's scales
-  if (group + 1 == p.groups_per_row && threadIdx.x == 0) {
+  if (blockIdx.x + 1u == gridDim.x && threadIdx.x == 0) {
     for (u32 c = static_cast<u32>(k); c < p.t_scale_rows; ++c) {
       ScaleLayout<kLayout>::zero(t, 0u, c, token_group);
     }
@@ -386,7 +399,7 @@ __device__ __forceinline__ void column_tile(const Params& p) {
     const u32 row = first_row + i * S::kRowsPerPass;
     u32 words[kLaneWords];
     load_tile_lane<kIn>(p, 0u, row, col, k, vec, words);
-    if (p.q != nullptr) {
+    if (kTokens == kTile && p.q != nullptr) {
       const bool real = row < p.rows;
       quantize_group<kIn, kTile, kOut, kScale, kLayout, false, false, false, kArith>(
           p, words, S::kLanes == 32 ? kAllLanes : mask, real, p.q + row * k + col, real,
@@ -397,25 +410,25 @@ __device__ __forceinline__ void column_tile(const Params& p) {
     }
     const int token = static_cast<int>(threadIdx.x) / S::kLanes + i * S::kRowsPerPass;
     if (tiny_scales || __builtin_expect(In::max_magnitude(words) >= In::kInf, 0)) {
-      encode_column_codes<kIn, kOut, kScale, kProduct, true>(p, words, channel_scale, lane, token,
-                                                           codes_t);
+      encode_column_codes<kIn, kOut, kScale, kProduct, true, kTokens>(p, words, channel_scale,
+                                                                     lane, token, codes_t);
     } else {
-      encode_column_codes<kIn, kOut, kScale, kProduct, false>(p, words, channel_scale, lane,
-                                                            token, codes_t);
+      encode_column_codes<kIn, kOut, kScale, kProduct, false, kTokens>(p, words, channel_scale,
+                                                                      lane, token, codes_t);
     }
   }
   __syncthreads();
 
   // qt: each channel's run of this block's tokens, 16 bytes a store where whole and aligned
   const i64 m = p.rows;
-  const i64 token0 = static_cast<i64>(token_block) * kTile;
+  const i64 token0 = static_cast<i64>(token_block) * kTokens;
   const bool qt_vec = m % 16 == 0;
-  for (int chunk = threadIdx.x; chunk < kTile * (kTile / 16); chunk += kTileThreads) {
-    const int channel = chunk / (kTile / 16), part = chunk % (kTile / 16);
+  for (int chunk = threadIdx.x; chunk < kTile * (kTokens / 16); chunk += kTileThreads) {
+    const int channel = chunk / (kTokens / 16), part = chunk % (kTokens / 16);
     const i64 token = token0 + part * 16;
     if (token >= m) continue;
     u8* dst = p.qt + (static_cast<i64>(group) * kTile + channel) * m + token;
-    const u8* src = codes_t + code_slot<kIn>(channel, part * 16);
+    const u8* src = codes_t + code_slot<kIn, kTokens>(channel, part * 16);
     if (qt_vec && token + 16 <= m) {
       *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
     } else {

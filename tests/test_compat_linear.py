@@ -95,8 +95,10 @@ def test_torchao_refuses_other_blocks_and_formats():
     x = np.ones((128, 128), np.float32)
     with pytest.raises(ValueError, match="block_size"):
         compat.act_quant_lhs(x, 64)
-    with pytest.raises(ValueError, match="block_size: expected 128, got 256"):
-        compat.weight_quant_transposed_rhs(np.ones((256, 256), np.float32), 256)
+    with pytest.raises(ValueError, match="block_size: expected 128 or 256, got 512"):
+        compat.weight_quant_transposed_rhs(np.ones((512, 512), np.float32), 512)
+    with pytest.raises(ValueError, match="block_size: expected 128 or 256, got 64"):
+        compat.act_quant_rhs(x, 64)
     with pytest.raises(ValueError, match="dtype"):
         compat.weight_quant_rhs(x, 128, dtype="float8_e5m2")
 

@@ -60,9 +60,10 @@ def test_instantiation_count():
     # input, 128 and 256 values, e4m3, float scales in float words, x the four paths and the
     # linear load); then per input type the FP4 kernel of each format and layout (NVFP4
     # blocked, MXFP4 row and blocked) by either arithmetic (section 4a's and "reciprocal") and
-    # NVFP4's amax kernel; then the 128x128 tiles of e4m3: weight blocks (inputs x scale kinds)
-    # and the column-wise kernel (inputs x float words, UE8M0 in them, packed); then section
-    # 3c's tiles of float scales: weight blocks (inputs x "reciprocal" and "multiplier") and
+    # NVFP4's amax kernel; then, for tiles of 128 and of 256 (weight blocks of 256x256, 256
+    # tokens by 128 channels), the tiles of e4m3: weight blocks (inputs x scale kinds) and the
+    # column-wise kernel (inputs x float words, UE8M0 in them, packed); then section 3c's
+    # tiles of float scales: weight blocks (inputs x "reciprocal" and "multiplier") and
     # columns (inputs x "multiplier")
     combinations = 4 * (3 * 3 + 1)
     six_blocks = 4 * 3 * 2
@@ -76,10 +77,7 @@ def test_instantiation_count():
         + 3 * 2 * (4 + 1)
         + 3 * 2 * (4 + 1)
         + 3 * (3 * 2 + 1)
-        + 3 * 2
-        + 3 * 3
-        + 3 * 2
-        + 3 * 1
+        + 2 * (3 * 2 + 3 * 3 + 3 * 2 + 3 * 1)
     )
 
 

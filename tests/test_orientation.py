@@ -98,11 +98,54 @@ def test_col_shape_sweep(backend, m, k):
     check_col(x, backend, scale="float32", layout="col_tma")
 
 
-# the other group sizes and e5m2, on the NumPy backend (the GPU's tiles: 128 tokens, e4m3)
+# the other group sizes and e5m2, on the NumPy backend (the GPU's tiles: 128 or 256 tokens, e4m3)
 @pytest.mark.parametrize("group_size, dtype", [(32, "e4m3"), (64, "e5m2"), (256, "e4m3")])
 def test_col_group_sizes(group_size, dtype):
     x = activations(np.random.default_rng(group_size), (301, 512), "float16", specials=True)
     check_col(x, "numpy", group_size=group_size, dtype=dtype, scale="ue8m0", layout="col")
+
+
+@pytest.mark.parametrize("backend", NUMPY_AND_GPU)
+@pytest.mark.parametrize("layout, scale", LAYOUT_SCALES)
+# token groups of 256 (torchao's other block size): M = 600, two whole groups and one of 88
+@pytest.mark.parametrize("input_dtype", INPUTS)
+def test_col_256_against_model(backend, layout, scale, input_dtype):
+    seed = 50 + LAYOUT_SCALES.index((layout, scale)) * 3 + INPUTS.index(input_dtype)
+    x = activations(np.random.default_rng(seed), (600, 512), input_dtype, specials=True)
+    x[256:512, :128] = 0  # an all-zero token group in each of 128 channels: the eps floor
+    check_col(x, backend, group_size=256, scale=scale, layout=layout)
+
+
+@pytest.mark.parametrize("backend", NUMPY_AND_GPU)
+# M below, at and past one, two and four groups of 256; K of one to three groups
+@pytest.mark.parametrize("m, k", [(1, 256), (2, 512), (255, 256), (256, 256), (257, 768),
+                                  (511, 256), (512, 512), (513, 256), (1100, 256), (0, 256),
+                                  (5, 0)])  # fmt: skip
+def test_col_256_shape_sweep(backend, m, k):
+    rng = np.random.default_rng(m * 7 + k + 1)
+    x = activations(rng, (m, k), "bfloat16", specials=True) if m * k else np.zeros((m, k), "f4")
+    check_col(x, backend, group_size=256, scale="ue8m0", layout="packed")
+    check_col(x, backend, group_size=256, scale="float32", layout="col_tma")
+
+
+@pytest.mark.gpu
+def test_col_256_torchao_arithmetic_and_unaligned_view():
+    """torchao's arithmetic (section 3c) in 256-token groups, and a device view whose base is
+    2 bytes past a 16-byte boundary (the kernel's scalar loads)."""
+    torch = pytest.importorskip("torch")
+    host = activations(np.random.default_rng(77), (520, 520), "float32", specials=False)
+    x = host[:, 1:513]
+    qt, st = fgq.quantize(to_device(np.ascontiguousarray(x), "torch"), 256, layout="col",
+                          orientation="col", arithmetic="multiplier")  # fmt: skip
+    codes, scales = spec_model.quantize_columns(x, 256, "e4m3", "float32", 1e-10,
+                                                arithmetic="multiplier")  # fmt: skip
+    assert_same_bytes(to_host_bytes(qt), codes, "qt, multiplier")
+    assert np.array_equal(st.cpu().numpy(), scales.astype(np.float32))
+    whole = torch.from_numpy(host.astype(np.float32)).cuda()
+    qt, st = fgq.quantize(whole[:, 1:513], 256, layout="col", orientation="col")
+    codes, scales = spec_model.quantize_columns(x, 256, "e4m3", "float32", 1e-10)
+    assert_same_bytes(to_host_bytes(qt), codes, "qt through an unaligned view")
+    assert np.array_equal(st.cpu().numpy(), scales.astype(np.float32))
 
 
 @pytest.mark.gpu
@@ -111,6 +154,9 @@ def test_gpu_refuses_other_token_groups():
     x = torch.ones((256, 256), dtype=torch.bfloat16, device="cuda")
     with pytest.raises(ValueError, match="group_size: orientation='col' on the GPU"):
         fgq.quantize(x, 64, orientation="col")
+    # "both": its tile holds one row-wise group of 128 channels
+    with pytest.raises(ValueError, match="group_size: orientation='both' on the GPU"):
+        fgq.quantize(x, 256, orientation="both")
 
 
 @pytest.mark.parametrize("backend", NUMPY_AND_GPU)

@@ -1,6 +1,6 @@
-"""quantize_weight (docs/spec.md, section 4c): 128x128 blocks, bit for bit against the scalar
-model into poisoned outputs on the NumPy backend and the GPU, the four scale layouts' shapes and
-strides, partial edge blocks, batched experts, known answers and argument checks."""
+"""quantize_weight (docs/spec.md, section 4c): 128x128 and 256x256 blocks, bit for bit against
+the scalar model into poisoned outputs on the NumPy backend and the GPU, the four scale layouts'
+shapes and strides, partial edge blocks, batched experts, known answers and argument checks."""
 
 import numpy as np
 import pytest
@@ -26,36 +26,39 @@ LAYOUT_SCALES = [("row", "float32"), ("row", "ue8m0"), ("col", "float32"), ("col
                  ("bytes", "ue8m0"), ("packed", "ue8m0")]  # fmt: skip
 
 
-def weights(rng, shape, dtype: str) -> np.ndarray:
+def weights(rng, shape, dtype: str, block: int = 128) -> np.ndarray:
     """Activations-like values with outliers, NaN and Inf, plus an all-zero block and a block
     of 672.0 where the shape has room for them."""
     w = activations(rng, shape, dtype, specials=True).astype(np.float32)
     flat = w.reshape(-1, *shape[-2:])
-    if shape[-2] >= 256 and shape[-1] >= 256:
-        flat[0, :128, 128:256] = 0.0  # a whole block of zeros: the UE8M0 floor, codes 0
-        flat[-1, 128:256, :128] = 672.0  # a tie at 336 in UE8M0, 448 with float scales
+    if shape[-2] >= 2 * block and shape[-1] >= 2 * block:
+        flat[0, :block, block : 2 * block] = 0.0  # a block of zeros: the UE8M0 floor, codes 0
+        flat[-1, block : 2 * block, :block] = 672.0  # a tie at 336 in UE8M0, 448 with floats
     return w.astype(activations(rng, (1, 1), dtype).dtype)
 
 
-def check_weight(w, lib, dtype="e4m3", scale="float32", layout="row", eps=1e-10, rule="rceil"):
-    """quantize_weight of ``w`` on ``lib`` into poisoned outputs: every byte of both storages
-    against the scalar model, then the allocated call against the same bytes."""
+def check_weight(w, lib, dtype="e4m3", scale="float32", layout="row", eps=1e-10, rule="rceil",
+                 block=128, arithmetic="float32"):  # fmt: skip
+    """quantize_weight of ``w`` on ``lib`` in ``block`` x ``block`` blocks into poisoned
+    outputs: every byte of both storages against the scalar model, then the allocated call
+    against the same bytes."""
     request = make_weight_request(describe(w, "w"), check_weight_options(
-        (128, 128), dtype, scale, layout, eps, rule))  # fmt: skip
+        (block, block), dtype, scale, layout, eps, rule, arithmetic))  # fmt: skip
     q_spec, s_spec = weight_specs(request)
     q, q_buf = poisoned_spec(q_spec, lib, Q_POISON)
     s, s_buf = poisoned_spec(s_spec, lib, SCALE_POISON)
     w_device = to_device(w, lib)
-    got = fgq.quantize_weight(w_device, dtype=dtype, scale=scale, layout=layout, eps=eps,
-                              scale_rule=rule, out=q, scale_out=s)  # fmt: skip
+    options = dict(dtype=dtype, scale=scale, layout=layout, eps=eps, scale_rule=rule,
+                   arithmetic=arithmetic)  # fmt: skip
+    got = fgq.quantize_weight(w_device, (block, block), **options, out=q, scale_out=s)
     assert got[0] is q and got[1] is s
-    codes, block_scales = spec_model.quantize_weight(w, dtype, scale, eps, rule)
-    what = f"{lib} {w.dtype} {w.shape} {dtype} {scale} {layout}"
+    codes, block_scales = spec_model.quantize_weight(w, dtype, scale, eps, rule, arithmetic,
+                                                     block)  # fmt: skip
+    what = f"{lib} {w.dtype} {w.shape} {block} {dtype} {scale} {layout} {arithmetic}"
     assert_same_bytes(to_host_bytes(q_buf), codes, f"q ({what})", inputs=w)
     expected = spec_model.weight_scale_bytes(block_scales, w.shape[-2], layout)
     assert_same_bytes(to_host_bytes(s_buf), expected, f"scales ({what})")
-    allocated = fgq.quantize_weight(w_device, dtype=dtype, scale=scale, layout=layout, eps=eps,
-                                    scale_rule=rule)  # fmt: skip
+    allocated = fgq.quantize_weight(w_device, (block, block), **options)
     assert tuple(allocated[1].shape) == tuple(s_spec.shape)
     assert_allocated(allocated, (codes, to_host_bytes(s)), what)
 
@@ -113,6 +116,77 @@ def test_weight_shape_sweep(backend, n, k):
 def test_weight_batched(backend, layout, scale):
     w = weights(np.random.default_rng(3), (3, 130, 200), "bfloat16")
     check_weight(w, backend, scale=scale, layout=layout)
+
+
+# 256x256 blocks (torchao's other block size) ------------------------------------------------
+
+# the layouts 256x256 blocks take (packed is DeepGEMM's 128x128 layout)
+LAYOUT_SCALES_256 = [ls for ls in LAYOUT_SCALES if ls[0] != "packed"]
+
+
+@pytest.mark.parametrize("backend", NUMPY_AND_GPU)
+@pytest.mark.parametrize("layout, scale", LAYOUT_SCALES_256)
+# each input type; partial blocks in both dimensions, NaN/Inf, zero and 672 blocks
+@pytest.mark.parametrize("input_dtype", INPUTS)
+def test_weight_256_against_model(backend, layout, scale, input_dtype):
+    seed = 100 + LAYOUT_SCALES_256.index((layout, scale)) * 3 + INPUTS.index(input_dtype)
+    rng = np.random.default_rng(seed)
+    w = weights(rng, (600, 520), input_dtype, block=256)
+    check_weight(w, backend, scale=scale, layout=layout, block=256)
+
+
+@pytest.mark.parametrize("backend", NUMPY_AND_GPU)
+# N and K below, at and past one, two and four blocks of 256; 9 x 5 blocks, partial both ways
+@pytest.mark.parametrize("n, k", [(1, 1), (1, 600), (3, 255), (4, 256), (255, 257), (256, 256),
+                                  (257, 511), (512, 512), (513, 17), (1024, 1030),
+                                  (2100, 1100)])  # fmt: skip
+def test_weight_256_shape_sweep(backend, n, k):
+    w = weights(np.random.default_rng(n * 1000 + k + 7), (n, k), "bfloat16", block=256)
+    check_weight(w, backend, scale="ue8m0", layout="bytes", block=256)
+    check_weight(w, backend, scale="float32", layout="col", block=256)
+
+
+@pytest.mark.parametrize("backend", NUMPY_AND_GPU)
+# experts; section 3c's arithmetics (DeepGEMM's, torchao's) and the floor rule
+@pytest.mark.parametrize("input_dtype, scale, arithmetic, rule", [
+    ("bfloat16", "float32", "float32", "rceil"), ("float32", "float32", "multiplier", "rceil"),
+    ("float16", "float32", "reciprocal", "rceil"), ("bfloat16", "ue8m0", "float32", "floor"),
+])  # fmt: skip
+def test_weight_256_batched_and_arithmetics(backend, input_dtype, scale, arithmetic, rule):
+    w = weights(np.random.default_rng(31), (3, 520, 300), input_dtype, block=256)
+    check_weight(w, backend, scale=scale, layout="row", block=256, arithmetic=arithmetic,
+                 rule=rule)  # fmt: skip
+
+
+@pytest.mark.gpu
+def test_weight_256_unaligned_view():
+    """Whole 256x256 blocks read through a device view whose base is 2 bytes past a 16-byte
+    boundary (the kernel's scalar loads) and whose row stride is wider than K."""
+    torch = pytest.importorskip("torch")
+    base = weights(np.random.default_rng(5), (512, 520), "bfloat16", block=256)
+    whole = torch.from_numpy(base.view(np.int16)).cuda().view(torch.bfloat16)
+    q, s = fgq.quantize_weight(whole[:, 1:513], (256, 256), scale="ue8m0")
+    codes, scales = spec_model.quantize_weight(base[:, 1:513], "e4m3", "ue8m0", 1e-10, block=256)
+    assert_same_bytes(q.view(torch.uint8).cpu().numpy().reshape(-1), codes.reshape(-1),
+                      "q through an unaligned view")  # fmt: skip
+    assert_same_bytes(
+        s.cpu().numpy().view(np.uint8).reshape(-1),
+        spec_model.weight_scale_bytes(scales, 512, "row"),
+        "scales",
+    )
+
+
+def test_dequantize_weight_256():
+    w = weights(np.random.default_rng(9), (520, 300), "float32", block=256)
+    for layout, scale in LAYOUT_SCALES_256:
+        q, s = fgq.quantize_weight(w, (256, 256), scale=scale, layout=layout)
+        back = fgq.dequantize_weight(q, s, (256, 256))
+        codes, scales = spec_model.quantize_weight(w, "e4m3", scale, 1e-10, block=256)
+        spread = np.repeat(np.repeat(scales[0], 256, 0), 256, 1)[:520, :300]
+        decoded = np.asarray(q).astype(np.float32)
+        assert np.array_equal(back, decoded * spread.astype(np.float32), equal_nan=True)
+    with pytest.raises(ValueError, match="block"):
+        fgq.dequantize_weight(q, s, (128, 256))
 
 
 @pytest.mark.parametrize("backend", NUMPY_AND_GPU)
@@ -212,6 +286,10 @@ def test_weight_layouts(layout, scale, dtype, shape, strides):
 
 @pytest.mark.parametrize("kwargs, error, match", [
     ({"block": (64, 64)}, ValueError, "block"),
+    ({"block": (128, 256)}, ValueError, "block"),
+    ({"block": (512, 512)}, ValueError, "block"),
+    ({"block": (256, 256), "layout": "packed", "scale": "ue8m0"}, ValueError, "layout='packed'"),
+    ({"block": (True, True)}, TypeError, "block"),
     ({"block": 128}, TypeError, "block"),
     ({"block": (128, 128.0)}, TypeError, "block"),
     ({"dtype": "int8"}, ValueError, "dtype"),

@@ -116,7 +116,8 @@ def _floors(device: int, stream) -> list[dict]:
         )
         print(f"# fastest launch of the empty kernel: {fastest} ({p50[fastest]:.2f} us p50, the "
               f"fastest in {wins} of {rounds} interleaved rounds); the library launches through "
-              f"cuda.bindings")  # fmt: skip
+              f"cuda.bindings: cuda.core's launch cannot pass its by-value Params struct "
+              f"(docs/perf.md)")  # fmt: skip
     return rows
 
 

@@ -111,19 +111,6 @@ def blockwise_gemm(a_q, b_q, a_s, b_s, out_dtype=torch.bfloat16) -> torch.Tensor
     return (a @ b).to(out_dtype)
 
 
-def xfail_block_256(request, block_size: int, device: str, weight: bool) -> None:
-    """CHANGE: torchao's kernels also take block_size=256. The drop-ins take it where this
-    library has the groups: 1 x 256 (act_quant_lhs) everywhere, 256 x 1 (act_quant_rhs,
-    act_quant_transposed_lhs) on the NumPy backend only, as the GPU's column kernel works on
-    128 x 128 tiles; 256 x 256 weight blocks nowhere (quantize_weight's blocks are 128 x 128).
-    Those cases raise ValueError; serving them needs a tile kernel family of 256 x 256."""
-    if block_size != 256:
-        return
-    if weight or device == "cuda":
-        reason = "256x256 blocks: no tile kernel" if weight else "256x1 groups: GPU tiles are 128"
-        request.applymarker(pytest.mark.xfail(raises=ValueError, strict=True, reason=reason))
-
-
 def randn_with_zeros(m: int, k: int, device: str, rows: int, cols: int) -> torch.Tensor:
     """Upstream's input: float32 randn ``[m, k]`` with ``x[:rows, :cols]`` zero, one all-zero
     group or block, whose codes would be NaN without the EPS floor. CHANGE: seeded, so that a
@@ -230,8 +217,7 @@ def test_triton_quantize_fp8_act_quant_lhs(block_size, device):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("block_size", [128, 256])
-def test_triton_quantize_fp8_act_quant_rhs(block_size: int, device, request):
-    xfail_block_256(request, block_size, device, weight=False)
+def test_triton_quantize_fp8_act_quant_rhs(block_size: int, device):
     M, K = 4096, 1024
     x = randn_with_zeros(M, K, device, block_size, block_size)
 
@@ -246,9 +232,8 @@ def test_triton_quantize_fp8_act_quant_rhs(block_size: int, device, request):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("block_size", [128, 256])
 @pytest.mark.parametrize("M,K", [(4096, 1024), (4096, 4 * 4096)])
-def test_triton_quantize_fp8_act_quant_transposed_lhs(M, K, block_size: int, device, request):
+def test_triton_quantize_fp8_act_quant_transposed_lhs(M, K, block_size: int, device):
     skip_large_on_cpu(device, M * K)
-    xfail_block_256(request, block_size, device, weight=False)
     x = randn_with_zeros(M, K, device, 1, block_size)
 
     triton_fp8, triton_scale = act_quant_transposed_lhs(x, block_size=block_size)
@@ -263,9 +248,8 @@ def test_triton_quantize_fp8_act_quant_transposed_lhs(M, K, block_size: int, dev
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("block_size", [128, 256])
 @pytest.mark.parametrize("M,K", [(4096, 1024), (4096, 4 * 4096)])
-def test_triton_quantize_fp8_weight_quant_rhs(M, K, block_size: int, device, request):
+def test_triton_quantize_fp8_weight_quant_rhs(M, K, block_size: int, device):
     skip_large_on_cpu(device, M * K)
-    xfail_block_256(request, block_size, device, weight=True)
     x = randn_with_zeros(M, K, device, block_size, block_size)
 
     triton_fp8, triton_scale = weight_quant_rhs(x, block_size=block_size)
@@ -276,8 +260,7 @@ def test_triton_quantize_fp8_weight_quant_rhs(M, K, block_size: int, device, req
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("block_size", [128, 256])
-def test_triton_quantize_fp8_weight_quant_transposed_rhs(block_size: int, device, request):
-    xfail_block_256(request, block_size, device, weight=True)
+def test_triton_quantize_fp8_weight_quant_transposed_rhs(block_size: int, device):
     M = 512
     K = 2048
     x = randn_with_zeros(M, K, device, block_size, block_size)
