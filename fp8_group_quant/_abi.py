@@ -104,14 +104,14 @@ PARAMS = (
     ("float", "global_scale", "NVFP4: the global scale, in mode 0"),
     ("ptr", "global_ptr", "NVFP4: see global_mode (nvfp4_amax writes amax there)"),
     ("ptr", "global_out", "NVFP4, mode 2: the computed global scale is written here"),
-    ("i64", "cols", "tiles: the input's columns (a weight's K, any size)"),
+    ("i64", "cols", "tiles: the input's columns (a weight's K, any size; x's K for columns)"),
     ("u32", "x_aligned", "tiles: x's base and strides 16-byte aligned (vector loads)"),
     ("u32", "weight_layout", "quantize_weight: 0 float words, 1 exponent bytes, 2 packed"),
     ("ptr", "qt", "orientation col/both: the column-wise codes [K, M]"),
     ("ptr", "scales_t", "orientation col/both: the column-wise scale storage"),
     ("i64", "t_row_stride", "column-wise scales: bytes between rows (channels)"),
     ("i64", "t_word_stride", "column-wise scales: bytes between a row's scale words"),
-    ("int", "t_groups", "column-wise scales: token groups a channel, ceil(M / 128)"),
+    ("int", "t_groups", "column-wise scales: token groups a channel, ceil(M / G)"),
     ("u32", "t_scale_rows", "column-wise scales: storage rows; [K, t_scale_rows) are zeroed"),
 )
 # pointers the kernels write through, typed as such in C++ (the others are const void*)

@@ -255,7 +255,7 @@ class PreparedQuantize:
             launch.launch(x_ptr, self._q_ptr, self._scale_ptr, stream, self._extra)
 
 
-# 128x128 tiles: quantize_weight and orientation "col" / "both" (kernels/tile.cuh) -----------
+# tiles: quantize_weight and orientation "col" / "both" (kernels/tile.cuh) -------------------
 
 
 class TilePlan(_Plan):

@@ -341,7 +341,7 @@ def row_strides(shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[int, 
     return batch_stride, row_stride
 
 
-# 128x128 weight blocks and the column-wise orientation (docs/spec.md, sections 4c and 4d) -----
+# weight blocks and the column-wise orientation (docs/spec.md, sections 4c and 4d) ------------
 
 WEIGHT_BLOCK = TILE  # rows and columns of a weight block by default: the tile kernels' tile
 WEIGHT_BLOCKS = (TILE, 2 * TILE)  # the blocks quantize_weight takes (square), 256 torchao's

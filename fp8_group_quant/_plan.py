@@ -733,7 +733,7 @@ TILE_SIZES = (TILE, 2 * TILE)  # a weight block's side, a column tile's tokens
 def _tile_arguments(arithmetic: str | None, size: int) -> tuple[str, ...]:
     """A tile kernel's trailing kArith and tile size, left out where they are the defaults."""
     if size != TILE:
-        return (ARITHMETIC_TRAITS.get(arithmetic or "", "fgq::kDefaultArith"), str(size))
+        return (ARITHMETIC_TRAITS[arithmetic] if arithmetic else "fgq::kDefaultArith", str(size))
     return () if arithmetic is None else (ARITHMETIC_TRAITS[arithmetic],)
 
 

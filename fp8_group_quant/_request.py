@@ -227,15 +227,18 @@ def _arithmetic_name(arithmetic) -> str:
 def _check_arithmetic(arithmetic, fmt: OutputFormat, scale: ScaleFormat, scale_rule,
                       group_size: int, eps, orientation, fused: bool) -> str:  # fmt: skip
     """arithmetic for the FP8 formats: "float32" (section 3), "bfloat16" (section 3a: FP8
-    formats, "rceil"), "unfloored" (section 3b: MXFP8, e4m3 with UE8M0 scales of 32 values
+    formats, "rceil", row-wise), "unfloored" (section 3b: MXFP8, e4m3 with UE8M0 scales of 32 values
     by "rceil", the default eps, row-wise, plain input) or "multiplier" (section 3c: e4m3 with
     float scales, groups of 128 or 256, plain input); "reciprocal" is FP4's (and
     quantize_weight's)."""
     arithmetic = _arithmetic_name(arithmetic)
-    if arithmetic == "bfloat16" and (not fmt.is_float8 or scale_rule != "rceil"):
+    if arithmetic == "bfloat16" and (
+        not fmt.is_float8 or scale_rule != "rceil" or orientation != ROW_WISE
+    ):
         raise ValueError(
-            f"arithmetic='bfloat16': takes an FP8 dtype and scale_rule='rceil', got "
-            f"dtype={fmt.name!r}, scale_rule={scale_rule!r}"
+            f"arithmetic='bfloat16': takes an FP8 dtype, scale_rule='rceil' and "
+            f"orientation='row', got dtype={fmt.name!r}, scale_rule={scale_rule!r}, "
+            f"orientation={orientation!r}"
         )
     if arithmetic == RECIPROCAL:
         raise ValueError("arithmetic='reciprocal': is FP4's (dtype='e2m1') here, and FP8's in "

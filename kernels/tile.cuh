@@ -4,7 +4,7 @@
 // the row-wise groups of the same read for "both" (128 tokens only).
 //
 // Each row is kLanes lanes of 32 bytes (16 values of 16-bit input, 8 of float32), consecutive
-// threads along a row (coalesced 256- or 512-byte runs), kPasses rows a thread 128 / kPasses
+// threads along a row (coalesced 256- or 512-byte runs), kPasses rows a thread kRowsPerPass
 // apart. A tile is read twice: the first pass only reduces (the tile maximum: warp shuffles and
 // a shared-memory step across the 8 warps; a channel's maximum over the tile's tokens: shuffles
 // over the threads of the channel, then shared memory), the second reads each lane again (from
@@ -55,7 +55,7 @@ template <int kIn, int kRows = kTile, int kCols = kTile> struct TileShape {
 // qt still reads 16 contiguous bytes
 template <int kIn, int kTokens>
 __device__ __forceinline__ int code_slot(int channel, int token) {
-  static_assert(kTokens >= 128, "eight 16-byte chunks a row or more: the xor key's three bits");
+  static_assert(kTokens % 128 == 0, "runs of eight 16-byte chunks: the xor key's three bits");
   const int key = (channel / TileShape<kIn>::kValues) & 7;
   return channel * kTokens + ((((token >> 4) ^ key) << 4) | (token & 15));
 }

@@ -123,6 +123,9 @@ def _one_of_each_kernel() -> list[str]:
         picked.append(next(n for n in names if "kSiluMul" in n and n.startswith(prefix)))
         picked.append(next(n for n in names if "kGeluTanhMul" in n and n.startswith(prefix)))
     picked.append(_plan.DEFAULT_KEY.name_expression)
+    # the tiles of 256 (two blocks an SM): float32 input, the most registers
+    picked.append(_plan.weight_name("float32", "ue8m0", None, 256))
+    picked.append(_plan.columns_name("float32", "ue8m0", "fgq::kPackedExponents", None, 256))
     # the tiles' heaviest: UE8M0 (one block an SM), 16-bit and float32 input, packed columns;
     # and section 3c's products (DeepGEMM's weight blocks; torchao's columns, whose "both" also
     # takes them through the group function)

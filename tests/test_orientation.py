@@ -384,6 +384,20 @@ def test_both_refuses_misaligned_codes_before_the_launch(fake_gpu, which):
     assert len(fake_gpu.launches) == 1  # the same call with aligned codes is launched
 
 
+def test_gpu_token_groups_before_the_launch(fake_gpu):
+    """The GPU path's group sizes, on the CPU (fake_gpu): "col" takes 128 and 256, "both" 128."""
+    from fake_gpu import fake
+
+    x = fake((300, 512), "bfloat16")
+    for group_size, orientation in [(64, "col"), (256, "both"), (32, "both")]:
+        with pytest.raises(ValueError, match=f"group_size: orientation='{orientation}' on the"):
+            fgq.quantize(x, group_size, orientation=orientation)
+    assert not fake_gpu.plans
+    for group_size in (128, 256):
+        fgq.quantize(x, group_size, layout="col", orientation="col")
+    assert [request.group_size for request, *_ in fake_gpu.plans] == [128, 256]
+
+
 def test_specs_are_what_the_spec_says():
     """The qt spec itself: [K, M], contiguous, K * M bytes."""
     _, (qt_spec, st_spec) = _specs(np.ones((5, 256), np.float32), 128, "e4m3", "ue8m0",
@@ -393,6 +407,37 @@ def test_specs_are_what_the_spec_says():
 
 
 # the launch's Params against the layouts (no GPU needed: the kernel's address arithmetic) ----
+
+
+# the column kernel of 256-token groups: its name, grid and Params (K read from cols, as
+# groups_per_row is K / 256), and its scale addresses for every layout; M = 600, K = 512
+@pytest.mark.parametrize("layout, scale", LAYOUT_SCALES)
+def test_columns_256_launch_and_addresses(layout, scale, monkeypatch):
+    from fp8_group_quant import _plan
+    from fp8_group_quant._arrays import describe
+    from fp8_group_quant._request import check_options
+    from fp8_group_quant._tuning import active
+
+    launches = []
+    monkeypatch.setattr(
+        _plan, "_loaded", lambda name, *a, **k: launches.append(name) or (7, 2, 132)
+    )
+    monkeypatch.setattr(_plan, "pdl_supported", lambda *a: False)
+    monkeypatch.setattr(_plan, "Launch", lambda *a, **k: launches.append(a) or a)
+    x = np.ones((600, 512), np.float32)
+    options = check_options(256, "e4m3", scale, layout, orientation="col")
+    request = make_request(describe(x, "x"), options)
+    _plan.prepare_columns(request, 0, active()[1])
+    name, (handle, grid, block, params, *_) = launches
+    assert name.startswith("fgq::quantize_columns<") and name.endswith(", 256>")
+    assert grid == (512 // 128, 3, 1) and block == (256, 1, 1) and handle == 7
+    assert (params.rows, params.cols, params.groups_per_row) == (600, 512, 2)
+    assert (params.t_groups, params.t_scale_rows) == (3, 512)
+    storage = spec_model.Storage((512, 3 * 256), 256, layout, False)
+    packed = layout.startswith("packed")
+    for c, j in np.ndindex(512, 3):  # (channel, token group): where the kernel's t Params put it
+        word = c * params.t_row_stride + (j // 4 if packed else j) * params.t_word_stride
+        assert word + (j % 4 if packed else 0) == storage.scale_offset(0, c, j), (c, j)
 
 
 # every layout the column kernel takes; M = 300 (a partial token group), K = 384

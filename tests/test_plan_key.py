@@ -312,6 +312,9 @@ TILE_CALLS = {
     ),  # fmt: skip
     "weight": lambda x, **o: fgq.quantize_weight(x, **o),
     "weight ue8m0": lambda x, **o: fgq.quantize_weight(x, scale="ue8m0", **o),
+    # tiles of 256: a plan of 128 must never serve them, nor theirs a call of 128
+    "col 256": lambda x, **o: fgq.quantize(x, 256, layout="col", orientation="col", **o),
+    "weight 256": lambda x, **o: fgq.quantize_weight(x, (256, 256), **o),
 }
 
 

@@ -118,6 +118,19 @@ def test_bfloat16_arithmetic_needs_bfloat16_input():
         fgq.quantize(np.zeros((2, 128), np.float16), 128, arithmetic="bfloat16")
 
 
+@pytest.mark.parametrize("orientation", ["col", "both"])
+@pytest.mark.parametrize("group_size", [128, 256])
+def test_bfloat16_arithmetic_is_row_wise_only(orientation, group_size, fake_gpu):
+    # the column kernels have no bfloat16 steps: refused on both backends, before any launch,
+    # so that neither answers with section 3's arithmetic where 3a's was asked
+    from fake_gpu import fake
+
+    for array in (np.ones((256, 512), BF16), fake((256, 512), "bfloat16")):
+        with pytest.raises(ValueError, match="arithmetic='bfloat16'.*orientation='row'"):
+            fgq.quantize(array, group_size, orientation=orientation, arithmetic="bfloat16")
+    assert not fake_gpu.plans and not fake_gpu.launches
+
+
 # arithmetic="bfloat16" ----------------------------------------------------------------------------
 
 

@@ -187,6 +187,9 @@ def test_dequantize_weight_256():
         assert np.array_equal(back, decoded * spread.astype(np.float32), equal_nan=True)
     with pytest.raises(ValueError, match="block"):
         fgq.dequantize_weight(q, s, (128, 256))
+    q, s = fgq.quantize_weight(w, scale="ue8m0", layout="packed")  # of 128x128 blocks
+    with pytest.raises(ValueError, match="packed int32 scales are of 128x128 blocks"):
+        fgq.dequantize_weight(q, s, (256, 256))
 
 
 @pytest.mark.parametrize("backend", NUMPY_AND_GPU)
