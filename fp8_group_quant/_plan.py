@@ -27,7 +27,7 @@ from ._abi import (
     params_type,
 )
 from ._launch import STATIC_SHARED_LIMIT, Launch, allow_shared, pdl_supported, resident_blocks
-from ._layout import SCALE_LAYOUTS, Geometry, supported_combinations
+from ._layout import SCALE_LAYOUTS, WEIGHT_BLOCKS, Geometry, supported_combinations
 from ._spec import (
     FP4_FORMATS,
     GROUP_SIZES,
@@ -727,9 +727,6 @@ COLUMN_LAYOUTS = (("float32", "fgq::kFloatWords"), ("ue8m0", "fgq::kFloatWords")
                   ("ue8m0", "fgq::kPackedExponents"))  # fmt: skip
 
 
-TILE_SIZES = (TILE, 2 * TILE)  # a weight block's side, a column tile's tokens
-
-
 def _tile_arguments(arithmetic: str | None, size: int) -> tuple[str, ...]:
     """A tile kernel's trailing kArith and tile size, left out where they are the defaults."""
     if size != TILE:
@@ -766,7 +763,7 @@ def tile_name_expressions() -> list[str]:
     layout is a run-time store), and x the three (scale, address function) pairs for columns;
     then section 3c's arithmetics (float scales)."""
     names = []
-    for n in TILE_SIZES:
+    for n in WEIGHT_BLOCKS:  # a weight block's side, a column tile's tokens
         names += [weight_name(i, s, None, n) for i in INPUT_TYPES for s in ("float32", "ue8m0")]
         names += [columns_name(i, s, t, None, n) for i in INPUT_TYPES for s, t in COLUMN_LAYOUTS]
         names += [weight_name(i, "float32", a, n) for i in INPUT_TYPES for a in WEIGHT_ARITHMETICS]
