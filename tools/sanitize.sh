@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # compute-sanitizer over tools/sanitize_cases.py (every format and layout, both kernel paths,
-# the fused SiLU-and-multiply, masked and RMSNorm kernels,
-# edge shapes): memcheck (out-of-bounds and misaligned accesses), initcheck (reads of bytes
+# the fused SiLU-and-multiply, masked, RMSNorm and NVFP4 kernels, the tile kernels of 128 and
+# 256, edge shapes): memcheck (out-of-bounds and misaligned accesses), initcheck (reads of bytes
 # never written, including the outputs' padding as they are copied back) and racecheck.
 # Usage, on a machine with a GPU and compute-sanitizer on the PATH, from anywhere:
 #   bash tools/sanitize.sh [log file] [--full]    (default log: sanitize.log)

@@ -1,12 +1,14 @@
 """The covering set of calls that tools/sanitize.sh runs under compute-sanitizer.
 
-Every input type, output format, scale format and layout, both kernel paths, each at shapes that
-reach the edges: one token, rows that leave padding (M = 5), padded q rows, batches, K of 21
-groups (odd), an input whose rows are not 16-byte aligned (the element-wise load), and Inf/NaN
-groups. CuPy's memory pool is off, so every buffer is its own cudaMalloc of the exact size and
-a byte read or written past a buffer is an error the sanitizer sees. Each output is copied back
-whole and compared with the NumPy backend, so initcheck also sees any byte the kernel left
-unwritten. Prints one line per call and a summary; exits non-zero on a mismatch.
+Every input type, output format, scale format and layout, both kernel paths, the fused, masked,
+RMSNorm and NVFP4 kernels, and the tile kernels (weight blocks of 128 and 256, column-wise
+token groups of 128 and 256, "both"), each at shapes that reach the edges: one token, rows
+that leave padding (M = 5), padded q rows, batches, K of 21 groups (odd), an input whose rows
+are not 16-byte aligned (the element-wise load), and Inf/NaN groups. CuPy's memory pool is
+off, so every buffer is its own cudaMalloc of the exact size and a byte read or written past a
+buffer is an error the sanitizer sees. Each output is copied back whole and compared with the
+NumPy backend, so initcheck also sees any byte the kernel left unwritten. Prints one line per
+call and a summary; exits non-zero on a mismatch.
 """
 
 import sys
@@ -16,7 +18,15 @@ import numpy as np
 
 import fp8_group_quant as fgq
 from fp8_group_quant import _tuning
+from fp8_group_quant._arrays import describe
 from fp8_group_quant._layout import Geometry, supported_combinations
+from fp8_group_quant._outputs import specs, transposed_specs, weight_specs
+from fp8_group_quant._request import (
+    check_options,
+    check_weight_options,
+    make_request,
+    make_weight_request,
+)
 from fp8_group_quant._spec import GROUP_SIZES, INPUT_TYPES, OUTPUT_FORMATS
 
 # every shape for every combination with --full; else one shape each, in turn (a quarter of the
@@ -85,6 +95,8 @@ def main() -> int:
     calls, failures = calls + fused_calls, failures + fused_failures
     nvfp4_calls, nvfp4_failures = nvfp4_cases(rng)
     calls, failures = calls + nvfp4_calls, failures + nvfp4_failures
+    tile_calls, tile_failures = tile_cases(rng)
+    calls, failures = calls + tile_calls, failures + tile_failures
     cupy.cuda.runtime.deviceSynchronize()
     print(f"# {calls} calls, {failures} mismatches")
     return 1 if failures else 0
@@ -201,6 +213,76 @@ def nvfp4_cases(rng) -> tuple[int, int]:
                 calls += 1
                 failures += not same
                 print(f"nvfp4    {input_dtype:8} {str(shape):14} global={given} "
+                      f"{'ok' if same else 'MISMATCH'}")  # fmt: skip
+    return calls, failures
+
+
+def _same_storage(got, want, spec) -> bool:
+    """Every byte of the storage ``spec`` describes, the device output's against the host's."""
+    size = spec.storage
+    if isinstance(got, np.ndarray):
+        storage = np.lib.stride_tricks.as_strided(got.view(np.uint8) if got.itemsize == 1 else got,
+                                                  (size,), (got.itemsize,))  # fmt: skip
+    else:
+        storage = cupy.ndarray((size,), got.dtype, got.data).get()
+    want = np.asarray(want)
+    if want.itemsize == 1:  # float8 codes: as_strided cannot carry ml_dtypes
+        want = want.view(np.uint8)
+    expected = np.lib.stride_tricks.as_strided(want, (size,), (want.itemsize,))
+    return np.array_equal(storage.view(np.uint8), expected.view(np.uint8))
+
+
+# (block, layout, scale) of quantize_weight: every layout at 128, every one but packed at 256
+WEIGHT_CASES = [(128, "row", "float32"), (128, "col", "ue8m0"), (128, "bytes", "ue8m0"),
+                (128, "packed", "ue8m0"), (256, "row", "ue8m0"), (256, "col", "float32"),
+                (256, "bytes", "ue8m0")]  # fmt: skip
+# (token group, orientation, layout, scale) of the column kernel
+COLUMN_CASES = [(128, "col", "packed", "ue8m0"), (128, "both", "col", "float32"),
+                (128, "both", "packed_row", "ue8m0"), (256, "col", "col_tma", "ue8m0"),
+                (256, "col", "row", "float32"), (256, "col", "packed", "ue8m0")]  # fmt: skip
+
+
+def tile_cases(rng) -> tuple[int, int]:
+    """The tile kernels in every input type: weights with partial blocks both ways, experts,
+    whole blocks, and rows not 16-byte aligned; columns with a partial last token group, whole
+    groups and unaligned rows. Outputs library-allocated; every byte of their storage compared
+    with the NumPy backend's."""
+    calls = failures = 0
+    for input_dtype in INPUT_TYPES:
+        for block, layout, scale in WEIGHT_CASES:
+            for shape, unaligned in (((300, 520), False), ((2, 130, 2 * block), False),
+                                     ((2 * block, 2 * block), True)):  # fmt: skip
+                w = values(rng, shape, input_dtype)
+                got = fgq.quantize_weight(device_input(w, unaligned), (block, block), scale=scale,
+                                          layout=layout)  # fmt: skip
+                want = fgq.quantize_weight(w, (block, block), scale=scale, layout=layout)
+                request = make_weight_request(describe(w, "w"), check_weight_options(
+                    (block, block), "e4m3", scale, layout, 1e-10, "rceil"))  # fmt: skip
+                same = all(_same_storage(g, r, spec)
+                           for g, r, spec in zip(got, want, weight_specs(request)))  # fmt: skip
+                calls += 1
+                failures += not same
+                print(
+                    f"weight   {input_dtype:8} {block}x{block} {layout:7} {scale:7} "
+                    f"{str(shape):14} unaligned={unaligned} {'ok' if same else 'MISMATCH'}"
+                )
+        for group, orientation, layout, scale in COLUMN_CASES:
+            for shape, unaligned in (((300, 512), False), ((2 * group, 256), False),
+                                     ((group + 5, 256), True)):  # fmt: skip
+                x = values(rng, shape, input_dtype)
+                options = dict(scale=scale, layout=layout, orientation=orientation)
+                got = fgq.quantize(device_input(x, unaligned), group, **options)
+                want = fgq.quantize(x, group, **options)
+                request = make_request(describe(x, "x"),
+                                       check_options(group, "e4m3", **options))  # fmt: skip
+                wanted = transposed_specs(request)
+                if orientation == "both":
+                    wanted = (*specs(request), *wanted)
+                same = all(_same_storage(g, r, spec) for g, r, spec in zip(got, want, wanted))
+                calls += 1
+                failures += not same
+                print(f"columns  {input_dtype:8} G={group:<3} {orientation:4} {layout:10} "
+                      f"{scale:7} {str(shape):11} unaligned={unaligned} "
                       f"{'ok' if same else 'MISMATCH'}")  # fmt: skip
     return calls, failures
 
