@@ -6,6 +6,8 @@
 - GPU (``gpu`` marker): the CUDA kernel on cupy input against the NumPy backend, every byte of
   the full padded storage, both outputs poisoned; and the fused kernels (SiLU-and-multiply,
   RMSNorm and add, the masked layout) on drawn calls, views and kernel paths, the same way.
+- Both: the tile kernels (weight blocks of 128 and 256, columns of 128 and 256 tokens, both
+  orientations) on drawn calls, against the scalar model into poisoned outputs.
 
 Hypothesis profiles are set in conftest.py: "ci" by default, "gpu" (many more examples) with
 ``HYPOTHESIS_PROFILE=gpu``.
@@ -22,6 +24,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 from backends import (
+    NUMPY_AND_GPU,
     compiled_kernels,  # noqa: F401 - autouse: GPU tests find every kernel loaded
     poisoned_outputs,
     to_host_bytes,
@@ -922,3 +925,54 @@ def test_fused_kernels_match_the_numpy_backend_on_drawn_calls(case):
         expected = widened(host["residual"], **case["r_view"], fill=np.nan)
         assert_same_bytes(to_host_bytes(r_wide), expected.view(np.uint8).ravel(),
                           f"residual's buffer ({what})")  # fmt: skip
+
+
+# the tile kernels on drawn calls ----------------------------------------------------------------
+
+
+@st.composite
+def tile_calls(draw):
+    """A drawn tile call: a weight in blocks of 128 or 256 (a batch of experts at times), or x
+    column-wise in token groups of 128 or 256, or both orientations (128); any layout the call
+    takes, every input type, shapes cut anywhere (partial blocks and token groups)."""
+    kind = draw(st.sampled_from(["weight", "col", "both"]))
+    size = 128 if kind == "both" else draw(st.sampled_from([128, 256]))
+    input_dtype = draw(st.sampled_from(["bfloat16", "float16", "float32"]))
+    if kind == "weight":
+        layouts = [ls for ls in WEIGHT_LAYOUT_SCALES if size == 128 or ls[0] != "packed"]
+        layout, scale = draw(st.sampled_from(layouts))
+        lead = draw(st.sampled_from([(), (2,)]))
+        shape = (*lead, draw(st.integers(1, 2 * size + 3)), draw(st.integers(1, 2 * size + 3)))
+    else:
+        layout, scale = draw(st.sampled_from(COLUMN_LAYOUT_SCALES))
+        shape = (draw(st.integers(0, 2 * size + 3)), size * draw(st.integers(1, 2)))
+    return kind, size, input_dtype, layout, scale, shape, draw(st.integers(0, 2**32 - 1))
+
+
+WEIGHT_LAYOUT_SCALES = [("row", "float32"), ("col", "ue8m0"), ("bytes", "ue8m0"),
+                        ("packed", "ue8m0")]  # fmt: skip
+COLUMN_LAYOUT_SCALES = [("row", "float32"), ("col", "float32"), ("col_tma", "ue8m0"),
+                        ("packed", "ue8m0"), ("packed_row", "ue8m0")]  # fmt: skip
+
+
+@pytest.mark.parametrize("backend", NUMPY_AND_GPU)
+@settings(max_examples=25)
+@given(call=tile_calls())
+def test_tiles_match_the_model_on_drawn_calls(backend, call):
+    """Each drawn tile call into poisoned outputs, every byte against the scalar model, then
+    the allocating call (test_weight's and test_orientation's checks)."""
+    from test_orientation import check_both, check_col
+    from test_weight import check_weight, weights
+
+    kind, size, input_dtype, layout, scale, shape, seed = call
+    rng = np.random.default_rng(seed)
+    if kind == "weight":
+        w = weights(rng, shape, input_dtype, block=size)
+        check_weight(w, backend, scale=scale, layout=layout, block=size)
+        return
+    x = activations(rng, shape, input_dtype, specials=True) if 0 not in shape else (
+        np.zeros(shape, NP_INPUT[input_dtype]))  # fmt: skip
+    if kind == "both":
+        check_both(x, backend, layout, scale)
+    else:
+        check_col(x, backend, group_size=size, scale=scale, layout=layout)
