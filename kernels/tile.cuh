@@ -8,7 +8,10 @@
 // apart. A tile is read twice: the first pass only reduces (the tile maximum: warp shuffles and
 // a shared-memory step across the 8 warps; a channel's maximum over the tile's tokens: shuffles
 // over the threads of the channel, then shared memory), the second reads each lane again (from
-// L1 where the first pass left it, else L2), encodes and stores it, one row at a time.
+// L1 where the first pass left it, else L2), encodes and stores it, one row at a time. The
+// first pass counts Inf and NaN as they are, as the row-wise kernels do; where one of them is a
+// maximum, the finite one is taken again on a rare path (a weight block's by a second
+// reduction, a channel's by the thread that scales it).
 // NOTES: holding the tile in registers between the passes took 72-181 registers and one or two
 // blocks an SM, with a block's loads idle while it encoded (1.7-4.0x the roof, docs/perf.md);
 // the second read is L1 or L2 traffic, not DRAM's, and keeps four blocks an SM in flight.
@@ -60,27 +63,41 @@ __device__ __forceinline__ int code_slot(int channel, int token) {
   return channel * kTokens + ((((token >> 4) ^ key) << 4) | (token & 15));
 }
 
-// the finite magnitudes of one loaded word, zero for Inf and NaN: 16-bit inputs two a word (its
-// halves), for max_magnitudes; a channel's running maximum then costs an instruction a word
-template <int kIn>
-__device__ __forceinline__ u32 finite_magnitudes(u32 word) {
+// the magnitudes of one loaded word: 16-bit inputs two a word (its halves), for
+// max_magnitudes, so a running maximum costs an instruction a word. kFinite: Inf and NaN as
+// zero (the rare pass of a tile that holds either); else as they are, >= kInf, which is how a
+// tile finds that it holds one
+template <int kIn, bool kFinite>
+__device__ __forceinline__ u32 word_magnitudes(u32 word) {
   typedef Input<kIn> In;
   if constexpr (In::kBytes == 2) {
     const u32 m = word & kHalfMagnitudes;
+    if constexpr (!kFinite) return m;
     return m & __vcmpltu2(m, In::kInf * 0x10001u);  // a half's mask: all ones where finite
   } else {
     const u32 m = word & (In::kSign - 1u);
+    if constexpr (!kFinite) return m;
     return m < In::kInf ? m : 0u;
   }
 }
 
-// the larger of two finite_magnitudes, half by half for 16-bit inputs
+// the larger of two word_magnitudes, half by half for 16-bit inputs
 template <int kIn>
 __device__ __forceinline__ u32 max_magnitudes(u32 a, u32 b) {
   if constexpr (Input<kIn>::kBytes == 2) {
     return max_u16x2(a, b);
   } else {
     return max(a, b);
+  }
+}
+
+// the larger half of a 16-bit input's word_magnitudes (float32's as it is)
+template <int kIn>
+__device__ __forceinline__ u32 fold_magnitudes(u32 m) {
+  if constexpr (Input<kIn>::kBytes == 2) {
+    return max(m & 0xffffu, m >> 16);
+  } else {
+    return m;
   }
 }
 
@@ -172,28 +189,42 @@ __device__ __forceinline__ void weight_block_tile(const Params& p) {
   const i64 col = static_cast<i64>(block_col) * kBlock + lane * S::kValues;
   const bool vec = p.x_aligned != 0u;
 
-  // the tile's largest finite magnitude: every lane's loads in flight together, none kept
-  // (a whole tile's loads without branches between them: with them each waited for the last)
+  // the tile's largest magnitude: every lane's loads in flight together, none kept (a whole
+  // tile's loads without branches between them: with them each waited for the last). Inf and
+  // NaN count as they are (an instruction a word): a tile whose maximum is one of them takes
+  // its finite maximum in a second, rare pass
   u32 magnitude = 0u;
-  const auto reduce = [&](auto whole) {
+  const auto reduce = [&](auto whole, auto finite) {
 #pragma unroll
     for (int i = 0; i < S::kPasses; ++i) {
       u32 words[kLaneWords];
       load_tile_lane<kIn, decltype(whole)::value>(p, batch, first_row + i * S::kRowsPerPass, col,
                                                  cols, vec, words);
-      magnitude = max(magnitude, max_finite_magnitude<kIn>(words));
+#pragma unroll
+      for (int w = 0; w < kLaneWords; ++w) {
+        magnitude = max_magnitudes<kIn>(
+            magnitude, word_magnitudes<kIn, decltype(finite)::value>(words[w]));
+      }
     }
+    magnitude = fold_magnitudes<kIn>(magnitude);
   };
   wait_for_producer();
   const bool whole = vec && (block_row + 1u) * kBlock <= p.rows &&
                      static_cast<i64>(block_col + 1) * kBlock <= cols;
   if (whole) {
-    reduce(Flag<true>());
+    reduce(Flag<true>(), Flag<false>());
   } else {
-    reduce(Flag<false>());
+    reduce(Flag<false>(), Flag<false>());
   }
   signal_dependents();
   magnitude = block_max(magnitude, warp_max);
+  const bool nonfinite = magnitude >= Input<kIn>::kInf;  // the block's: a uniform branch
+  if (__builtin_expect(nonfinite, 0)) {
+    __syncthreads();  // every thread has read warp_max
+    magnitude = 0u;
+    reduce(Flag<false>(), Flag<true>());
+    magnitude = block_max(magnitude, warp_max);
+  }
   const float amax = fmaxf(Input<kIn>::magnitude_to_f32(magnitude), p.eps);
 
   // each row's lane read again, encoded and stored; a rolled loop holds one lane at a time
@@ -207,7 +238,7 @@ __device__ __forceinline__ void weight_block_tile(const Params& p) {
     load_tile_lane<kIn>(p, batch, row, col, cols, vec, words);
     u32 codes[S::kValues / 4];
     scale = encode_scaled<kIn, kOut, kScale, S::kValues, kArith>(p, words, amax, exponent, codes);
-    if (__builtin_expect(Input<kIn>::max_magnitude(words) >= Input<kIn>::kInf, 0)) {
+    if (__builtin_expect(nonfinite, 0) && Input<kIn>::max_magnitude(words) >= Input<kIn>::kInf) {
       patch_group<kIn, false, S::kValues>(p, words, codes);
     }
     if (row < p.rows) {
@@ -237,9 +268,24 @@ __device__ __forceinline__ void weight_block_tile(const Params& p) {
   }
 }
 
+// the largest finite magnitude of channel c over rows [first, first + count) of x, by one
+// thread: the rare path of a column tile holding Inf or NaN, kept out of line
+template <int kIn>
+__device__ __noinline__ u32 column_finite_max(const Params& p, i64 c, u32 first, int count) {
+  typedef Input<kIn> In;
+  const typename In::Storage* x = static_cast<const typename In::Storage*>(p.x) + c;
+  u32 m = 0u;
+  for (int t = 0; t < count && first + t < p.rows; ++t) {
+    const i64 row = first + t;
+    const u32 magnitude = static_cast<u32>(__ldg(x + row * p.x_row_stride)) & (In::kSign - 1u);
+    if (magnitude < In::kInf) m = max(m, magnitude);
+  }
+  return m;
+}
+
 // one lane's column-wise codes (its kValues channels at one token) under the channels' scales,
-// into the transposed shared rows. kGeneral: the lane holds a non-finite value or the tile a
-// float scale below kMinFastDivisor, so each value picks its division and is patched
+// into the transposed shared rows. kGeneral: the tile holds a non-finite value or a float
+// scale below kMinFastDivisor, so each value picks its division and is patched
 // (patch_nonfinite); the common case skips both tests, a third of the column encoding's
 // instructions
 template <int kIn, int kOut, int kScale, bool kProduct, bool kGeneral, int kTokens>
@@ -309,8 +355,10 @@ __device__ __forceinline__ void column_tile(const Params& p) {
   const i64 col = static_cast<i64>(group) * kTile + lane * S::kValues;
   const bool vec = p.x_aligned != 0u;
 
-  // each channel's largest finite magnitude over this thread's rows (loads in flight
-  // together, none kept), then over the threads of the warp that hold the channel
+  // each channel's largest magnitude over this thread's rows (loads in flight together, none
+  // kept), then over the threads of the warp that hold the channel. Inf and NaN count as they
+  // are (an instruction a word): a channel whose maximum is one of them is read again for its
+  // finite maximum by the thread that scales it (rare)
   u32 magnitudes[kLaneWords];  // word w's channels
 #pragma unroll
   for (int w = 0; w < kLaneWords; ++w) magnitudes[w] = 0u;
@@ -322,7 +370,7 @@ __device__ __forceinline__ void column_tile(const Params& p) {
                                                  vec, words);
 #pragma unroll
       for (int w = 0; w < kLaneWords; ++w) {
-        magnitudes[w] = max_magnitudes<kIn>(magnitudes[w], finite_magnitudes<kIn>(words[w]));
+        magnitudes[w] = max_magnitudes<kIn>(magnitudes[w], word_magnitudes<kIn, false>(words[w]));
       }
     }
   };
@@ -361,22 +409,27 @@ __device__ __forceinline__ void column_tile(const Params& p) {
   t.groups_per_row = p.t_groups;
   t.scale_rows = p.t_scale_rows;
   const int token_group = static_cast<int>(token_block);
-  // a float scale below the fast division's range (a tiny eps) anywhere in the tile, or a
-  // non-finite value in the lane, takes the general encoding below; the common one has neither
-  // test a value
-  bool tiny = false;
+  // a float scale below the fast division's range (a tiny eps), or Inf or NaN, anywhere in the
+  // tile takes the general encoding below for all of it; the common one has neither test a
+  // value
+  bool general = false;
   if (threadIdx.x < static_cast<u32>(kTile)) {
     const int slot = static_cast<int>(threadIdx.x);
     const int channel = (slot % S::kLanes) * S::kValues + slot / S::kLanes;
     u32 m = channel_max[0][slot];
 #pragma unroll
     for (int w = 1; w < kTileWarps; ++w) m = max(m, channel_max[w][slot]);
+    if (__builtin_expect(m >= In::kInf, 0)) {
+      general = true;
+      m = column_finite_max<kIn>(p, static_cast<i64>(group) * kTile + channel,
+                                 token_block * kTokens, kTokens);
+    }
     const float amax = fmaxf(In::magnitude_to_f32(m), p.eps);
     float factor;
     u32 exponent;
     const float scale = group_scale<kOut, kScale, kArith>(p, amax, factor, exponent);
     channel_scale[slot] = make_float2(scale, factor);
-    if constexpr (kScale == kFloat32Scale && !kProduct) tiny = scale < kMinFastDivisor;
+    if constexpr (kScale == kFloat32Scale && !kProduct) general |= scale < kMinFastDivisor;
     const u32 c = static_cast<u32>(group) * kTile + channel;
     ScaleLayout<kLayout>::store_at(ScaleLayout<kLayout>::at(t, 0u, c, token_group), t,
                                    token_group, scale, exponent, true, true);
@@ -387,7 +440,7 @@ __device__ __forceinline__ void column_tile(const Params& p) {
       ScaleLayout<kLayout>::zero(t, 0u, c, token_group);
     }
   }
-  const bool tiny_scales = __syncthreads_or(tiny) != 0;
+  const bool general_tile = __syncthreads_or(general) != 0;
 
   // each row's lane read again: its row-wise group ("both"), as every other kernel quantizes
   // it, and its values' column-wise codes, transposed into shared memory; a rolled loop holds
@@ -409,7 +462,7 @@ __device__ __forceinline__ void column_tile(const Params& p) {
       }
     }
     const int token = static_cast<int>(threadIdx.x) / S::kLanes + i * S::kRowsPerPass;
-    if (tiny_scales || __builtin_expect(In::max_magnitude(words) >= In::kInf, 0)) {
+    if (general_tile) {
       encode_column_codes<kIn, kOut, kScale, kProduct, true, kTokens>(p, words, channel_scale,
                                                                      lane, token, codes_t);
     } else {

@@ -242,6 +242,44 @@ def test_both_tiny_scales_and_lone_specials(backend, input_dtype):
     check_both(x, backend, "packed", "ue8m0", eps=float(np.finfo(np.float32).tiny))
 
 
+@pytest.mark.parametrize("backend", NUMPY_AND_GPU)
+@pytest.mark.parametrize("tokens", [128, 256])
+@pytest.mark.parametrize("input_dtype", INPUTS)
+# the GPU takes each channel's maximum with Inf and NaN counted, then reads a channel whose
+# maximum is one of them again for its finite maximum: beside the channel's largest finite
+# value, alone, filling a whole token group of a channel, at the last real token of the
+# partial group; "both" (128 tokens) too
+def test_columns_nonfinite_maxima(backend, tokens, input_dtype):
+    rng = np.random.default_rng(tokens + INPUTS.index(input_dtype))
+    m = 2 * tokens + 45
+    x = activations(rng, (m, 512), input_dtype).astype(np.float32)
+    x[3, 5], x[70, 5] = np.inf, 1000.0
+    x[tokens + 1, 130], x[tokens + 9, 131] = np.nan, -np.nan
+    x[:tokens, 300] = np.nan  # one channel's whole token group: its finite maximum is 0 (eps)
+    x[m - 1, 7], x[m - 1, 511], x[2 * tokens, 200] = -np.inf, np.nan, np.inf
+    x = x.astype(activations(rng, (1, 1), input_dtype).dtype)
+    check_col(x, backend, group_size=tokens, scale="ue8m0", layout="packed")
+    check_col(x, backend, group_size=tokens, scale="float32", layout="col")
+    if tokens == 128:
+        check_both(x, backend, "col", "float32")
+        check_both(x, backend, "packed", "ue8m0")
+
+
+@pytest.mark.gpu
+def test_columns_nonfinite_maxima_through_a_strided_view():
+    """A channel's finite maximum read again through a device view whose rows are wider than
+    K and whose base is 2 bytes past a 16-byte boundary."""
+    pytest.importorskip("torch")
+    host = activations(np.random.default_rng(78), (300, 520), "bfloat16")
+    host[17, 100], host[299, 400], host[140, 3] = np.inf, np.nan, -np.inf
+    whole = to_device(host, "torch")
+    x = host[:, 1:513]
+    qt, st = fgq.quantize(whole[:, 1:513], 128, scale="ue8m0", layout="col", orientation="col")
+    codes, scales = spec_model.quantize_columns(x, 128, "e4m3", "ue8m0", 1e-10)
+    assert_same_bytes(to_host_bytes(qt), codes, "qt through a strided view")
+    assert np.array_equal(st.cpu().numpy(), scales.astype(np.float32))
+
+
 def test_both_row_half_equals_row_call():
     x = activations(np.random.default_rng(2), (77, 384), "float32", specials=True)
     both = fgq.quantize(x, 128, scale="ue8m0", layout="col_tma", orientation="both")

@@ -176,6 +176,40 @@ def test_weight_256_unaligned_view():
     )
 
 
+def _nonfinite_tiles(rng, shape, dtype: str, block: int) -> np.ndarray:
+    """A 3 x 3 grid of blocks, the last row and column partial, where Inf and NaN sit where a
+    tile's maximum over every value is not its finite maximum: beside the block's largest
+    finite value, alone in a block of small values, filling a whole block, at the last real
+    row or column of a partial block; one block with none."""
+    w = activations(rng, shape, dtype).astype(np.float32)
+    n, k = w.shape[-2:]
+    b = block
+    w[..., 3, 5], w[..., 70, 9] = np.inf, 1000.0  # (0, 0): Inf beside the largest finite value
+    w[..., 1:b, b : 2 * b] *= 1e-3
+    w[..., 0, b + 1], w[..., b - 1, 2 * b - 1] = np.nan, -np.nan  # (0, 1): NaN among small values
+    w[..., b : 2 * b, :b] = np.nan  # (1, 0): all NaN, the finite maximum 0 (eps)
+    w[..., b + 2, b + 3], w[..., 2 * b - 1, b] = -np.inf, np.inf  # (1, 1): both infinities
+    w[..., n - 1, k - 1] = np.nan  # (2, 2), partial both ways: its last real value
+    w[..., n - 1, 0] = -np.inf  # (2, 0), partial rows
+    w[..., 0, k - 1] = np.inf  # (0, 2), partial columns; (1, 2) and (2, 1) hold none
+    return w.astype(activations(rng, (1, 1), dtype).dtype)
+
+
+@pytest.mark.parametrize("backend", NUMPY_AND_GPU)
+@pytest.mark.parametrize("block", [128, 256])
+@pytest.mark.parametrize("input_dtype", INPUTS)
+# the GPU takes a block's maximum with Inf and NaN counted, then its finite maximum again for a
+# block where that is one of them: each placement, both scale kinds, a batch of two experts
+# (the second free of them)
+def test_weight_nonfinite_maxima(backend, block, input_dtype):
+    rng = np.random.default_rng(block + INPUTS.index(input_dtype))
+    w = _nonfinite_tiles(rng, (2 * block + 37, 2 * block + 19), input_dtype, block)
+    check_weight(w, backend, scale="ue8m0", layout="row", block=block)
+    check_weight(w, backend, scale="float32", layout="col", block=block)
+    experts = np.stack([w, activations(rng, w.shape, input_dtype)])
+    check_weight(experts, backend, scale="float32", layout="row", block=block)
+
+
 def test_dequantize_weight_256():
     w = weights(np.random.default_rng(9), (520, 300), "float32", block=256)
     for layout, scale in LAYOUT_SCALES_256:
