@@ -265,19 +265,27 @@ def test_columns_nonfinite_maxima(backend, tokens, input_dtype):
         check_both(x, backend, "packed", "ue8m0")
 
 
-@pytest.mark.gpu
-def test_columns_nonfinite_maxima_through_a_strided_view():
-    """A channel's finite maximum read again through a device view whose rows are wider than
-    K and whose base is 2 bytes past a 16-byte boundary."""
-    pytest.importorskip("torch")
-    host = activations(np.random.default_rng(78), (300, 520), "bfloat16")
-    host[17, 100], host[299, 400], host[140, 3] = np.inf, np.nan, -np.inf
-    whole = to_device(host, "torch")
-    x = host[:, 1:513]
-    qt, st = fgq.quantize(whole[:, 1:513], 128, scale="ue8m0", layout="col", orientation="col")
-    codes, scales = spec_model.quantize_columns(x, 128, "e4m3", "ue8m0", 1e-10)
-    assert_same_bytes(to_host_bytes(qt), codes, "qt through a strided view")
-    assert np.array_equal(st.cpu().numpy(), scales.astype(np.float32))
+@pytest.mark.parametrize("backend", HOST_AND_GPU)
+@pytest.mark.parametrize("input_dtype, tokens", [("bfloat16", 128), ("float32", 256)])
+# a channel's finite maximum read again through a view of a taller, wider buffer: rows wider
+# than K, a base one element past the buffer's, and below the view's M rows Inf and values
+# larger than any in it, which no read may reach
+def test_columns_nonfinite_maxima_through_a_view(backend, input_dtype, tokens):
+    m, k = 300, 512
+    tall = activations(np.random.default_rng(78 + tokens), (m + 40, k + 8), input_dtype)
+    tall = tall.astype(np.float32)
+    tall[17, 100], tall[m - 1, 400], tall[140, 3] = np.inf, np.nan, -np.inf
+    tall[m:, :] = 1e30
+    tall[m, 100], tall[m + 1, 400], tall[m + 2, 3] = np.inf, np.inf, -np.inf
+    tall = tall.astype(activations(np.random.default_rng(0), (1, 1), input_dtype).dtype)
+    x = tall[:m, 1 : k + 1]
+    view = x if backend == "numpy" else to_device(tall, backend)[:m, 1 : k + 1]
+    qt, st = fgq.quantize(view, tokens, scale="ue8m0", layout="col", orientation="col")
+    codes, scales = spec_model.quantize_columns(np.ascontiguousarray(x), tokens, "e4m3",
+                                                "ue8m0", 1e-10)  # fmt: skip
+    assert_same_bytes(to_host_bytes(qt), codes, f"qt through a view ({backend})")
+    assert np.array_equal(to_host_bytes(st).view(np.float32).reshape(-1),
+                          scales.astype(np.float32).reshape(-1))  # fmt: skip
 
 
 def test_both_row_half_equals_row_call():

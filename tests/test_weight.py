@@ -203,10 +203,14 @@ def _nonfinite_tiles(rng, shape, dtype: str, block: int) -> np.ndarray:
 # (the second free of them)
 def test_weight_nonfinite_maxima(backend, block, input_dtype):
     rng = np.random.default_rng(block + INPUTS.index(input_dtype))
-    w = _nonfinite_tiles(rng, (2 * block + 37, 2 * block + 19), input_dtype, block)
-    check_weight(w, backend, scale="ue8m0", layout="row", block=block)
-    check_weight(w, backend, scale="float32", layout="col", block=block)
-    experts = np.stack([w, activations(rng, w.shape, input_dtype)])
+    # K = 2 blocks + 19: rows not 16-byte aligned, every load guarded; + 16: whole blocks take
+    # the straight vector loads
+    for k in (2 * block + 19, 2 * block + 16):
+        w = _nonfinite_tiles(rng, (2 * block + 37, k), input_dtype, block)
+        check_weight(w, backend, scale="ue8m0", layout="row", block=block)
+        check_weight(w, backend, scale="float32", layout="col", block=block)
+    # experts: the first free of Inf and NaN, the second holding them (the batch stride)
+    experts = np.stack([activations(rng, w.shape, input_dtype), w])
     check_weight(experts, backend, scale="float32", layout="row", block=block)
 
 
