@@ -8,6 +8,7 @@ from backends import (
     NUMPY_AND_GPU,
     assert_allocated,
     compiled_kernels,  # noqa: F401 - autouse: GPU tests find every kernel loaded
+    gpu_only_past_one_input,
     poisoned_spec,
     to_device,
     to_host_bytes,
@@ -202,10 +203,9 @@ def _nonfinite_tiles(rng, shape, dtype: str, block: int) -> np.ndarray:
 @pytest.mark.parametrize("input_dtype", INPUTS)
 # the GPU takes a block's maximum with Inf and NaN counted, then its finite maximum again for a
 # block where that is one of them: each placement, both scale kinds, a batch of two experts
-# (the second free of them)
+# (the first free of them)
 def test_weight_nonfinite_maxima(backend, block, input_dtype):
-    if backend == "numpy" and input_dtype != "bfloat16":
-        pytest.skip("the NumPy backend has no rare path to reach: one input type checks the test")
+    gpu_only_past_one_input(backend, input_dtype)
     rng = np.random.default_rng(block + INPUTS.index(input_dtype))
     # K = 2 blocks + 19: rows not 16-byte aligned, every load guarded; + 16: whole blocks take
     # the straight vector loads
