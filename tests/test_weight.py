@@ -13,7 +13,7 @@ from backends import (
     to_device,
     to_host_bytes,
 )
-from helpers import Q_POISON, SCALE_POISON, activations, assert_same_bytes
+from helpers import NP_INPUT, Q_POISON, SCALE_POISON, activations, assert_same_bytes
 
 import fp8_group_quant as fgq
 from fp8_group_quant import spec_model
@@ -195,7 +195,7 @@ def _nonfinite_tiles(rng, shape, dtype: str, block: int) -> np.ndarray:
     w[..., n - 1, k - 1] = np.nan  # (2, 2), partial both ways: its last real value
     w[..., n - 1, 0] = -np.inf  # (2, 0), partial rows
     w[..., 0, k - 1] = np.inf  # (0, 2), partial columns; (1, 2) and (2, 1) hold none
-    return w.astype(activations(rng, (1, 1), dtype).dtype)
+    return w.astype(NP_INPUT[dtype])
 
 
 @pytest.mark.parametrize("backend", NUMPY_AND_GPU)
