@@ -227,24 +227,36 @@ __device__ __forceinline__ void weight_block_tile(const Params& p) {
   }
   const float amax = fmaxf(Input<kIn>::magnitude_to_f32(magnitude), p.eps);
 
-  // each row's lane read again, encoded and stored; a rolled loop holds one lane at a time
+  // each row's lane read again, encoded and stored; a rolled loop holds one lane at a time. A
+  // whole tile's rows take the straight loads and, where K keeps them aligned, vector stores
   float scale = 0.0f;
   u32 exponent = 0u;
   const bool q_vec = cols % S::kValues == 0;  // rows K bytes apart: whole lanes stay aligned
+  const auto encode_rows = [&](auto straight) {
+    constexpr bool kStraight = decltype(straight)::value;
 #pragma unroll 1
-  for (int i = 0; i < S::kPasses; ++i) {
-    const u32 row = first_row + i * S::kRowsPerPass;
-    u32 words[kLaneWords];
-    load_tile_lane<kIn>(p, batch, row, col, cols, vec, words);
-    u32 codes[S::kValues / 4];
-    scale = encode_scaled<kIn, kOut, kScale, S::kValues, kArith>(p, words, amax, exponent, codes);
-    if (__builtin_expect(nonfinite, 0) && Input<kIn>::max_magnitude(words) >= Input<kIn>::kInf) {
-      patch_group<kIn, false, S::kValues>(p, words, codes);
-    }
-    if (row < p.rows) {
+    for (int i = 0; i < S::kPasses; ++i) {
+      const u32 row = first_row + i * S::kRowsPerPass;
+      u32 words[kLaneWords];
+      load_tile_lane<kIn, kStraight>(p, batch, row, col, cols, vec, words);
+      u32 codes[S::kValues / 4];
+      scale = encode_scaled<kIn, kOut, kScale, S::kValues, kArith>(p, words, amax, exponent, codes);
+      if (__builtin_expect(nonfinite, 0) && Input<kIn>::max_magnitude(words) >= Input<kIn>::kInf) {
+        patch_group<kIn, false, S::kValues>(p, words, codes);
+      }
       u8* dst = p.q + batch * p.q_batch_stride + static_cast<i64>(row) * cols + col;
-      store_tile_codes<S::kValues>(dst, codes, col, cols, q_vec);
+      if constexpr (kStraight) {
+        store_codes<S::kValues>(dst, codes);
+      } else if (row < p.rows) {
+        store_tile_codes<S::kValues>(dst, codes, col, cols, q_vec);
+      }
     }
+  };
+  // (tiles of 256: the guarded pass only, as float32's straight one spills at 128 registers)
+  if (kBlock == kTile && whole && q_vec) {
+    encode_rows(Flag<kBlock == kTile>());
+  } else {
+    encode_rows(Flag<false>());
   }
 
   // the block's scale
