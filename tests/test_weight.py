@@ -35,7 +35,7 @@ def weights(rng, shape, dtype: str, block: int = 128) -> np.ndarray:
     if shape[-2] >= 2 * block and shape[-1] >= 2 * block:
         flat[0, :block, block : 2 * block] = 0.0  # a block of zeros: the UE8M0 floor, codes 0
         flat[-1, block : 2 * block, :block] = 672.0  # a tie at 336 in UE8M0, 448 with floats
-    return w.astype(activations(rng, (1, 1), dtype).dtype)
+    return w.astype(NP_INPUT[dtype])
 
 
 def check_weight(w, lib, dtype="e4m3", scale="float32", layout="row", eps=1e-10, rule="rceil",
