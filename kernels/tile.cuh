@@ -387,7 +387,8 @@ __device__ __forceinline__ void column_tile(const Params& p) {
     }
   };
   wait_for_producer();
-  if (vec && (token_block + 1u) * kTokens <= p.rows) {  // K is whole tiles
+  const bool whole = vec && (token_block + 1u) * kTokens <= p.rows;  // K is whole tiles
+  if (whole) {
     reduce(Flag<true>());
   } else {
     reduce(Flag<false>());
@@ -456,31 +457,39 @@ __device__ __forceinline__ void column_tile(const Params& p) {
 
   // each row's lane read again: its row-wise group ("both"), as every other kernel quantizes
   // it, and its values' column-wise codes, transposed into shared memory; a rolled loop holds
-  // one lane at a time
+  // one lane at a time. A whole tile's rows take the straight loads (no row or edge guard)
   const u32 warp_lane = threadIdx.x & 31u;
   const u32 mask = ((1u << S::kLanes) - 1u) << (warp_lane & ~static_cast<u32>(S::kLanes - 1));
+  const auto encode_rows = [&](auto straight) {
+    constexpr bool kStraight = decltype(straight)::value;
 #pragma unroll 1
-  for (int i = 0; i < S::kPasses; ++i) {
-    const u32 row = first_row + i * S::kRowsPerPass;
-    u32 words[kLaneWords];
-    load_tile_lane<kIn>(p, 0u, row, col, k, vec, words);
-    if (kTokens == kTile && p.q != nullptr) {
-      const bool real = row < p.rows;
-      quantize_group<kIn, kTile, kOut, kScale, kLayout, false, false, false, kArith>(
-          p, words, S::kLanes == 32 ? kAllLanes : mask, real, p.q + row * k + col, real,
-          ScaleLayout<kLayout>::at(p, 0u, row, group), real && lane == 0, group);
-      if (row + 1u == p.rows) {
-        zero_padding_rows<S::kValues, S::kLanes, kLayout>(p, p.q + col, k, 0u, row, group, lane);
+    for (int i = 0; i < S::kPasses; ++i) {
+      const u32 row = first_row + i * S::kRowsPerPass;
+      u32 words[kLaneWords];
+      load_tile_lane<kIn, kStraight>(p, 0u, row, col, k, vec, words);
+      if (kTokens == kTile && p.q != nullptr) {
+        const bool real = kStraight || row < p.rows;
+        quantize_group<kIn, kTile, kOut, kScale, kLayout, false, false, false, kArith>(
+            p, words, S::kLanes == 32 ? kAllLanes : mask, real, p.q + row * k + col, real,
+            ScaleLayout<kLayout>::at(p, 0u, row, group), real && lane == 0, group);
+        if (row + 1u == p.rows) {
+          zero_padding_rows<S::kValues, S::kLanes, kLayout>(p, p.q + col, k, 0u, row, group, lane);
+        }
+      }
+      const int token = static_cast<int>(threadIdx.x) / S::kLanes + i * S::kRowsPerPass;
+      if (general_tile) {
+        encode_column_codes<kIn, kOut, kScale, kProduct, true, kTokens>(p, words, channel_scale,
+                                                                       lane, token, codes_t);
+      } else {
+        encode_column_codes<kIn, kOut, kScale, kProduct, false, kTokens>(p, words, channel_scale,
+                                                                        lane, token, codes_t);
       }
     }
-    const int token = static_cast<int>(threadIdx.x) / S::kLanes + i * S::kRowsPerPass;
-    if (general_tile) {
-      encode_column_codes<kIn, kOut, kScale, kProduct, true, kTokens>(p, words, channel_scale,
-                                                                     lane, token, codes_t);
-    } else {
-      encode_column_codes<kIn, kOut, kScale, kProduct, false, kTokens>(p, words, channel_scale,
-                                                                      lane, token, codes_t);
-    }
+  };
+  if (whole) {
+    encode_rows(Flag<true>());
+  } else {
+    encode_rows(Flag<false>());
   }
   __syncthreads();
 
