@@ -91,6 +91,9 @@ def _quantize_into_op(x, q, scales, group_size, dtype, scale, layout, eps, pad_r
 for _key in ("CUDA", "CPU"):
     _LIBRARY.impl("quantize", _quantize_op, _key)
     _LIBRARY.impl("quantize_into", _quantize_into_op, _key)
+# NOTES: the overload itself, looked up once: through torch.ops' namespace and overload packet
+# a call costs 0.4 us more (3.17 against 2.77 us a call of a no-op kernel on the CPU host)
+_QUANTIZE_OP = torch.ops.fp8_group_quant.quantize.default
 
 
 def _empty_outputs(x, options, shape: tuple) -> tuple[torch.Tensor, torch.Tensor]:
@@ -185,9 +188,7 @@ def quantize(
     """``fgq.quantize`` through the custom op (no ``out=``): traceable by ``torch.compile``."""
     if is_fp4(dtype, scale):
         raise NotImplementedError(_FP4_OP)
-    return torch.ops.fp8_group_quant.quantize(
-        x, group_size, dtype, scale, layout, eps, pad_rows, activation, scale_rule
-    )
+    return _QUANTIZE_OP(x, group_size, dtype, scale, layout, eps, pad_rows, activation, scale_rule)
 
 
 def quantize_packed(
