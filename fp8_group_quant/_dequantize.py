@@ -111,6 +111,18 @@ def _group_size(q_info: ArrayInfo, s_info: ArrayInfo, given) -> int:
     return given
 
 
+def torch_exponent_bytes(packed, groups: int):
+    """The exponent bytes ``[..., groups]`` (uint8) of torch int32 words ``[..., kp]`` of any
+    strides: byte ``g % 4`` of word ``g // 4`` (little-endian words), from a row-major copy."""
+    import torch
+
+    shape = tuple(packed.shape)
+    # flattened before the byte view: a [M, 1] view with strides (1, M) (packed scales of one
+    # word a row) counts as contiguous with a last stride of M, which a dtype view refuses
+    words = packed.contiguous().reshape(-1)
+    return words.view(torch.uint8).reshape(*shape[:-1], 4 * shape[-1])[..., :groups]
+
+
 def unpack_scales(packed, groups: int):
     """Packed UE8M0 words ``[..., kp]`` (int32) to float32 scales ``[..., groups]``.
 
@@ -130,8 +142,7 @@ def unpack_scales(packed, groups: int):
     if info.kind == TORCH:
         import torch
 
-        # byte g % 4 of word g // 4 (little-endian words): the bytes of a row-major copy
-        codes = packed.contiguous().view(torch.uint8)[..., :groups]
+        codes = torch_exponent_bytes(packed, groups)
         if hasattr(torch, "float8_e8m0fnu"):  # torch decodes UE8M0 itself (2.7 and later)
             decoded: Any = codes.view(torch.float8_e8m0fnu).to(torch.float32)
             return decoded.contiguous()

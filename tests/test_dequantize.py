@@ -147,3 +147,40 @@ def test_the_notebook_imports_no_private_module():
     cells = json.loads(notebook.read_text())["cells"]
     code = "".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
     assert "fp8_group_quant._" not in code and "from fp8_group_quant import _" not in code
+
+
+# packed words of one word a row ([M, 1], strides (1, M)), batched, of several words, and an
+# MN-major [M, 2]: every stride pattern torch's byte view must see through
+@pytest.mark.parametrize("shape, strides", [((8, 1), (1, 8)), ((2, 8, 1), (8, 1, 8)),
+                                            ((5, 2), (1, 5)), ((4, 3), (3, 1))])  # fmt: skip
+def test_torch_exponent_bytes_of_any_strides(shape, strides):
+    torch = pytest.importorskip("torch")
+    from fp8_group_quant._dequantize import torch_exponent_bytes
+
+    storage = 1 + sum((n - 1) * s for n, s in zip(shape, strides))
+    words = np.random.default_rng(len(shape) + strides[-1]).integers(
+        -(2**31), 2**31, storage, dtype=np.int64
+    ).astype(np.int32)  # fmt: skip
+    packed = torch.from_numpy(words).as_strided(shape, strides)
+    expected = np.ascontiguousarray(packed.numpy()).view(np.uint8)
+    expected = expected.reshape(*shape[:-1], 4 * shape[-1])
+    for groups in range(4 * shape[-1] + 1):
+        got = torch_exponent_bytes(packed, groups)
+        np.testing.assert_array_equal(got.numpy(), expected[..., :groups])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(8, 256), (3, 8, 512), (1, 384)], ids=str)
+def test_packed_scales_of_one_word_a_row_straight_from_quantize(shape):
+    """K <= 512: the packed scales are [..., M, 1] with strides (..., 1, M), as quantize gives
+    them (not a copy): unpack_scales and dequantize read them on torch's GPU path."""
+    torch = pytest.importorskip("torch")
+    x = activations(np.random.default_rng(shape[-1]), shape, "bfloat16")
+    q, s = fgq.quantize(to_device(x, "torch"), 128, scale="ue8m0", layout="packed")
+    q_ref, s_ref = fgq.quantize(x, 128, scale="ue8m0", layout="packed")
+    assert tuple(s.shape) == tuple(s_ref.shape) and s.shape[-1] == 1
+    groups = shape[-1] // 128
+    expected = fgq.unpack_scales(s_ref, groups)
+    np.testing.assert_array_equal(fgq.unpack_scales(s, groups).cpu().numpy(), expected)
+    np.testing.assert_array_equal(to_host(fgq.dequantize(q, s)), fgq.dequantize(q_ref, s_ref))
+    assert isinstance(q, torch.Tensor)
