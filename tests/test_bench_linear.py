@@ -10,6 +10,7 @@ crashed there before it flattened first.
 import numpy as np
 import pytest
 from backends import backends
+from helpers import activations
 
 import fp8_group_quant as fgq
 from fp8_group_quant.bench import linear
@@ -22,9 +23,9 @@ def test_check_passes_at_every_token_count(device, m):
     torch = pytest.importorskip("torch")
     where = "cpu" if device == "torch_cpu" else "cuda"
     rng = np.random.default_rng(m)
-    x = torch.from_numpy(rng.standard_normal((m, 256)).astype(np.float32)).to(where).bfloat16()
-    w = (torch.from_numpy(rng.standard_normal((384, 256)).astype(np.float32)) * 0.02).to(where)
-    linear._check(torch, x, w.bfloat16())
+    x = torch.from_numpy(activations(rng, (m, 256), "float32")).to(where).bfloat16()
+    w = torch.from_numpy(rng.standard_normal((384, 256)).astype(np.float32) * 0.02)
+    linear._check(torch, x, w.to(where).bfloat16())
 
 
 def test_check_fails_on_a_wrong_byte(monkeypatch):
@@ -39,6 +40,6 @@ def test_check_fails_on_a_wrong_byte(monkeypatch):
         return result
 
     monkeypatch.setattr(fgq, "quantize", off_by_one)
-    x = torch.randn(130, 256).bfloat16()
+    x = torch.from_numpy(activations(np.random.default_rng(130), (130, 256), "float32"))
     with pytest.raises(AssertionError, match="differs from the NumPy backend"):
-        linear._check(torch, x, torch.randn(256, 256).bfloat16())
+        linear._check(torch, x.bfloat16(), torch.randn(256, 256).bfloat16())
