@@ -280,17 +280,26 @@ __device__ __forceinline__ void weight_block_tile(const Params& p) {
   }
 }
 
-// the largest finite magnitude of channel c over rows [first, first + count) of x, by one
-// thread: the rare path of a column tile holding Inf or NaN, kept out of line
+// the largest finite magnitude of `count` values `row_stride` apart from x (a channel's tokens),
+// by one thread, eight loads in flight at a time: the rare path of a column tile holding Inf
+// or NaN, kept out of line
 template <int kIn>
-__device__ __noinline__ u32 column_finite_max(const Params& p, i64 c, u32 first, int count) {
+__device__ __noinline__ u32 column_finite_max(const typename Input<kIn>::Storage* x,
+                                              i64 row_stride, int count) {
   typedef Input<kIn> In;
-  const typename In::Storage* x = static_cast<const typename In::Storage*>(p.x) + c;
+  constexpr int kInFlight = 8;
   u32 m = 0u;
-  for (int t = 0; t < count && first + t < p.rows; ++t) {
-    const i64 row = first + t;
-    const u32 magnitude = static_cast<u32>(__ldg(x + row * p.x_row_stride)) & (In::kSign - 1u);
-    if (magnitude < In::kInf) m = max(m, magnitude);
+  for (int t = 0; t < count; t += kInFlight) {
+    u32 raw[kInFlight];
+#pragma unroll
+    for (int j = 0; j < kInFlight; ++j) {
+      raw[j] = t + j < count ? static_cast<u32>(__ldg(x + (t + j) * row_stride)) : 0u;
+    }
+#pragma unroll
+    for (int j = 0; j < kInFlight; ++j) {
+      const u32 magnitude = raw[j] & (In::kSign - 1u);
+      if (magnitude < In::kInf) m = max(m, magnitude);
+    }
   }
   return m;
 }
@@ -434,8 +443,11 @@ __device__ __forceinline__ void column_tile(const Params& p) {
     for (int w = 1; w < kTileWarps; ++w) m = max(m, channel_max[w][slot]);
     if (__builtin_expect(m >= In::kInf, 0)) {
       general = true;
-      m = column_finite_max<kIn>(p, static_cast<i64>(group) * kTile + channel,
-                                 token_block * kTokens, kTokens);
+      const u32 first = token_block * kTokens;
+      const i64 c = static_cast<i64>(group) * kTile + channel;
+      m = column_finite_max<kIn>(
+          static_cast<const typename In::Storage*>(p.x) + c + first * p.x_row_stride,
+          p.x_row_stride, static_cast<int>(min(static_cast<u32>(kTokens), p.rows - first)));
     }
     const float amax = fmaxf(In::magnitude_to_f32(m), p.eps);
     float factor;
