@@ -245,6 +245,18 @@ def _root_array(array):
             return root
 
 
+def torch_bytes(tensor):
+    """The bytes of a torch tensor's elements in row-major order, as a 1-D uint8 tensor (a view
+    where the tensor is contiguous, else of a copy). Flattened first and given a unit stride:
+    torch calls a tensor contiguous whatever the strides of its size-1 dimensions (packed scales
+    of one word a row, ``[M, 1]`` with strides ``(1, M)``; one element with a stride of 4), and
+    a view to a smaller dtype refuses a last stride other than 1."""
+    import torch
+
+    flat = tensor.contiguous().reshape(-1)
+    return flat.as_strided((flat.numel(),), (1,)).view(torch.uint8)
+
+
 def byte_extent(ptr: int, shape, strides, itemsize: int) -> tuple[int, int]:
     """[first, last + 1) byte addresses an array of ``shape`` and element ``strides`` touches;
     an empty array touches none."""

@@ -23,6 +23,7 @@ from ._arrays import (
     kind_of,
     numpy_to_torch_cpu,
     to_cupy,
+    torch_bytes,
     torch_cpu_to_numpy,
 )
 from ._layout import BLOCKED, SCALE_LAYOUTS, WEIGHT_BLOCK, WEIGHT_BLOCKS, Geometry, scale_layout
@@ -114,13 +115,8 @@ def _group_size(q_info: ArrayInfo, s_info: ArrayInfo, given) -> int:
 def torch_exponent_bytes(packed, groups: int):
     """The exponent bytes ``[..., groups]`` (uint8) of torch int32 words ``[..., kp]`` of any
     strides: byte ``g % 4`` of word ``g // 4`` (little-endian words), from a row-major copy."""
-    import torch
-
     shape = tuple(packed.shape)
-    # flattened before the byte view: a [M, 1] view with strides (1, M) (packed scales of one
-    # word a row) counts as contiguous with a last stride of M, which a dtype view refuses
-    words = packed.contiguous().reshape(-1)
-    return words.view(torch.uint8).reshape(*shape[:-1], 4 * shape[-1])[..., :groups]
+    return torch_bytes(packed).reshape(*shape[:-1], 4 * shape[-1])[..., :groups]
 
 
 def unpack_scales(packed, groups: int):

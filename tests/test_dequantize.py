@@ -149,10 +149,13 @@ def test_the_notebook_imports_no_private_module():
     assert "fp8_group_quant._" not in code and "from fp8_group_quant import _" not in code
 
 
-# packed words of one word a row ([M, 1], strides (1, M)), batched, of several words, and an
-# MN-major [M, 2]: every stride pattern torch's byte view must see through
+# packed words of one word a row ([M, 1], strides (1, M)), batched, of several words, an
+# MN-major [M, 2], and one word (M = 1: quantize's [1, 1] has strides (1, 4), the rows padded to
+# four): every stride pattern torch's byte view must see through
 @pytest.mark.parametrize("shape, strides", [((8, 1), (1, 8)), ((2, 8, 1), (8, 1, 8)),
-                                            ((5, 2), (1, 5)), ((4, 3), (3, 1))])  # fmt: skip
+                                            ((5, 2), (1, 5)), ((4, 3), (3, 1)),
+                                            ((1, 1), (1, 4)), ((1, 1), (4, 4)),
+                                            ((3, 1, 1), (1, 1, 4))])  # fmt: skip
 def test_torch_exponent_bytes_of_any_strides(shape, strides):
     torch = pytest.importorskip("torch")
     from fp8_group_quant._dequantize import torch_exponent_bytes
@@ -182,5 +185,7 @@ def test_packed_scales_of_one_word_a_row_straight_from_quantize(shape):
     groups = shape[-1] // 128
     expected = fgq.unpack_scales(s_ref, groups)
     np.testing.assert_array_equal(fgq.unpack_scales(s, groups).cpu().numpy(), expected)
-    np.testing.assert_array_equal(to_host(fgq.dequantize(q, s)), fgq.dequantize(q_ref, s_ref))
+    np.testing.assert_array_equal(
+        to_host(fgq.dequantize(q, s, group_size=128)), fgq.dequantize(q_ref, s_ref, group_size=128)
+    )
     assert isinstance(q, torch.Tensor)

@@ -16,6 +16,7 @@ import numpy as np
 
 import fp8_group_quant as fgq
 from fp8_group_quant import ScaleName
+from fp8_group_quant._arrays import torch_bytes
 
 REPEATS, CALLS = 7, 20  # repeats of CALLS back-to-back calls; the median repeat is reported
 
@@ -42,9 +43,7 @@ def _check(torch, x, w) -> None:
     both = fgq.quantize(x, 128, layout="col", orientation="both")
     expected = fgq.quantize(host(x), 128, layout="col", orientation="both")
     for got, want in zip(both, expected):
-        # flattened first: a [K, 1] scale view (M <= 128) counts as contiguous with a last
-        # stride of K, which a dtype view refuses
-        got_bytes = got.contiguous().reshape(-1).view(torch.uint8).cpu().numpy()
+        got_bytes = torch_bytes(got).cpu().numpy()  # [K, 1] scale views at M <= 128
         if not np.array_equal(got_bytes, np.ascontiguousarray(want).view(np.uint8).reshape(-1)):
             raise AssertionError("quantize(orientation='both') differs from the NumPy backend")
     qw, sw = fgq.quantize_weight(w)
