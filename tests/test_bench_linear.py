@@ -43,3 +43,22 @@ def test_check_fails_on_a_wrong_byte(monkeypatch):
     x = torch.from_numpy(activations(np.random.default_rng(130), (130, 256), "float32"))
     with pytest.raises(AssertionError, match="differs from the NumPy backend"):
         linear._check(torch, x.bfloat16(), torch.randn(256, 256).bfloat16())
+
+
+@pytest.mark.gpu
+def test_the_table_runs_where_cublas_refuses_an_m(capsys):
+    """M = 1 and 6 (which cuBLAS's blockwise GEMM refused on SM90 with torch 2.11) print a row
+    with the GEMM as n/a; M = 4 times it; bench --linear's default M list starts at 1."""
+    torch = pytest.importorskip("torch")
+    from types import SimpleNamespace
+
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("blockwise-scaled FP8 GEMMs need SM90 or newer")
+    rows = linear.run_linear(SimpleNamespace(k=[256], n=256, m=[1, 4, 6]))
+    assert [row["m"] for row in rows] == [1, 4, 6]
+    for row in rows:
+        assert row["quant_forward_us"] > 0 and row["bf16_gemm_us"] > 0
+        assert row["fp8_gemm_us"] is None or row["fp8_gemm_us"] > 0
+    assert rows[1]["fp8_gemm_us"] is not None  # a multiple of 4: cuBLAS takes it
+    printed = capsys.readouterr().out
+    assert ("n/a" in printed) == any(row["fp8_gemm_us"] is None for row in rows)

@@ -35,20 +35,25 @@ def _torch():
     return pytest.importorskip("torch")
 
 
-def _scaled_mm_blockwise_or_skip():
-    """Skip unless this torch and device run _scaled_mm with 1x128 and 128x128 float scales:
-    probed with scales torch makes itself, so our own layouts cannot cause the skip."""
+def _scaled_mm_blockwise_or_skip(m: int = 128, k: int = 128, n: int = 128, b_blocks=True):
+    """Skip unless this torch and device run _scaled_mm with 1x128 scales on a [m, k] and
+    128x128 (b_blocks) or 128x1 scales on b [k, n]: probed with operands and scales torch
+    makes itself, so our own layouts cannot cause the skip. (cuBLAS on SM90, torch 2.11:
+    refuses m not a multiple of 4, with its own scales too.)"""
     torch = _torch()
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("blockwise-scaled FP8 GEMMs need SM90 or newer")
-    a = torch.zeros((128, 128), device="cuda").to(torch.float8_e4m3fn)
-    b = torch.zeros((128, 128), device="cuda").to(torch.float8_e4m3fn).t()
-    scale_a = torch.ones((1, 128), device="cuda").t()  # [128, 1], MN-major
-    scale_b = torch.ones((1, 1), device="cuda")
+    a = torch.zeros((m, k), device="cuda").to(torch.float8_e4m3fn)
+    b = torch.zeros((n, k), device="cuda").to(torch.float8_e4m3fn).t()
+    scale_a = torch.ones((-(-k // 128), m), device="cuda").t()  # [m, k / 128], MN-major
+    if b_blocks:  # [k / 128, n / 128], from [n / 128, k / 128] as quantize_weight writes them
+        scale_b = torch.ones((-(-n // 128), -(-k // 128)), device="cuda").t()
+    else:  # [k / 128, n]: b's 128 values along k a scale
+        scale_b = torch.ones((-(-k // 128), n), device="cuda")
     try:
         torch._scaled_mm(a, b, scale_a, scale_b, out_dtype=torch.bfloat16)
     except (RuntimeError, NotImplementedError, TypeError) as error:
-        pytest.skip(f"torch._scaled_mm lacks blockwise scaling here: {error}")
+        pytest.skip(f"torch._scaled_mm takes no blockwise scaling at {m}x{k}x{n} here: {error}")
 
 
 def _worst(got, a_deq, b_deq) -> float:
@@ -140,3 +145,38 @@ def test_weight_gradient(scale, record_property):
     b_deq = fgq.dequantize(x_both.qt, x_both.scales_t, 128).t()
     _tolerance_check(dw, a_deq, b_deq, f"wgrad {scale}")
     _report(torch, dw, dy.double().t() @ x.double(), f"wgrad {scale}", record_property)
+
+
+# M across the sizes a server sees (decode batches, a prefill chunk, past a token group)
+@pytest.mark.parametrize("m", [1, 4, 17, 100, 129, 384, 1000])
+def test_forward_at_any_m(m, record_property):
+    """y = x w^T at M not 256: where cuBLAS takes the size with its own scales, it takes ours,
+    and the product is within the bound."""
+    torch = _torch()
+    _scaled_mm_blockwise_or_skip(m, K, N)
+    rng = np.random.default_rng(m)
+    x = torch.from_numpy(activations(rng, (m, K), "float32")).cuda().bfloat16()
+    w = (torch.from_numpy(rng.standard_normal((N, K)).astype(np.float32)) * 0.02).cuda().bfloat16()
+    qx, sx = fgq.quantize(x, 128, layout="col")
+    qw, sw = fgq.quantize_weight(w)
+    y = torch._scaled_mm(qx, qw.t(), sx, sw.t(), out_dtype=torch.bfloat16)
+    _tolerance_check(y, fgq.dequantize(qx, sx, 128), fgq.dequantize_weight(qw, sw).t(), f"M={m}")
+    _report(torch, y, x.double() @ w.double().t(), f"forward M={m}", record_property)
+
+
+@pytest.mark.parametrize("m", [200, 384])
+def test_weight_gradient_of_a_partial_token_group(m, record_property):
+    """dw = dy^T x over M tokens, M not a multiple of 128 (a partial last token group, its
+    codes' padding zero) where cuBLAS takes it."""
+    torch = _torch()
+    _scaled_mm_blockwise_or_skip(N, m, K, b_blocks=False)
+    rng = np.random.default_rng(m)
+    x = torch.from_numpy(activations(rng, (m, K), "float32")).cuda().bfloat16()
+    dy = torch.from_numpy(activations(rng, (m, N), "float32")).cuda().bfloat16()
+    dyt, sdyt = fgq.quantize(dy, 128, layout="col", orientation="col")
+    xt, sxt = fgq.quantize(x, 128, layout="col", orientation="col")
+    dw = torch._scaled_mm(dyt, xt.t(), sdyt, sxt.t(), out_dtype=torch.bfloat16)
+    a_deq = fgq.dequantize(dyt, sdyt, 128)
+    b_deq = fgq.dequantize(xt, sxt, 128).t()
+    _tolerance_check(dw, a_deq, b_deq, f"wgrad M={m}")
+    _report(torch, dw, dy.double().t() @ x.double(), f"wgrad M={m}", record_property)
