@@ -206,14 +206,12 @@ def quantize(
     # options' own types: 128.0 == 128 and 1 == True would find the plan of a valid call and
     # skip the check that refuses them.
     exact = type(group_size) is int and type(pad_rows) is bool and type(eps) is float
-    if masked_m is None and norm is None and residual is None and global_scale is None and plain:
-        signature = device_signature(x) if exact else None
-        if signature is not None and expected_m is None:
-            raw = (group_size, dtype, scale, layout, eps, pad_rows, activation, scale_rule,
-                   orientation)  # fmt: skip
-            plan = _device.cached((*signature[:-1], raw))
-            if plan is not None:
-                return plan.run(signature[-1], out, scale_out)
+    if exact and masked_m is None and norm is None and residual is None and plain:
+        if global_scale is None and expected_m is None:
+            done = cached_run(x, (group_size, dtype, scale, layout, eps, pad_rows, activation,
+                                  scale_rule, orientation), out, scale_out)  # fmt: skip
+            if done is not None:
+                return done
     if _dynamo_tracing(x):  # torch.compile: the custom op, which dynamo traces
         from . import torch_ops
 
@@ -233,6 +231,18 @@ def quantize(
                  masked_m, expected_m, norm, residual, global_scale, orientation,
                  (clamp_limit, arithmetic, norm_rounding))  # fmt: skip
     return _run.quantize(x, call, out, scale_out)
+
+
+def cached_run(x, raw: tuple, out=None, scale_out=None):
+    """The hot path: ``x`` run by the plan cached for its layout and the options ``raw``
+    (group_size, dtype, scale, layout, eps, pad_rows, activation, scale_rule, orientation, of
+    exactly the types a valid call's are: ints, a float, a bool), or None where none is (a
+    host array, a layout or options not seen yet)."""
+    signature = device_signature(x)
+    if signature is None:
+        return None
+    plan = _device.cached((*signature[:-1], raw))
+    return None if plan is None else plan.run(signature[-1], out, scale_out)
 
 
 def _dynamo_tracing(x) -> bool:

@@ -18,8 +18,6 @@ the lowest-overhead eager path, as the dispatcher adds its own cost per call.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from . import api
@@ -70,10 +68,16 @@ _LIBRARY.define(
 def _quantize_op(
     x, group_size, dtype, scale, layout, eps, pad_rows, activation=None, scale_rule="rceil"
 ):
-    options: dict[str, Any] = dict(dtype=dtype, scale=scale, layout=layout, activation=activation)
-    q, scales = api.quantize(
-        x, group_size, eps=eps, pad_rows=pad_rows, scale_rule=scale_rule, **options
-    )
+    # NOTES: the schema hands over exactly an int, a float and a bool, which is what the plan
+    # cache's key needs, so a repeated call goes to the cached plan without api.quantize's
+    # keyword binding (0.8 us a call on the CPU host, ahead of the dispatcher's 2.8)
+    done = api.cached_run(x, (group_size, dtype, scale, layout, eps, pad_rows, activation,
+                              scale_rule, "row"))  # fmt: skip
+    if done is not None:
+        return done
+    q, scales = api.quantize(x, group_size, dtype=dtype, scale=scale, layout=layout, eps=eps,
+                             pad_rows=pad_rows, activation=activation,
+                             scale_rule=scale_rule)  # fmt: skip
     return q, scales
 
 

@@ -129,3 +129,48 @@ def test_nvfp4_is_refused_by_name_not_by_a_tuple_error():
 
     with pytest.raises(NotImplementedError, match="dtype='e2m1': NVFP4"):
         torch_ops.quantize(torch.ones(4, 32), 16, dtype="e2m1", scale="e4m3", layout="blocked")
+
+
+@pytest.mark.parametrize("shape, group, dtype, scale, layout, pad_rows, activation", CASES)
+def test_the_op_looks_up_the_plan_api_quantize_makes(
+    shape, group, dtype, scale, layout, pad_rows, activation, monkeypatch
+):
+    """The op's shortcut to the plan cache builds the key api.quantize builds for the same
+    call, so each finds the other's plan (and a change to one key cannot go unseen)."""
+    from fp8_group_quant import _device, api
+
+    keys = []
+    monkeypatch.setattr(api, "device_signature", lambda x: ("torch", "layout", 0))
+    monkeypatch.setattr(_device, "cached", keys.append)  # every lookup a miss, recorded
+    x = tensor(shape)
+    options = dict(dtype=dtype, scale=scale, layout=layout, pad_rows=pad_rows,
+                   activation=activation)  # fmt: skip
+    torch_ops.quantize(x, group, **options)  # a CPU tensor: the NumPy backend after the misses
+    op_keys = list(keys)
+    keys.clear()
+    fgq.quantize(x, group, **options)
+    assert keys[0][:2] == ("torch", "layout")
+    assert op_keys == [keys[0], keys[0]]  # the op's own lookup, then api.quantize's
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape, group, dtype, scale, layout, pad_rows, activation", CASES)
+def test_the_ops_repeated_call_takes_the_cached_plan(
+    shape, group, dtype, scale, layout, pad_rows, activation
+):
+    """On CUDA the op's second call goes straight to the plan its first one made (no new plan)
+    and writes what the NumPy backend writes, on fresh data each time."""
+    from backends import to_host_bytes
+
+    from fp8_group_quant import _device
+
+    options = dict(dtype=dtype, scale=scale, layout=layout, pad_rows=pad_rows,
+                   activation=activation)  # fmt: skip
+    for seed in (1, 2):
+        x = tensor(shape, seed=seed)
+        plans = len(_device.PLANS)
+        q, s = torch_ops.quantize(x.cuda(), group, **options)
+        assert seed == 1 or len(_device.PLANS) == plans
+        expected = fgq.quantize(x, group, **options)  # torch CPU: the NumPy backend on bf16
+        assert np.array_equal(to_host_bytes(q), to_host_bytes(expected[0]))
+        assert np.array_equal(to_host_bytes(s), to_host_bytes(expected[1]))
