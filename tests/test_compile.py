@@ -63,6 +63,21 @@ def _check_compiled(arch: str, keys: list[str], lowered: dict[str, str], report:
     ), [line for line in spills if " 0 bytes spill stores" not in line]
 
 
+def test_the_sources_take_no_path_newer_than_sm_90():
+    """The premise of EXHAUSTIVE_TARGETS: sm_90, sm_100 and sm_120 compile the same code, so
+    ptxas for sm_90 covers the others. An architecture test above 900 (or one this cannot
+    read) must come with machine code for the architectures it singles out."""
+    import re
+
+    tests = []
+    for path in sorted(Path(_jit.kernel_dir()).glob("*.cu*")):
+        tests += re.findall(r"__CUDA_ARCH__[^\n]*", path.read_text())
+    assert tests, "no architecture test found: the pattern is stale"
+    for test in tests:
+        match = re.fullmatch(r"__CUDA_ARCH__ >= (\d+)", test.strip())
+        assert match and int(match.group(1)) <= 900, test
+
+
 def test_instantiation_count():
     # inputs x group sizes x (output binaries (e4m3 and e5m2's one, int8's, e4m3fnuz's) x
     # (float scales, ue8m0 in float words, packed) and the blocked layout of float8), each with

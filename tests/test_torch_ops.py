@@ -151,26 +151,34 @@ def test_the_op_looks_up_the_plan_api_quantize_makes(
     fgq.quantize(x, group, **options)
     assert keys[0][:2] == ("torch", "layout")
     assert op_keys == [keys[0], keys[0]]  # the op's own lookup, then api.quantize's
+    # and the key a GPU call stores its new plan under (_run._plan_key: the options as given)
+    stored = api._call(group, dtype, scale, layout, 1e-10, pad_rows, activation, "rceil", None,
+                       None, None, None, None).raw  # fmt: skip
+    assert keys[0][2] == stored
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape, group, dtype, scale, layout, pad_rows, activation", CASES)
 def test_the_ops_repeated_call_takes_the_cached_plan(
-    shape, group, dtype, scale, layout, pad_rows, activation
+    shape, group, dtype, scale, layout, pad_rows, activation, monkeypatch
 ):
-    """On CUDA the op's second call goes straight to the plan its first one made (no new plan)
-    and writes what the NumPy backend writes, on fresh data each time."""
+    """On CUDA the op's second call goes straight to the plan its first one made (never to
+    api.quantize) and writes what the NumPy backend writes, on fresh data each time."""
     from backends import to_host_bytes
 
-    from fp8_group_quant import _device
+    from fp8_group_quant import api
 
     options = dict(dtype=dtype, scale=scale, layout=layout, pad_rows=pad_rows,
                    activation=activation)  # fmt: skip
     for seed in (1, 2):
         x = tensor(shape, seed=seed)
-        plans = len(_device.PLANS)
-        q, s = torch_ops.quantize(x.cuda(), group, **options)
-        assert seed == 1 or len(_device.PLANS) == plans
         expected = fgq.quantize(x, group, **options)  # torch CPU: the NumPy backend on bf16
+        if seed == 2:  # the shortcut alone: a fall back to api.quantize fails the test
+            monkeypatch.setattr(api, "quantize", _no_fallback)
+        q, s = torch_ops.quantize(x.cuda(), group, **options)
         assert np.array_equal(to_host_bytes(q), to_host_bytes(expected[0]))
         assert np.array_equal(to_host_bytes(s), to_host_bytes(expected[1]))
+
+
+def _no_fallback(*args, **kwargs):
+    raise AssertionError("the op's repeated call fell back to api.quantize")
