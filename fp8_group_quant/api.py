@@ -206,12 +206,12 @@ def quantize(
     # options' own types: 128.0 == 128 and 1 == True would find the plan of a valid call and
     # skip the check that refuses them.
     exact = type(group_size) is int and type(pad_rows) is bool and type(eps) is float
-    if exact and masked_m is None and norm is None and residual is None and plain:
-        if global_scale is None and expected_m is None:
-            done = cached_run(x, (group_size, dtype, scale, layout, eps, pad_rows, activation,
-                                  scale_rule, orientation), out, scale_out)  # fmt: skip
-            if done is not None:
-                return done
+    alone = masked_m is None and norm is None and residual is None and global_scale is None
+    if exact and plain and alone and expected_m is None:
+        done = cached_run(x, (group_size, dtype, scale, layout, eps, pad_rows, activation,
+                              scale_rule, orientation), out, scale_out)  # fmt: skip
+        if done is not None:
+            return done
     if _dynamo_tracing(x):  # torch.compile: the custom op, which dynamo traces
         from . import torch_ops
 

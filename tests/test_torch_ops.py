@@ -138,6 +138,7 @@ def test_the_op_looks_up_the_plan_api_quantize_makes(
     """The op's shortcut to the plan cache builds the key api.quantize builds for the same
     call, so each finds the other's plan (and a change to one key cannot go unseen)."""
     from fp8_group_quant import _device, api
+    from fp8_group_quant._spec import DEFAULT_EPS
 
     keys = []
     monkeypatch.setattr(api, "device_signature", lambda x: ("torch", "layout", 0))
@@ -152,8 +153,8 @@ def test_the_op_looks_up_the_plan_api_quantize_makes(
     assert keys[0][:2] == ("torch", "layout")
     assert op_keys == [keys[0], keys[0]]  # the op's own lookup, then api.quantize's
     # and the key a GPU call stores its new plan under (_run._plan_key: the options as given)
-    stored = api._call(group, dtype, scale, layout, 1e-10, pad_rows, activation, "rceil", None,
-                       None, None, None, None).raw  # fmt: skip
+    stored = api._call(group, dtype, scale, layout, DEFAULT_EPS, pad_rows, activation, "rceil",
+                       None, None, None, None, None).raw  # fmt: skip
     assert keys[0][2] == stored
 
 
