@@ -177,6 +177,43 @@ def test_a_prepared_call_refuses_every_other_description(fake_gpu):
     assert fake_gpu.launches[-1][1] == moved.data.ptr and len(fake_gpu.plans) == 1
 
 
+def _no_fallback(*args, **kwargs):
+    raise AssertionError("quantize_packed's repeated call fell back to quantize")
+
+
+@pytest.mark.parametrize("options", [{}, dict(group_size=64), dict(eps=2.0**-20),
+                                     dict(pad_rows=True)])  # fmt: skip
+def test_quantize_packed_and_quantize_share_one_plan(fake_gpu, monkeypatch, options):
+    # quantize_packed's shortcut to the plan cache builds the key quantize builds and stores a
+    # new plan under, for each of its options: each call finds the other's plan, both ways
+    from fp8_group_quant import api
+
+    same = dict(options, dtype="e4m3", scale="ue8m0", layout="packed")
+    x, y = fake(), fake(offset=16)
+    fgq.quantize(x, **same)  # the plan made by quantize ...
+    with monkeypatch.context() as patch:
+        patch.setattr(api, "quantize", _no_fallback)
+        fgq.quantize_packed(y, **options)  # ... serves quantize_packed without quantize
+    assert len(fake_gpu.plans) == 1 and fake_gpu.launches[-1][1] == y.data.ptr
+    z = fake((8, K))
+    fgq.quantize_packed(z, **options)  # the plan made through quantize_packed's fallback ...
+    fgq.quantize(z, **same)  # ... serves quantize
+    assert len(fake_gpu.plans) == 2 and fake_gpu.launches[-1][1] == z.data.ptr
+
+
+@pytest.mark.parametrize(  # equal to a cached plan's options, but refused by validation
+    "option, value", [("group_size", 128.0), ("pad_rows", 1), ("eps", True)]
+)
+def test_quantize_packed_validates_an_option_of_another_type(fake_gpu, option, value):
+    x = fake()
+    fgq.quantize_packed(x, 128, eps=1.0, pad_rows=True)  # 1.0 == True, 128.0 == 128, 1 == True
+    fgq.quantize_packed(x, 128, eps=1.0, pad_rows=False)
+    options = {**dict(group_size=128, eps=1.0, pad_rows=True), option: value}
+    with pytest.raises(TypeError, match=option):
+        fgq.quantize_packed(x, **options)
+    assert len(fake_gpu.plans) == 2
+
+
 # the GPU: the real kernels on arrays differing in each field -----------------------------------
 
 
@@ -233,6 +270,25 @@ def test_no_stale_tile_plan_on_the_gpu(lib):
             assert len(got) == len(expected), f"case {number}, {when}"
             for i, (g, e) in enumerate(zip(got, expected)):
                 assert np.array_equal(g.reshape(-1), e.reshape(-1)), f"case {number} {when} {i}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("lib", ["cupy", "torch"])
+@pytest.mark.parametrize("shape, options", [((5, 1024), {}), ((64, 7168), dict(pad_rows=True)),
+                                            ((3, 7, 512), dict(group_size=64))])  # fmt: skip
+def test_quantize_packeds_repeated_call_takes_the_cached_plan(lib, shape, options, monkeypatch):
+    # the shortcut alone on the second call (a fall back to quantize fails), on fresh data
+    # each time, every byte against the NumPy backend
+    from fp8_group_quant import api
+
+    rng = np.random.default_rng(48)
+    for call in range(2):
+        host = activations(rng, shape, "bfloat16")
+        q_ref, s_ref = fgq.quantize_packed(host, **options)
+        expected = (np.asarray(q_ref).view(np.uint8), np.ascontiguousarray(s_ref))
+        if call:
+            monkeypatch.setattr(api, "quantize", _no_fallback)
+        assert_allocated(fgq.quantize_packed(to_device(host, lib), **options), expected, lib)
 
 
 @pytest.mark.gpu
