@@ -485,12 +485,16 @@ def _prepare_norm(request, key: KernelKey, device: int, tuning: Tuning) -> Launc
 
 
 def fused_takes_persistent(
-    geometry: Geometry, one_pass_blocks: int, per_sm: int, sms: int, tuning: Tuning
+    request, one_pass_blocks: int, per_sm: int, sms: int, tuning: Tuning
 ) -> bool:
-    """Whether a plain SiLU-mul launch takes the persistent kernel (every row real) instead of
-    its one-pass grid: past a few waves, one table copy per resident block beats one per 16
-    groups. Only without padding rows (that kernel writes none) and within its scan's limit."""
-    if geometry.grid_rows != geometry.rows or geometry.batches > MAX_EXPERTS:
+    """Whether a plain fused launch takes the persistent kernel (every row real) instead of
+    its one-pass grid: past a few waves, one copy of bfloat16's 8 KB band table per resident
+    block beats one per 16 groups. Only for bfloat16 gates (the float16 and float32 gates'
+    one-pass grid was 3-19% faster at every size measured), without padding rows (that kernel
+    writes none) and within its scan's limit."""
+    geometry = request.output
+    if (request.input_dtype != "bfloat16" or geometry.grid_rows != geometry.rows
+            or geometry.batches > MAX_EXPERTS):  # fmt: skip
         return False
     return one_pass_blocks > tuning.persistent_fused_waves * per_sm * sms
 
@@ -610,7 +614,8 @@ def _prepare_groups(request, key: KernelKey, device: int, tuning: Tuning) -> Lau
     every real row over a 1-D grid of ``one_pass_threads`` blocks; it takes every grid of the
     instantiations that fit six blocks an SM and grids up to ``one_pass_wave_limit`` waves of
     the others. Larger grids take the row loop, a few resident waves of blocks of whole row
-    tiles whose prefetch hides latency better. Large SiLU-mul grids take the persistent kernel.
+    tiles whose prefetch hides latency better. Large bfloat16 fused grids take the persistent
+    kernel.
     """
     geometry = request.output
     lanes = key.lanes_per_group
@@ -624,7 +629,7 @@ def _prepare_groups(request, key: KernelKey, device: int, tuning: Tuning) -> Lau
         handle, per_sm, sms = _loaded(one_pass.name_expression, device, threads)
         blocks = -(-slots * lanes // threads)
         fused = key.activation is not None
-        if fused and fused_takes_persistent(geometry, blocks, per_sm, sms, tuning):
+        if fused and fused_takes_persistent(request, blocks, per_sm, sms, tuning):
             persistent = dataclasses.replace(key, masked=True, one_pass=True)
             return _prepare_masked(request, persistent, device, tuning)
         limit = math.inf if fused else one_pass_wave_limit(per_sm, threads, tuning)

@@ -37,7 +37,8 @@ class Tuning:
     # One-pass SiLU-mul grids of more than this many waves copy their blocks' table with every
     # thread rather than one bulk copy.
     silu_table_waves: float = 0.5
-    # Plain SiLU-mul grids of more than this many one-pass waves take the persistent kernel.
+    # Plain fused grids of bfloat16 gates (SiLU-mul, GeGLU) of more than this many one-pass
+    # waves take the persistent kernel; other gates keep one pass (_plan.fused_takes_persistent).
     persistent_fused_waves: float = 8.0
     # RMSNorm: resident waves of the grid (None: a block a row below norm_walk_rows waves, else
     # one walking wave), 32-byte lanes a thread (None: norm_lanes), the weight-stashing kernel.

@@ -142,7 +142,7 @@ LAUNCH_CHOICES = {
     "norm_stash": "norm_stash",  # RMSNorm: walking 16-bit grids may keep the weight in shared
     "silu_six_blocks_waves": "silu_six_blocks_waves",  # bf16 SiLU: six blocks an SM past these
     "table_by_threads_waves": "silu_table_waves",  # SiLU table: every thread copies past these
-    "persistent_fused_waves": "persistent_fused_waves",  # plain SiLU: the persistent grid past
+    "persistent_fused_waves": "persistent_fused_waves",  # plain bf16 fused: persistent grid past
     "pdl": "pdl",  # Programmatic Dependent Launch (FP8_GROUP_QUANT_PDL by default)
 }
 

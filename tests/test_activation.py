@@ -455,9 +455,10 @@ def cupy_device() -> int:
 def test_silu_mul_on_the_persistent_grid(
     monkeypatch, input_dtype, group_size, dtype, scale, layout
 ):
-    # large plain SiLU-and-multiply inputs without padding rows take the masked layout's
-    # persistent kernel with every row real (fused_takes_persistent): forced here at any size,
-    # batched, inside wider rows, and a padded input that must keep the one-pass grid
+    # large plain SiLU-and-multiply inputs of bfloat16 without padding rows take the masked
+    # layout's persistent kernel with every row real (fused_takes_persistent): forced here at
+    # any size, batched, inside wider rows, and a padded input that must keep the one-pass
+    # grid; float16 and float32 gates keep the one-pass grid however large
     index = COMBINATIONS.index((input_dtype, group_size, dtype, scale, layout))
     lib = ("torch", "cupy")[index % 2]
     rng = np.random.default_rng(3000 + index)
@@ -475,12 +476,39 @@ def test_silu_mul_on_the_persistent_grid(
         check_gated(x, to_device(x, lib), *args)
         x = gates_and_ups(rng, (256, 2 * group_size), input_dtype)
         check_gated(x, wider_rows(x, 128, lib, 64), *args)  # rows inside a wider buffer
-        assert persistent and all(persistent)
+        routed = input_dtype == "bfloat16"
+        assert persistent == [routed, routed]
         persistent.clear()
         x = gates_and_ups(rng, (129, 2 * group_size), input_dtype)
         check_gated(x, to_device(x, lib), *args)
     padded = Geometry((129, 2 * group_size), group_size, layout, False).grid_rows > 129
-    assert (not persistent) if padded else all(persistent) and persistent  # padding: one pass
+    assert persistent == [routed and not padded]  # padding: one pass
+
+
+@pytest.mark.parametrize("activation", ["silu_mul", "gelu_tanh_mul"])
+@pytest.mark.parametrize("input_dtype", list(INPUT_TYPES))
+def test_only_bfloat16_gates_take_the_persistent_grid(input_dtype, activation):
+    # the route's rule (docs/perf.md, "The persistent grid for large inputs"): past the tuning
+    # table's waves for bfloat16 gates only, never with padding rows or for a small grid
+    from helpers import make_request
+
+    from fp8_group_quant._arrays import describe
+
+    tuning, per_sm, sms = _tuning.Tuning(), 6, 132
+    threshold = int(tuning.persistent_fused_waves * per_sm * sms)
+    dtype = ml_dtypes.bfloat16 if input_dtype == "bfloat16" else np.dtype(input_dtype)
+    seen = set()
+    for rows, pad_rows in ((64, False), (5, False), (5, True)):
+        x = np.zeros((rows, 512), dtype)
+        request = make_request(describe(x, "x"), 128, "e4m3", "ue8m0", "packed", 1e-10,
+                               pad_rows, activation=activation)  # fmt: skip
+        padded = request.output.grid_rows != rows
+        seen.add(padded)
+        for blocks in (threshold, threshold + 1):
+            expected = input_dtype == "bfloat16" and not padded and blocks > threshold
+            got = _plan.fused_takes_persistent(request, blocks, per_sm, sms, tuning)
+            assert got == expected, (rows, pad_rows, blocks)
+    assert seen == {False, True}  # grids with padding rows and without
 
 
 @pytest.mark.gpu
@@ -819,7 +847,7 @@ def test_gelu_tanh_mul_every_combination(input_dtype, group_size, dtype, scale, 
     rng = np.random.default_rng(5000 + index)
     args = (lib, group_size, dtype, scale, layout)
     check_gated_shapes(rng, input_dtype, *args, activation="gelu_tanh_mul")
-    with force_path(persistent_fused_waves=0.0):  # the persistent grid, every row real
+    with force_path(persistent_fused_waves=0.0):  # bfloat16: the persistent grid, every row real
         x = gates_and_ups(rng, (3, 64, 2 * group_size), input_dtype)
         check_gated(x, to_device(x, lib), *args, activation="gelu_tanh_mul")
 
