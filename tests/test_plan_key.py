@@ -118,16 +118,19 @@ def test_each_option_is_in_the_key(fake_gpu, option):
         assert read.get(name, getattr(got, name, None)) == value, name
 
 
+@pytest.mark.parametrize("function", ["quantize", "quantize_packed"])  # each its own shortcut
 @pytest.mark.parametrize(  # equal to the cached options' values, but refused by validation
     "option, value", [("group_size", 128.0), ("pad_rows", 1), ("eps", True)]
 )
-def test_an_option_of_another_type_is_validated_not_served(fake_gpu, option, value):
+def test_an_option_of_another_type_is_validated_not_served(fake_gpu, function, option, value):
+    call = getattr(fgq, function)
     x = fake()
-    fgq.quantize(x, 128, eps=1.0, pad_rows=False)  # 1.0 == True, 128.0 == 128, 1 == True
-    fgq.quantize(x, 128, eps=1.0, pad_rows=True)
+    call(x, 128, eps=1.0, pad_rows=False)  # 1.0 == True, 128.0 == 128, 1 == True
+    call(x, 128, eps=1.0, pad_rows=True)
     options = {**dict(group_size=128, eps=1.0, pad_rows=True), option: value}
     with pytest.raises(TypeError, match=option):
-        fgq.quantize(x, **options)
+        call(x, **options)
+    assert len(fake_gpu.plans) == 2
 
 
 def test_the_tuning_table_is_in_the_key(fake_gpu):
@@ -199,19 +202,6 @@ def test_quantize_packed_and_quantize_share_one_plan(fake_gpu, monkeypatch, opti
     fgq.quantize_packed(z, **options)  # the plan made through quantize_packed's fallback ...
     fgq.quantize(z, **same)  # ... serves quantize
     assert len(fake_gpu.plans) == 2 and fake_gpu.launches[-1][1] == z.data.ptr
-
-
-@pytest.mark.parametrize(  # equal to a cached plan's options, but refused by validation
-    "option, value", [("group_size", 128.0), ("pad_rows", 1), ("eps", True)]
-)
-def test_quantize_packed_validates_an_option_of_another_type(fake_gpu, option, value):
-    x = fake()
-    fgq.quantize_packed(x, 128, eps=1.0, pad_rows=True)  # 1.0 == True, 128.0 == 128, 1 == True
-    fgq.quantize_packed(x, 128, eps=1.0, pad_rows=False)
-    options = {**dict(group_size=128, eps=1.0, pad_rows=True), option: value}
-    with pytest.raises(TypeError, match=option):
-        fgq.quantize_packed(x, **options)
-    assert len(fake_gpu.plans) == 2
 
 
 # the GPU: the real kernels on arrays differing in each field -----------------------------------
