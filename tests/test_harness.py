@@ -23,10 +23,12 @@ def test_only_the_gpu_params_carry_the_gpu_marker():
     assert backends("numpy") == ["numpy"]
 
 
-# a value of each choice the table accepts, none of them its default
+# a value of each choice the table accepts, none of them its default (pdl's is
+# FP8_GROUP_QUANT_PDL's)
 FORCED = {"one_pass_max_waves": 3.0, "one_pass_threads": 64, "waves": 2.0, "norm_waves": 0.5,
           "norm_lanes": 2, "norm_stash": False, "silu_six_blocks_waves": 9.0,
-          "table_by_threads_waves": 7.0, "persistent_fused_waves": 11.0, "pdl": False}  # fmt: skip
+          "table_by_threads_waves": 7.0, "persistent_fused_waves": 11.0,
+          "pdl": not _tuning.DEFAULT.pdl}  # fmt: skip
 
 
 def test_force_path_sets_every_choice_and_restores_it():
