@@ -147,6 +147,21 @@ def test_pdl_needs_the_bindings_and_sm90(monkeypatch):
     assert not _launch.pdl_supported(0)
 
 
+@pytest.mark.parametrize("configured", [False, True])  # FP8_GROUP_QUANT_PDL=0, and its default
+def test_a_benchmark_of_both_ways_takes_pdl_whatever_the_setting(monkeypatch, configured):
+    # bench --chain times every step with PDL and without, each set explicitly: the setting,
+    # the library's default for its own launches, does not refuse it (it did, and the whole
+    # GPU suite with FP8_GROUP_QUANT_PDL=0 failed bench --chain's test)
+    from fp8_group_quant import _tuning
+    from fp8_group_quant.bench import _hooks
+
+    monkeypatch.setattr(_jit, "driver", lambda: fake_bindings())
+    for capability, supported in (((9, 0), True), ((8, 9), False)):
+        monkeypatch.setattr(_jit, "compute_capability", lambda device, c=capability: c)
+        with _tuning.override(pdl=configured):
+            assert _hooks.pdl_supported(0) is supported
+
+
 def test_real_bindings_take_the_config_and_the_arguments_address(monkeypatch):
     # the binding's own CUlaunchConfig and CUlaunchAttribute: the fields the fake stands in for
     bindings = pytest.importorskip("cuda.bindings.driver", reason="cuda-bindings not installed")

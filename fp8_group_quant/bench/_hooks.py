@@ -35,7 +35,10 @@ def pdl_default() -> bool:
 
 
 def pdl_supported(device: int) -> bool:
-    return _launch.pdl_supported(device, _tuning.active()[1].pdl)
+    """Whether ``device`` can launch with PDL at all (SM90 or newer, NVIDIA's bindings),
+    whatever FP8_GROUP_QUANT_PDL says: a benchmark timing both ways sets PDL per measurement
+    (``pdl_launches``)."""
+    return _launch.pdl_supported(device)
 
 
 def kernel_launch(handle: int, grid, block, args, pdl: bool = False):

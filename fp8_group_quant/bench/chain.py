@@ -81,7 +81,7 @@ def run_chain(args) -> list[dict]:
 
     device = cupy.cuda.runtime.getDevice()
     if not _hooks.pdl_supported(device):
-        raise SystemExit("--chain: PDL needs an SM90+ device and FP8_GROUP_QUANT_PDL not 0")
+        raise SystemExit("--chain: PDL needs an SM90+ device and NVIDIA's cuda-bindings")
     kernels = chain_kernels(device)
     k = args.k[0]
     m_values = own_m(args, CHAIN_M)
