@@ -29,11 +29,6 @@ def pdl_launches(on: bool) -> Iterator[None]:
         yield
 
 
-def pdl_default() -> bool:
-    """Whether the library launches with PDL (FP8_GROUP_QUANT_PDL, read at import)."""
-    return _tuning.active()[1].pdl
-
-
 def pdl_supported(device: int) -> bool:
     """Whether ``device`` can launch with PDL at all (SM90 or newer, NVIDIA's bindings),
     whatever FP8_GROUP_QUANT_PDL says: a benchmark timing both ways sets PDL per measurement

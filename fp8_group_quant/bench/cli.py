@@ -185,9 +185,9 @@ def run_parsed(args, parser: argparse.ArgumentParser) -> int:
     # torch's kernels are launched: in a graph of back-to-back calls PDL lets each call overlap
     # the previous one, which they cannot, and a ratio would no longer compare like with like
     # (0.92x the roof at M = 1 with PDL; docs/perf.md). --chain measures PDL, between a
-    # producer, the quantizer and a consumer; --peers launches each kernel both ways where its
-    # host does.
-    with _hooks.pdl_launches(args.chain and _hooks.pdl_default()):
+    # producer, the quantizer and a consumer, and --peers launches each kernel both ways where
+    # its host does: each of their measurements sets PDL itself.
+    with _hooks.pdl_launches(False):
         rows, extra = _timing_rows(args)
     if args.cold_start:
         extra.update(plain.cold_start())
