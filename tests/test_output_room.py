@@ -70,8 +70,7 @@ def _scale_view(buffer, geometry: Geometry, backend: str):
 
 def _extent(geometry: Geometry) -> int:
     """Bytes the scale view of ``geometry`` covers from its first element."""
-    last = sum((n - 1) * s for n, s in zip(geometry.scale_shape, geometry.scale_strides))
-    return (last + 1) * geometry.layout.word_bytes
+    return strided_extent(geometry.scale_shape, geometry.scale_strides) * geometry.layout.word_bytes
 
 
 @pytest.mark.parametrize("backend", HOST_AND_GPU)

@@ -19,12 +19,14 @@ from backends import (
     compiled_kernels,  # noqa: F401 - GPU tests find the kernels compiled
     poisoned_bytes,
     strided_view,
+    to_host,
     to_host_bytes,
 )
 from helpers import assert_same_bytes
 
 import fp8_group_quant as fgq
 from fp8_group_quant import _run, api
+from fp8_group_quant._arrays import strided_extent
 from fp8_group_quant._layout import Geometry
 
 BEFORE, AFTER = 64, 1024  # poisoned bytes around each region
@@ -58,15 +60,6 @@ def _torch_input(torch, rows, cols, dtype, seed):
     outliers = torch.rand(rows, cols, generator=gen, device="cuda") < 0.002
     v = torch.where(outliers, v * 300.0, v)
     return v.clamp(-60000, 60000).to(getattr(torch, dtype))
-
-
-def _host(torch, tensor) -> np.ndarray:
-    import ml_dtypes
-
-    t = tensor.cpu()
-    if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-    return t.numpy()
 
 
 def _route(x, options: dict) -> tuple[tuple, tuple]:
@@ -143,17 +136,16 @@ def edge_sizes(x_big, options: dict, m_max: int, gpr: int, rng) -> tuple[list, l
 def _region(geometry: Geometry, which: str) -> tuple[int, int]:
     """(bytes the layout owns, bytes a view of it spans) of q or the scales."""
     if which == "q":
-        shape, strides, item, need = geometry.shape, geometry.q_strides, 1, geometry.q_storage
-    else:
-        shape, strides = geometry.scale_shape, geometry.scale_strides
-        item, need = geometry.layout.word_bytes, geometry.scale_storage_bytes
-    return need, (sum((n - 1) * s for n, s in zip(shape, strides)) + 1) * item
+        return geometry.q_storage, strided_extent(geometry.shape, geometry.q_strides)
+    span = strided_extent(geometry.scale_shape, geometry.scale_strides)
+    return geometry.scale_storage_bytes, span * geometry.layout.word_bytes
 
 
-def check_size(torch, x, options: dict, call_options: dict, host_options: dict, k: int, rng):
+def check_size(torch, x, options: dict, call_options: dict, host_options: dict, k: int, seed: int,
+               rng):  # fmt: skip
     m = x.shape[0]
     gs = options.get("group_size", 128)
-    what = f"M = {m}"
+    what = f"M = {m} (seed {seed})"
     q_plain, s_plain = fgq.quantize(x, gs, **call_options)
     geometry = Geometry((m, k), gs, options.get("layout", "row"), False)
     q_dtype = {"e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2"}[options.get("dtype", "e4m3")]
@@ -203,7 +195,7 @@ def check_size(torch, x, options: dict, call_options: dict, host_options: dict, 
     rows = sorted({0, m - 1, max(0, m - 2), max(0, m - 3),
                    *(int(r) for r in rng.integers(0, m, size=min(m, 16)))})  # fmt: skip
     index = torch.tensor(rows, device="cuda")
-    q_ref, s_ref = fgq.quantize(_host(torch, x.index_select(0, index)), gs, **host_options)
+    q_ref, s_ref = fgq.quantize(to_host(x.index_select(0, index)), gs, **host_options)
     assert_same_bytes(to_host_bytes(q_plain.view(torch.uint8).index_select(0, index)),
                       np.ascontiguousarray(q_ref), f"{what}: q rows {rows}")  # fmt: skip
     assert_same_bytes(to_host_bytes(s_plain[rows]), np.ascontiguousarray(s_ref),
@@ -215,18 +207,19 @@ def check_size(torch, x, options: dict, call_options: dict, host_options: dict, 
 def test_every_route_edge_of_the_device(variant):
     torch = pytest.importorskip("torch")
     dtype, k, options, m_max = VARIANTS[variant]
-    rng = np.random.default_rng()
-    seed = int(rng.integers(2**31))
+    seed = int(np.random.default_rng().integers(2**31))  # fresh sizes and data, named on failure
+    rng = np.random.default_rng(seed)
     x_big = _torch_input(torch, m_max, 2 * k if "activation" in options else k, dtype, seed)
     call_options = {key: v for key, v in options.items() if key != "group_size"}
     host_options = dict(call_options)
     if "norm" in options:
-        weight = (torch.rand(k, device="cuda") + 0.5).to(getattr(torch, dtype))
+        gen = torch.Generator(device="cuda").manual_seed(seed + 1)
+        weight = (torch.rand(k, generator=gen, device="cuda") + 0.5).to(getattr(torch, dtype))
         call_options["norm"] = (weight, options["norm"])
-        host_options["norm"] = (_host(torch, weight), options["norm"])
+        host_options["norm"] = (to_host(weight), options["norm"])
     scan_options = dict(options, norm=call_options["norm"]) if "norm" in options else options
     gpr = k // options.get("group_size", 128)
     runs, sizes = edge_sizes(x_big, scan_options, m_max, gpr, rng)
     assert len(runs) >= 2, f"{variant}: one route from 1 to {m_max}, no edge to check: {runs}"
     for m in sizes:
-        check_size(torch, x_big[:m], options, call_options, host_options, k, rng)
+        check_size(torch, x_big[:m], options, call_options, host_options, k, seed, rng)
