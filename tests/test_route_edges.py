@@ -34,7 +34,8 @@ LANES = 8  # threads a group of 128 (the grids' slots)
 
 # (input dtype, K of the output, options, the largest M scanned): each kernel family's plain
 # and fused routes at K with 12 to 56 groups a row, row-wise, column-wise and packed scales; M
-# far enough past the H100's and H200's last change (row loop, persistent grid) at that K
+# past the H100's last change at that K (row loop, persistent grid), as scanned there; the
+# H200 has the same 132 SMs and occupancy, so the same plans
 VARIANTS = {
     "plain bf16 2048 row": ("bfloat16", 2048, {}, 24576),
     "plain f16 4096 col": ("float16", 4096, dict(layout="col"), 12288),
